@@ -1,0 +1,1 @@
+"""Ferry's Django project: settings, URLs, ASGI app and Celery app."""
