@@ -1,0 +1,1 @@
+"""Telemetry: metric sources, signals, the poller's history and stream, and alert rules."""

@@ -1,0 +1,110 @@
+"""Where each replica's ``/metrics`` lives: ``ReplicaEndpoint`` and the provider that lists them.
+
+Direct scraping needs one URL per replica. Observed replicas (with their endpoints) arrive
+with the orchestration work as a ``Replica`` model; until then the provider reads endpoints
+from whatever is registered:
+
+1. a callable installed with ``set_endpoint_provider`` (tests, the local agent, or the
+   orchestration app's ``AppConfig.ready`` — that is where orchestration plugs in), else
+2. ``settings.FERRY_TELEMETRY_STATIC_TARGETS``: a list of dicts
+   ``{"pool": "<pool label>", "track": "stable", "replica": "r0", "url": "http://host:port"}``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from django.conf import settings
+
+
+@dataclass(frozen=True)
+class ReplicaEndpoint:
+    """One worker replica: its pool label, track, replica name and base URL (``http://host:port``).
+
+    ``metrics_url`` is ``<url>/metrics``. Raises ``ValueError`` for a URL without scheme/host.
+    """
+
+    pool_id: str
+    track: str
+    replica: str
+    url: str
+
+    def __post_init__(self):
+        parts = urlsplit(self.url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ValueError(f"replica {self.replica!r} has URL {self.url!r}; expected http(s)://host:port")
+        if not self.pool_id or not self.track or not self.replica:
+            raise ValueError("a replica endpoint needs a pool, a track and a replica name")
+
+    @property
+    def metrics_url(self) -> str:
+        return self.url.rstrip("/") + "/metrics"
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return (self.pool_id, self.track, self.replica)
+
+
+EndpointProvider = Callable[[], Iterable[ReplicaEndpoint]]
+
+_provider: list[EndpointProvider] = []
+
+
+def set_endpoint_provider(provider: EndpointProvider | None) -> None:
+    """Install (or with ``None`` remove) the callable that lists replica endpoints."""
+    _provider.clear()
+    if provider is not None:
+        _provider.append(provider)
+
+
+def static_endpoints() -> list[ReplicaEndpoint]:
+    """Endpoints from ``settings.FERRY_TELEMETRY_STATIC_TARGETS``; ``ValueError`` on a bad entry."""
+    targets = getattr(settings, "FERRY_TELEMETRY_STATIC_TARGETS", []) or []
+    endpoints = []
+    for target in targets:
+        try:
+            endpoints.append(
+                ReplicaEndpoint(
+                    pool_id=str(target["pool"]),
+                    track=str(target.get("track", "stable")),
+                    replica=str(target["replica"]),
+                    url=str(target["url"]),
+                )
+            )
+        except KeyError as exc:
+            raise ValueError(f"FERRY_TELEMETRY_STATIC_TARGETS entry {target!r} lacks {exc}") from exc
+    return endpoints
+
+
+def replica_endpoints() -> list[ReplicaEndpoint]:
+    """Every known replica endpoint (installed provider first, else static targets)."""
+    if _provider:
+        return list(_provider[0]())
+    return static_endpoints()
+
+
+def prometheus_scrape_config(endpoints: Iterable[ReplicaEndpoint], *, interval_s: float = 1.0) -> dict:
+    """A Prometheus ``scrape_configs`` job scraping ``endpoints``, as a dict to dump as YAML.
+
+    Targets carry ``pool``/``track``/``replica`` target labels (so ``up`` is attributable);
+    ``honor_labels`` keeps the worker's own labels authoritative.
+    """
+    static_configs = []
+    for ep in endpoints:
+        static_configs.append(
+            {
+                "targets": [urlsplit(ep.url).netloc],
+                "labels": {"pool": ep.pool_id, "track": ep.track, "replica": ep.replica},
+            }
+        )
+    interval = f"{round(interval_s * 1000)}ms"
+    return {
+        "job_name": "ferry-workers",
+        "scrape_interval": interval,
+        "scrape_timeout": interval,
+        "honor_labels": True,
+        "metrics_path": "/metrics",
+        "static_configs": static_configs,
+    }

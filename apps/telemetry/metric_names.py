@@ -1,0 +1,48 @@
+"""The worker metric names and labels the telemetry layer reads (DESIGN, "Metrics contract").
+
+The names are an interface between the inference worker (``inference_worker/metrics.py``
+defines them) and the control plane. This module is the single place on the control-plane
+side that spells them, so aligning with the worker is a one-file change.
+"""
+
+from __future__ import annotations
+
+PREFIX = "ferry_"
+
+# Labels every worker series carries.
+LABEL_MODEL = "model"
+LABEL_MODEL_VERSION = "model_version"
+LABEL_ROLE = "role"
+LABEL_POOL = "pool"
+LABEL_TRACK = "track"
+LABEL_REPLICA = "replica"
+
+# Gauges.
+NUM_REQUESTS_WAITING = "ferry_num_requests_waiting"
+NUM_REQUESTS_RUNNING = "ferry_num_requests_running"
+KV_CACHE_USAGE = "ferry_kv_cache_usage_ratio"
+ENGINE_BUSY = "ferry_engine_busy_ratio"
+GPU_UTILIZATION = "ferry_gpu_utilization_ratio"
+READY = "ferry_worker_ready"
+
+# Counters (sample names as exposed, with ``_total``).
+REQUESTS = "ferry_requests_total"
+REQUEST_OUTCOME_LABEL = "outcome"
+# Outcomes that count as failures of the service (inference_worker.metrics.REQUEST_OUTCOMES):
+# client errors, client aborts and drain rejections are not the server failing.
+REQUEST_ERROR_OUTCOMES = ("server_error",)
+PROMPT_TOKENS = "ferry_prompt_tokens_total"
+GENERATION_TOKENS = "ferry_generation_tokens_total"
+# KV transfers finished, labels direction (send|receive), outcome (success|failure), reason.
+KV_TRANSFERS = "ferry_kv_transfer_total"
+KV_TRANSFER_OUTCOME_LABEL = "outcome"
+KV_TRANSFER_FAILURE_OUTCOME = "failure"
+KV_TRANSFER_WIRE_BYTES = "ferry_kv_transfer_wire_bytes_total"
+
+# Histograms (base names; series are ``<base>_bucket`` with ``le``, ``<base>_count``, ``<base>_sum``).
+TTFT = "ferry_time_to_first_token_seconds"
+TPOT = "ferry_time_per_output_token_seconds"
+E2E = "ferry_e2e_request_latency_seconds"
+
+# NVIDIA DCGM exporter on Kubernetes: GPU utilization in percent (0..100), labelled by pod.
+DCGM_GPU_UTIL = "DCGM_FI_DEV_GPU_UTIL"

@@ -1,0 +1,274 @@
+"""Signal definitions: one spec per signal, evaluated by PromQL or over directly scraped samples.
+
+Each signal is declared once (``SIGNAL_SPECS``). A spec can render itself as PromQL for the
+Prometheus source and can evaluate itself over a ``SeriesView`` (the samples the direct-scrape
+source keeps), using the Prometheus-compatible math in ``series_math``. Both paths aggregate
+the same way — ``sum``/``avg``/``max`` across the replicas of a pool (or one track) — so the
+autoscaler, rollout gates and dashboard read one meaning per name.
+
+Units are in the names: ``_per_s`` rates, ``_s`` seconds, ratios in 0..1, plain counts.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from apps.telemetry import metric_names as m
+from apps.telemetry.series_math import (
+    Sample,
+    counter_rate,
+    finite_or_none,
+    histogram_quantile,
+    safe_ratio,
+)
+
+Matcher = tuple[str, str, str]  # (label, op, value) with op one of "=", "!=", "=~", "!~"
+
+
+def labels_match(labels: Mapping[str, str], matchers: Sequence[Matcher]) -> bool:
+    """Whether ``labels`` satisfy every PromQL-style matcher (a missing label reads as "")."""
+    for name, op, value in matchers:
+        actual = labels.get(name, "")
+        if op == "=":
+            ok = actual == value
+        elif op == "!=":
+            ok = actual != value
+        elif op in ("=~", "!~"):
+            ok = re.fullmatch(value, actual) is not None
+            ok = ok if op == "=~" else not ok
+        else:
+            raise ValueError(f"unknown label matcher operator {op!r}; use =, !=, =~ or !~")
+        if not ok:
+            return False
+    return True
+
+
+def promql_selector(metric: str, matchers: Sequence[Matcher]) -> str:
+    """``metric{label="value",...}`` with values escaped for PromQL string literals."""
+    if not matchers:
+        return metric
+    parts = []
+    for name, op, value in matchers:
+        escaped = value.replace("\\", "\\\\").replace('"', '\\"')
+        parts.append(f'{name}{op}"{escaped}"')
+    return metric + "{" + ",".join(parts) + "}"
+
+
+class SeriesView(Protocol):
+    """Samples of one scope (a pool or one track), as the direct-scrape source holds them."""
+
+    def series(self, metric: str, matchers: Sequence[Matcher]) -> list[tuple[dict[str, str], list[Sample]]]:
+        """Every matching series with its labels and time-ordered samples."""
+        ...
+
+    def latest(self, metric: str, matchers: Sequence[Matcher]) -> list[float]:
+        """The current value of every matching series of replicas that are up now."""
+        ...
+
+    def ready_replicas(self) -> int | None:
+        """Replicas that answered their last scrape and report ready; ``None`` if none are known."""
+        ...
+
+
+def _sum_rates(view: SeriesView, metric: str, matchers: Sequence[Matcher], start: float, end: float):
+    rates = [counter_rate(samples, start, end) for _, samples in view.series(metric, matchers)]
+    rates = [r for r in rates if r is not None]
+    return finite_or_none(math.fsum(rates)) if rates else None
+
+
+@dataclass(frozen=True)
+class CounterRate:
+    """``sum(rate(metric{matchers}[window]))``: a per-second rate summed over replicas."""
+
+    metric: str
+    matchers: tuple[Matcher, ...] = ()
+
+    def promql(self, scope: Sequence[Matcher], window_s: float) -> str:
+        return f"sum(rate({promql_selector(self.metric, (*scope, *self.matchers))}[{_dur(window_s)}]))"
+
+    def evaluate(self, view: SeriesView, start_s: float, end_s: float) -> float | None:
+        return _sum_rates(view, self.metric, self.matchers, start_s, end_s)
+
+
+@dataclass(frozen=True)
+class RateRatio:
+    """``(sum(rate(num)) or vector(0)) / sum(rate(den))``: a failure fraction in 0..1.
+
+    The numerator reads as 0 when its series do not exist yet (no failure was ever counted),
+    so a healthy pool shows 0 while traffic flows; no traffic (denominator 0 or absent) is
+    "no data".
+    """
+
+    numerator: CounterRate
+    denominator: CounterRate
+
+    def promql(self, scope: Sequence[Matcher], window_s: float) -> str:
+        num = self.numerator.promql(scope, window_s)
+        den = self.denominator.promql(scope, window_s)
+        return f"({num} or vector(0)) / {den}"
+
+    def evaluate(self, view: SeriesView, start_s: float, end_s: float) -> float | None:
+        den = self.denominator.evaluate(view, start_s, end_s)
+        num = self.numerator.evaluate(view, start_s, end_s)
+        return safe_ratio(0.0 if num is None else num, den)
+
+
+@dataclass(frozen=True)
+class HistogramQuantile:
+    """``histogram_quantile(q, sum by (le) (rate(base_bucket[window])))`` in the histogram's units."""
+
+    q: float
+    base: str
+
+    def promql(self, scope: Sequence[Matcher], window_s: float) -> str:
+        selector = promql_selector(f"{self.base}_bucket", scope)
+        return f"histogram_quantile({self.q}, sum by (le) (rate({selector}[{_dur(window_s)}])))"
+
+    def evaluate(self, view: SeriesView, start_s: float, end_s: float) -> float | None:
+        by_le: dict[float, float] = {}
+        for labels, samples in view.series(f"{self.base}_bucket", ()):
+            rate = counter_rate(samples, start_s, end_s)
+            if rate is None or "le" not in labels:
+                continue
+            bound = float(labels["le"])
+            by_le[bound] = by_le.get(bound, 0.0) + rate
+        return histogram_quantile(self.q, by_le.items()) if by_le else None
+
+
+@dataclass(frozen=True)
+class Gauge:
+    """``<agg>(metric{matchers})``: the latest value of a gauge aggregated over up replicas."""
+
+    metric: str
+    agg: str = "sum"
+    matchers: tuple[Matcher, ...] = ()
+    scale: float = 1.0
+
+    def __post_init__(self):
+        if self.agg not in ("sum", "avg", "max"):
+            raise ValueError(f"gauge aggregation must be sum, avg or max, got {self.agg!r}")
+
+    def promql(self, scope: Sequence[Matcher], window_s: float) -> str:
+        text = f"{self.agg}({promql_selector(self.metric, (*scope, *self.matchers))})"
+        return text if self.scale == 1.0 else f"{text} * {self.scale}"
+
+    def evaluate(self, view: SeriesView, start_s: float, end_s: float) -> float | None:
+        values = view.latest(self.metric, self.matchers)
+        if not values:
+            return None
+        if self.agg == "sum":
+            value = math.fsum(values)
+        elif self.agg == "avg":
+            value = math.fsum(values) / len(values)
+        else:
+            value = max(values)
+        return finite_or_none(value * self.scale)
+
+
+@dataclass(frozen=True)
+class ReadyReplicas:
+    """Replicas serving now. PromQL: ``sum`` of the workers' ``ferry_worker_ready`` gauge (1 = ready)."""
+
+    def promql(self, scope: Sequence[Matcher], window_s: float) -> str:
+        return f"sum({promql_selector(m.READY, scope)})"
+
+    def evaluate(self, view: SeriesView, start_s: float, end_s: float) -> float | None:
+        ready = view.ready_replicas()
+        return None if ready is None else float(ready)
+
+
+def _dur(window_s: float) -> str:
+    """A PromQL duration literal in whole milliseconds (``30s``, ``1500ms``)."""
+    ms = round(window_s * 1000)
+    if ms <= 0:
+        raise ValueError(f"window must be positive, got {window_s} s")
+    return f"{ms // 1000}s" if ms % 1000 == 0 else f"{ms}ms"
+
+
+_ERRORS = "|".join(re.escape(o) for o in m.REQUEST_ERROR_OUTCOMES)
+
+SIGNAL_SPECS: dict[str, object] = {
+    "request_rate_per_s": CounterRate(m.REQUESTS),
+    "error_rate": RateRatio(
+        CounterRate(m.REQUESTS, ((m.REQUEST_OUTCOME_LABEL, "=~", _ERRORS),)), CounterRate(m.REQUESTS)
+    ),
+    "num_requests_waiting": Gauge(m.NUM_REQUESTS_WAITING, "sum"),
+    "num_requests_running": Gauge(m.NUM_REQUESTS_RUNNING, "sum"),
+    "kv_cache_usage": Gauge(m.KV_CACHE_USAGE, "avg"),
+    "kv_cache_usage_max": Gauge(m.KV_CACHE_USAGE, "max"),
+    "ttft_p50_s": HistogramQuantile(0.5, m.TTFT),
+    "ttft_p95_s": HistogramQuantile(0.95, m.TTFT),
+    "ttft_p99_s": HistogramQuantile(0.99, m.TTFT),
+    "tpot_p50_s": HistogramQuantile(0.5, m.TPOT),
+    "tpot_p95_s": HistogramQuantile(0.95, m.TPOT),
+    "tpot_p99_s": HistogramQuantile(0.99, m.TPOT),
+    "prompt_tokens_per_s": CounterRate(m.PROMPT_TOKENS),
+    "generation_tokens_per_s": CounterRate(m.GENERATION_TOKENS),
+    "kv_transfer_failure_rate": RateRatio(
+        CounterRate(m.KV_TRANSFERS, ((m.KV_TRANSFER_OUTCOME_LABEL, "=", m.KV_TRANSFER_FAILURE_OUTCOME),)),
+        CounterRate(m.KV_TRANSFERS),
+    ),
+    "kv_transfer_bytes_per_s": CounterRate(m.KV_TRANSFER_WIRE_BYTES),
+    "engine_busy_ratio": Gauge(m.ENGINE_BUSY, "avg"),
+    "gpu_utilization": Gauge(m.GPU_UTILIZATION, "avg"),
+    "ready_replicas": ReadyReplicas(),
+}
+"""Signal name -> spec. Names carry units; every value may be ``None`` (no data)."""
+
+SIGNAL_NAMES: tuple[str, ...] = tuple(SIGNAL_SPECS)
+
+
+@dataclass(frozen=True)
+class Scope:
+    """What a signal set describes: a pool (``track`` None: all tracks) or one track of it.
+
+    ``pool`` is the value of the workers' ``pool`` label (see ``endpoints.pool_label``).
+    """
+
+    pool: str
+    track: str | None = None
+
+    def matchers(self) -> tuple[Matcher, ...]:
+        base: tuple[Matcher, ...] = ((m.LABEL_POOL, "=", self.pool),)
+        return base if self.track is None else (*base, (m.LABEL_TRACK, "=", self.track))
+
+    @property
+    def key(self) -> str:
+        return self.pool if self.track is None else f"{self.pool}.{self.track}"
+
+
+@dataclass
+class SignalSet:
+    """The signals of one scope at one instant over one window; ``values[name]`` None = no data."""
+
+    scope: Scope
+    at_s: float
+    window_s: float
+    source: str
+    values: dict[str, float | None] = field(default_factory=dict)
+
+    def get(self, name: str) -> float | None:
+        if name not in SIGNAL_SPECS:
+            raise KeyError(f"unknown signal {name!r}; known: {', '.join(SIGNAL_NAMES)}")
+        return self.values.get(name)
+
+    def as_dict(self) -> dict:
+        return {
+            "pool": self.scope.pool,
+            "track": self.scope.track,
+            "at": self.at_s,
+            "window_s": self.window_s,
+            "source": self.source,
+            "values": dict(self.values),
+        }
+
+
+def evaluate_signals(view: SeriesView, scope: Scope, at_s: float, window_s: float, source: str) -> SignalSet:
+    """Evaluate every spec over ``view`` for the range ``(at_s - window_s, at_s]``."""
+    start = at_s - window_s
+    values = {name: spec.evaluate(view, start, at_s) for name, spec in SIGNAL_SPECS.items()}
+    return SignalSet(scope=scope, at_s=at_s, window_s=window_s, source=source, values=values)

@@ -1,0 +1,1 @@
+"""Metric sources: Prometheus (``prometheus.py``) and direct scrape of replicas (``scrape.py``)."""
