@@ -1,0 +1,264 @@
+"""FastAPI application of a worker: OpenAI routes, health, readiness and metrics.
+
+Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (JSON or SSE streaming ending in
+``data: [DONE]``), ``GET /v1/models``, ``GET /health`` (200 while the process and the engine
+loop are alive, including while loading), ``GET /ready`` (200 only when loaded and not
+draining, else 503), ``GET /metrics`` (Prometheus text from the worker's own registry).
+
+Every error is OpenAI error JSON (see :mod:`inference_worker.server.errors`). A client that
+disconnects, streaming or not, has its engine requests aborted at once, which frees their KV.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+import torch
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from inference_worker.server.errors import OpenAIError, invalid
+from inference_worker.server.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    SamplingRequest,
+    chat_sampling,
+    completion_prompts,
+    completion_sampling,
+    parse_body,
+)
+from inference_worker.server.state import LoadedModel, ServerState
+from inference_worker.server.streaming import SSE_DONE, ChoiceEvent, Generation, GenerationError, sse
+from inference_worker.tokenization import ChatTemplateError
+
+
+def create_app(state: ServerState) -> FastAPI:
+    """Build the app around a :class:`ServerState` (the model may still be loading)."""
+    app = FastAPI(title="Ferry worker", docs_url=None, redoc_url=None)
+    app.state.worker = state
+
+    @app.exception_handler(OpenAIError)
+    async def _openai_error(_request: Request, exc: OpenAIError) -> JSONResponse:
+        return exc.response()
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        if state.load_error is not None:
+            return JSONResponse({"status": "error", "detail": state.load_error}, status_code=503)
+        if state.loading:
+            return JSONResponse({"status": "ok", "engine": "loading"})
+        if not state.engine_alive:
+            return JSONResponse({"status": "error", "detail": state.model.engine_loop.fatal_error},
+                                status_code=503)
+        return JSONResponse({"status": "ok", "engine": "running"})
+
+    @app.get("/ready")
+    async def ready() -> JSONResponse:
+        is_ready, reason = state.readiness()
+        return JSONResponse({"ready": is_ready, "reason": reason}, status_code=200 if is_ready else 503)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        if torch.cuda.is_available():
+            _update_gpu_metrics(state)
+        return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models")
+    async def models() -> JSONResponse:
+        max_len = state.model.max_model_len if state.model is not None else None
+        card = {"id": state.served_model_name, "object": "model", "created": 0, "owned_by": "ferry",
+                "max_model_len": max_len}
+        return JSONResponse({"object": "list", "data": [card]})
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await _serve(state, request, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await _serve(state, request, chat=True)
+
+    return app
+
+
+def _update_gpu_metrics(state: ServerState) -> None:
+    free, total = torch.cuda.mem_get_info()
+    try:
+        utilization = torch.cuda.utilization() / 100.0
+    except (ModuleNotFoundError, RuntimeError):  # needs NVML (pynvml), absent here: omit the figure
+        utilization = None
+    state.metrics.set_gpu(utilization=utilization, memory_used_bytes=total - free)
+
+
+async def _serve(state: ServerState, request: Request, *, chat: bool) -> Response:
+    """Validate, admit and run one completion request; counts its outcome."""
+    if state.draining:
+        state.metrics.request_finished("rejected")
+        raise OpenAIError(503, "the worker is draining (shutting down); retry on another replica",
+                          type="server_error", code="draining")
+    model = state.model
+    if model is None or not model.engine_loop.alive:
+        state.metrics.request_finished("rejected")
+        raise OpenAIError(503, f"the worker is not ready: {state.readiness()[1]}", type="server_error",
+                          code="not_ready")
+    state.request_started()
+    handed_over = False
+    try:
+        generation, sampling = _prepare(state, model, await request.body(), chat=chat)
+        if sampling.stream:
+            handed_over = True
+            return StreamingResponse(_stream(state, generation, sampling, chat=chat),
+                                     media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        return await _complete(state, request, generation, chat=chat)
+    except OpenAIError as exc:
+        state.metrics.request_finished("client_error" if exc.status_code < 500 else "server_error")
+        raise
+    finally:
+        if not handed_over:
+            state.request_finished()
+
+
+def _prepare(state: ServerState, model: LoadedModel, raw: bytes, *, chat: bool) -> tuple[Generation, SamplingRequest]:
+    body = parse_body(raw, ChatCompletionRequest if chat else CompletionRequest)
+    if body.model != state.served_model_name:
+        raise OpenAIError(404, f"model {body.model!r} does not exist; this worker serves "
+                          f"{state.served_model_name!r} (see GET /v1/models)", param="model", code="model_not_found")
+    stop_token_ids: tuple[int, ...] = ()
+    if chat:
+        sampling = chat_sampling(body)
+        try:
+            text = model.chat_template.render(body.messages)
+        except ChatTemplateError as exc:
+            raise invalid(str(exc), param="messages") from None
+        prompts = [model.tokenizer.encode(text, add_special_tokens=False).ids]
+        stop_token_ids = model.chat_stop_token_ids
+    else:
+        sampling = completion_sampling(body)
+        prompts = []
+        for prompt in completion_prompts(body.prompt):
+            if isinstance(prompt, str):
+                prompts.append(model.tokenizer.encode(prompt, add_special_tokens=True).ids)
+            else:
+                bad = [t for t in prompt if t >= model.vocab_size]
+                if bad:
+                    raise invalid(f"token id {bad[0]} is out of range; the vocabulary has {model.vocab_size} tokens",
+                                  param="prompt")
+                prompts.append(list(prompt))
+    longest = max(len(p) for p in prompts)
+    max_tokens = sampling.max_tokens
+    if max_tokens is None:
+        max_tokens = model.max_model_len - longest
+        if max_tokens < 1:
+            raise invalid(f"the prompt has {longest} tokens, which fills the context of {model.max_model_len}",
+                          param="messages" if chat else "prompt", code="context_length_exceeded")
+    elif longest + max_tokens > model.max_model_len:
+        raise invalid(f"prompt ({longest} tokens) plus max_tokens ({max_tokens}) exceeds the model's context of "
+                      f"{model.max_model_len} tokens; shorten the prompt or lower max_tokens",
+                      param="max_tokens", code="context_length_exceeded")
+    if state.should_inject_fault():
+        raise OpenAIError(500, "injected fault (--fault-error-rate): this request failed on purpose",
+                          type="server_error", code="injected_fault")
+
+    def make_params(index: int):
+        seed = None if sampling.seed is None else sampling.seed + index
+        return model.make_sampling_params(
+            max_tokens=max_tokens, temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
+            seed=seed, stop=list(sampling.stop), stop_token_ids=list(stop_token_ids),
+            ignore_eos=sampling.ignore_eos,
+        )
+
+    prefix = "chatcmpl" if chat else "cmpl"
+    generation = Generation(model.engine_loop, model.tokenizer, f"{prefix}-{uuid.uuid4().hex}", prompts,
+                            sampling.n, sampling.stop, make_params, state.metrics)
+    generation.start()
+    return generation, sampling
+
+
+async def _complete(state: ServerState, request: Request, generation: Generation, *, chat: bool) -> JSONResponse:
+    texts: dict[int, list[str]] = {}
+    reasons: dict[int, str] = {}
+
+    async def collect() -> None:
+        async for event in generation.events():
+            texts.setdefault(event.index, []).append(event.text)
+            if event.finish_reason is not None:
+                reasons[event.index] = event.finish_reason
+
+    collector = asyncio.ensure_future(collect())
+    watcher = asyncio.ensure_future(_wait_disconnect(request))
+    try:
+        await asyncio.wait({collector, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if not collector.done():  # the client went away
+            generation.abort()
+            collector.cancel()
+            state.metrics.request_finished("aborted")
+            return JSONResponse({}, status_code=499)
+        collector.result()
+    except GenerationError as exc:
+        raise OpenAIError(500, str(exc), type="server_error", code="engine_error") from None
+    finally:
+        watcher.cancel()
+    choices = []
+    for index in sorted(texts):
+        text = "".join(texts[index])
+        if chat:
+            choices.append({"index": index, "message": {"role": "assistant", "content": text},
+                            "logprobs": None, "finish_reason": reasons[index]})
+        else:
+            choices.append({"index": index, "text": text, "logprobs": None, "finish_reason": reasons[index]})
+    state.metrics.request_finished("success")
+    return JSONResponse({"id": generation.request_id, "object": "chat.completion" if chat else "text_completion",
+                         "created": int(time.time()), "model": state.served_model_name, "choices": choices,
+                         "usage": generation.usage()})
+
+
+async def _wait_disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _stream(state: ServerState, generation: Generation, sampling: SamplingRequest, *,
+                  chat: bool) -> AsyncIterator[bytes]:
+    """SSE body; aborts the generation if the client disconnects (the iterator is cancelled/closed)."""
+    created, outcome = int(time.time()), "aborted"
+    obj = "chat.completion.chunk" if chat else "text_completion"
+
+    def chunk(choices: list[dict], usage: dict | None = None) -> bytes:
+        data = {"id": generation.request_id, "object": obj, "created": created, "model": state.served_model_name,
+                "choices": choices}
+        if sampling.include_usage:
+            data["usage"] = usage
+        return sse(data)
+
+    def choice(event: ChoiceEvent, *, role: bool = False) -> dict:
+        if chat:
+            delta = {"role": "assistant", "content": event.text} if role else (
+                {"content": event.text} if event.text else {})
+            return {"index": event.index, "delta": delta, "logprobs": None, "finish_reason": event.finish_reason}
+        return {"index": event.index, "text": event.text, "logprobs": None, "finish_reason": event.finish_reason}
+
+    try:
+        if chat:  # OpenAI sends the role first, with empty content
+            num_choices = len(generation.prompts) * generation.n
+            yield chunk([choice(ChoiceEvent(i, ""), role=True) for i in range(num_choices)])
+        try:
+            async for event in generation.events():
+                yield chunk([choice(event)])
+        except GenerationError as exc:
+            outcome = "server_error"
+            yield sse(OpenAIError(500, str(exc), type="server_error", code="engine_error").body())
+            yield SSE_DONE
+            return
+        if sampling.include_usage:
+            yield chunk([], generation.usage())
+        yield SSE_DONE
+        outcome = "success"
+    finally:
+        if not generation.finished:
+            generation.abort()
+        state.metrics.request_finished(outcome)
+        state.request_finished()

@@ -1,0 +1,226 @@
+"""The engine's own thread, bridged to the asyncio server.
+
+``LLMEngine`` is single-threaded: only :class:`EngineLoop`'s thread touches it. The event loop
+hands work over through a command queue (add, abort) and receives per-request
+:class:`SeqUpdate` objects on an ``asyncio.Queue`` per request, filled with
+``loop.call_soon_threadsafe`` so no request waits on another's HTTP I/O and the HTTP side never
+waits on ``step()``.
+
+The loop also measures the engine busy ratio (fraction of wall time inside ``step()`` over the
+last :data:`BUSY_WINDOW_S` seconds; the CPU substitute for GPU utilization) and publishes queue
+depth and KV cache usage to the worker metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from inference_worker.metrics import WorkerMetrics
+
+logger = logging.getLogger(__name__)
+
+BUSY_WINDOW_S = 5.0
+STATS_INTERVAL_S = 0.25
+IDLE_POLL_S = 0.05
+
+
+@dataclass(frozen=True)
+class SeqUpdate:
+    """New tokens of one engine request since the previous update.
+
+    Attributes:
+        request_id: the engine request this update belongs to.
+        new_token_ids: token ids generated since the last update (may be empty).
+        num_prompt_tokens: the request's prompt length.
+        finished: the request is done; no further updates follow.
+        finish_reason: "stop" (EOS, stop token or stop string), "length", "abort" or "error".
+        error: a message when ``finish_reason`` is "error".
+    """
+
+    request_id: str
+    new_token_ids: tuple[int, ...]
+    num_prompt_tokens: int
+    finished: bool
+    finish_reason: str | None = None
+    error: str | None = None
+
+
+@dataclass
+class _Stream:
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue
+    num_sent: int = 0  # tokens already forwarded (engine outputs are cumulative)
+
+
+@dataclass
+class _Add:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: Any
+    stream: _Stream = field(repr=False)
+
+
+@dataclass
+class _Abort:
+    request_id: str
+
+
+class EngineLoop:
+    """Runs ``engine.step()`` in a daemon thread and routes outputs to waiting coroutines.
+
+    Args:
+        engine: an ``LLMEngine`` (``add_request``, ``step``, ``abort_request``,
+            ``has_unfinished_requests``).
+        metrics: the worker's metrics; queue depth, KV usage and busy ratio are published there.
+    """
+
+    def __init__(self, engine: Any, metrics: WorkerMetrics | None = None):
+        self._engine = engine
+        self._metrics = metrics
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._streams: dict[str, _Stream] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+        self._fatal: str | None = None
+        self._busy_samples: collections.deque[tuple[float, float, float]] = collections.deque()
+        self._interval_start = time.monotonic()
+        self._interval_busy = 0.0
+        self._last_stats = 0.0
+
+    # ---- event-loop side -------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the engine thread."""
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Ask the thread to exit and wait up to ``timeout_s`` seconds."""
+        self._stop.set()
+        self._thread.join(timeout_s)
+
+    @property
+    def alive(self) -> bool:
+        """True while the thread runs and the engine has not failed."""
+        return self._thread.is_alive() and self._fatal is None
+
+    @property
+    def fatal_error(self) -> str | None:
+        """The error that stopped the engine, if any."""
+        return self._fatal
+
+    def submit(self, request_id: str, prompt_token_ids: list[int], params: Any,
+               updates: asyncio.Queue | None = None) -> asyncio.Queue:
+        """Queue a request for the engine; must be called from the event loop.
+
+        Args:
+            updates: the queue to deliver to (several requests may share one); a new one if None.
+
+        Returns:
+            the ``asyncio.Queue`` that receives this request's :class:`SeqUpdate` objects, the
+            last with ``finished=True``.
+
+        Raises:
+            RuntimeError: the engine loop is not alive.
+        """
+        if not self.alive:
+            raise RuntimeError(f"engine loop is not running: {self._fatal or 'stopped'}")
+        stream = _Stream(loop=asyncio.get_running_loop(), queue=updates if updates is not None else asyncio.Queue())
+        self._commands.put(_Add(request_id, list(prompt_token_ids), params, stream))
+        return stream.queue
+
+    def abort(self, request_id: str) -> None:
+        """Abort a request (client went away); its KV blocks are freed on the engine's next turn."""
+        self._commands.put(_Abort(request_id))
+
+    # ---- engine-thread side ----------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                busy = self._engine.has_unfinished_requests()
+                self._drain_commands(block=not busy)
+                if self._engine.has_unfinished_requests():
+                    started = time.monotonic()
+                    outputs = self._engine.step()
+                    self._interval_busy += time.monotonic() - started
+                    for output in outputs:
+                        self._deliver(output)
+                self._publish_stats()
+        except Exception as exc:  # noqa: BLE001 - thread boundary: report any engine failure to all requests
+            logger.exception("engine loop failed")
+            self._fatal = f"{type(exc).__name__}: {exc}"
+            for request_id in list(self._streams):
+                self._send(request_id, SeqUpdate(request_id, (), 0, True, "error", f"engine failed: {self._fatal}"))
+
+    def _drain_commands(self, *, block: bool) -> None:
+        try:
+            command = self._commands.get(timeout=IDLE_POLL_S) if block else self._commands.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            self._apply(command)
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+
+    def _apply(self, command: _Add | _Abort) -> None:
+        if isinstance(command, _Abort):
+            if command.request_id in self._streams:
+                self._engine.abort_request(command.request_id)
+                self._send(command.request_id, SeqUpdate(command.request_id, (), 0, True, "abort"))
+            return
+        self._streams[command.request_id] = command.stream
+        try:
+            self._engine.add_request(command.request_id, command.prompt_token_ids, command.params)
+        except ValueError as exc:  # the engine refused the request (too long, bad params)
+            self._send(command.request_id, SeqUpdate(command.request_id, (), len(command.prompt_token_ids), True, "error", str(exc)))
+
+    def _deliver(self, output: Any) -> None:
+        stream = self._streams.get(output.request_id)
+        if stream is None:  # aborted earlier; the engine may still report it once
+            return
+        token_ids = list(output.token_ids)
+        new = tuple(token_ids[stream.num_sent :])
+        stream.num_sent = len(token_ids)
+        update = SeqUpdate(output.request_id, new, len(output.prompt_token_ids), bool(output.finished),
+                           output.finish_reason if output.finished else None)
+        self._send(output.request_id, update)
+
+    def _send(self, request_id: str, update: SeqUpdate) -> None:
+        stream = self._streams.get(request_id)
+        if stream is None:
+            return
+        if update.finished:
+            del self._streams[request_id]
+        try:
+            stream.loop.call_soon_threadsafe(stream.queue.put_nowait, update)
+        except RuntimeError:  # the event loop is closed (server shutting down)
+            logger.debug("dropping update for %s: event loop closed", request_id)
+
+    def _publish_stats(self) -> None:
+        now = time.monotonic()
+        if now - self._last_stats < STATS_INTERVAL_S:
+            return
+        self._last_stats = now
+        self._busy_samples.append((self._interval_start, now, self._interval_busy))
+        self._interval_start, self._interval_busy = now, 0.0
+        while self._busy_samples and self._busy_samples[0][1] < now - BUSY_WINDOW_S:
+            self._busy_samples.popleft()
+        span = now - self._busy_samples[0][0]
+        busy_ratio = min(1.0, sum(s[2] for s in self._busy_samples) / span) if span > 0 else 0.0
+        if self._metrics is not None:
+            waiting, running, kv_usage = engine_queue_stats(self._engine)
+            self._metrics.set_engine_state(num_waiting=waiting, num_running=running, kv_cache_usage=kv_usage,
+                                           busy_ratio=busy_ratio)
+
+
+def engine_queue_stats(engine: Any) -> tuple[int, int, float | None]:
+    """(num_waiting, num_running, KV cache usage 0..1 or None) read from the engine's accessors."""
+    stats = engine.get_stats()
+    return int(stats.num_waiting), int(stats.num_running), stats.kv_cache_usage

@@ -1,0 +1,133 @@
+"""The state one worker server shares between its routes: model, engine loop, readiness, drain.
+
+Readiness: not ready while the model loads (``loading``), after SIGTERM (``draining``) and if
+the engine loop died. While draining, new completion requests get 503 but the listener stays
+open; in-flight requests are counted so the drain knows when they are all done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from tokenizers import Tokenizer
+
+from inference_worker.metrics import WorkerMetrics
+from inference_worker.server.engine_loop import EngineLoop
+from inference_worker.tokenization import ChatTemplate
+
+
+@dataclass
+class LoadedModel:
+    """What the routes need from a loaded model.
+
+    Attributes:
+        engine_loop: the running engine thread.
+        tokenizer: the model's tokenizer.
+        chat_template: renders chat messages.
+        max_model_len: context length in tokens (prompt + generated).
+        vocab_size: token ids must be below this.
+        make_sampling_params: builds the engine's SamplingParams from keyword options
+            (max_tokens, temperature, top_p, top_k, seed, stop, stop_token_ids, ignore_eos).
+        chat_stop_token_ids: extra stop token ids for chat requests (end of turn).
+    """
+
+    engine_loop: EngineLoop
+    tokenizer: Tokenizer
+    chat_template: ChatTemplate
+    max_model_len: int
+    vocab_size: int
+    make_sampling_params: Callable[..., Any]
+    chat_stop_token_ids: tuple[int, ...] = ()
+
+
+@dataclass
+class ServerState:
+    """Shared, mutable state of one worker server (owned by the event loop thread).
+
+    Attributes:
+        served_model_name: the model id clients send and ``/v1/models`` lists.
+        metrics: the worker's metrics (own registry).
+        fault_error_rate: fraction of valid completion requests failed on purpose with a 500
+            (test-only; 0 disables).
+        fault_rng: the deterministic RNG deciding which requests fail.
+        drain_timeout_s: how long SIGTERM waits for in-flight requests.
+    """
+
+    served_model_name: str
+    metrics: WorkerMetrics
+    fault_error_rate: float = 0.0
+    fault_rng: random.Random = field(default_factory=lambda: random.Random(0))
+    drain_timeout_s: float = 30.0
+    model: LoadedModel | None = None
+    load_error: str | None = None
+    draining: bool = False
+    num_in_flight: int = 0
+    _idle: asyncio.Event | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def loading(self) -> bool:
+        return self.model is None and self.load_error is None
+
+    @property
+    def engine_alive(self) -> bool:
+        return self.model is not None and self.model.engine_loop.alive
+
+    def readiness(self) -> tuple[bool, str]:
+        """(ready, reason): ready only when loaded, engine alive and not draining."""
+        if self.load_error is not None:
+            return False, f"model failed to load: {self.load_error}"
+        if self.model is None:
+            return False, "loading"
+        if self.draining:
+            return False, "draining"
+        if not self.model.engine_loop.alive:
+            return False, f"engine loop stopped: {self.model.engine_loop.fatal_error}"
+        return True, "ready"
+
+    def set_model(self, model: LoadedModel) -> None:
+        """Publish a loaded model (called from the loader thread)."""
+        with self._lock:
+            self.model = model
+        self.metrics.set_ready(self.readiness()[0])
+
+    def set_load_error(self, message: str) -> None:
+        with self._lock:
+            self.load_error = message
+
+    def request_started(self) -> None:
+        self.num_in_flight += 1
+        if self._idle is not None:
+            self._idle.clear()
+
+    def request_finished(self) -> None:
+        self.num_in_flight -= 1
+        if self.num_in_flight == 0 and self._idle is not None:
+            self._idle.set()
+
+    def start_draining(self) -> None:
+        """Readiness false from now on; new completion requests are refused with 503."""
+        self.draining = True
+        self.metrics.set_ready(False)
+
+    async def wait_idle(self, timeout_s: float) -> bool:
+        """Wait until no request is in flight; False if ``timeout_s`` passed first."""
+        if self._idle is None:
+            self._idle = asyncio.Event()
+        if self.num_in_flight == 0:
+            return True
+        self._idle.clear()
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+        except TimeoutError:
+            return False
+        return True
+
+    def should_inject_fault(self) -> bool:
+        """Whether this request fails on purpose (``--fault-error-rate``)."""
+        return self.fault_error_rate > 0 and self.fault_rng.random() < self.fault_error_rate

@@ -1,0 +1,178 @@
+"""One API request's generation: its engine requests, detokenization, events and SSE framing.
+
+An API request with P prompts and ``n`` choices becomes P*n engine requests
+(``{id}-{index}``, choice ``index = prompt_index * n + i``) sharing one update queue. Each choice
+has its own :class:`IncrementalDetokenizer`; :meth:`Generation.events` yields text deltas that are
+already safe to send (no partial UTF-8 character, nothing that could still become a stop string),
+so a non-streamed response is exactly the join of the streamed deltas.
+
+A stop string found by the detokenizer finishes its choice with ``finish_reason="stop"`` and
+aborts the engine request at once (freeing its KV); ``completion_tokens`` counts tokens up to and
+including the one that completed the stop string, plus an EOS/stop token when the engine ended
+the sequence with one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from tokenizers import Tokenizer
+
+from inference_worker.metrics import WorkerMetrics
+from inference_worker.server.engine_loop import EngineLoop, SeqUpdate
+from inference_worker.tokenization import IncrementalDetokenizer
+
+
+@dataclass(frozen=True)
+class ChoiceEvent:
+    """A piece of one choice's text; ``finish_reason`` is set on the choice's last event."""
+
+    index: int
+    text: str
+    finish_reason: str | None = None
+
+
+class GenerationError(Exception):
+    """The engine failed or refused one of the request's sequences (a 500-class error)."""
+
+
+@dataclass
+class _Choice:
+    index: int
+    request_id: str
+    detokenizer: IncrementalDetokenizer
+    num_prompt_tokens: int
+    num_output_tokens: int = 0
+    first_token_at: float | None = None
+    finish_reason: str | None = None
+
+
+@dataclass
+class Generation:
+    """Drives the engine requests of one API request.
+
+    Args:
+        engine_loop: the worker's :class:`EngineLoop`.
+        tokenizer: used for detokenization.
+        request_id: the API request id (``cmpl-...`` / ``chatcmpl-...``).
+        prompts: token ids per prompt.
+        n: choices per prompt.
+        stop: stop strings.
+        make_params: ``choice_index -> engine SamplingParams`` (seeds differ per choice).
+        metrics: the worker's metrics (TTFT, TPOT, e2e and token counters per sequence).
+    """
+
+    engine_loop: EngineLoop
+    tokenizer: Tokenizer
+    request_id: str
+    prompts: list[list[int]]
+    n: int
+    stop: tuple[str, ...]
+    make_params: Callable[[int], Any]
+    metrics: WorkerMetrics | None = None
+    arrival: float = field(default_factory=time.monotonic)
+
+    def __post_init__(self) -> None:
+        self._choices: dict[str, _Choice] = {}
+        self._updates: asyncio.Queue[SeqUpdate] = asyncio.Queue()
+        self._started = False
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        """Prompt tokens of the request (each prompt counted once, as OpenAI does)."""
+        return sum(len(p) for p in self.prompts)
+
+    @property
+    def num_completion_tokens(self) -> int:
+        """Tokens generated over all choices so far."""
+        return sum(c.num_output_tokens for c in self._choices.values())
+
+    def usage(self) -> dict:
+        """OpenAI ``usage`` object."""
+        prompt, completion = self.num_prompt_tokens, self.num_completion_tokens
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+    def start(self) -> None:
+        """Submit every choice to the engine (call once, from the event loop)."""
+        self._started = True
+        for p, prompt in enumerate(self.prompts):
+            for i in range(self.n):
+                index = p * self.n + i
+                rid = f"{self.request_id}-{index}"
+                self._choices[rid] = _Choice(index, rid, IncrementalDetokenizer(self.tokenizer, self.stop),
+                                             len(prompt))
+                self.engine_loop.submit(rid, prompt, self.make_params(index), self._updates)
+        if self.metrics is not None:
+            self.metrics.tokens(num_prompt_tokens=sum(len(p) for p in self.prompts) * self.n)
+
+    def abort(self) -> None:
+        """Abort every unfinished choice (client disconnected or drain timed out)."""
+        for choice in self._choices.values():
+            if choice.finish_reason is None:
+                self.engine_loop.abort(choice.request_id)
+
+    @property
+    def finished(self) -> bool:
+        return self._started and all(c.finish_reason is not None for c in self._choices.values())
+
+    async def events(self) -> AsyncIterator[ChoiceEvent]:
+        """Yield text deltas until every choice finished.
+
+        Raises:
+            GenerationError: the engine refused or failed a sequence (other choices are aborted).
+        """
+        while not self.finished:
+            update = await self._updates.get()
+            choice = self._choices[update.request_id]
+            if choice.finish_reason is not None:
+                continue  # a late update for a choice we already finished on a stop string
+            event = self._apply(choice, update)
+            if event is not None:
+                yield event
+
+    def _apply(self, choice: _Choice, update: SeqUpdate) -> ChoiceEvent | None:
+        now = time.monotonic()
+        if update.finish_reason == "error":
+            choice.finish_reason = "error"
+            self.abort()
+            raise GenerationError(update.error or "the engine failed the request")
+        text_parts: list[str] = []
+        for token_id in update.new_token_ids:
+            if choice.first_token_at is None:
+                choice.first_token_at = now
+            choice.num_output_tokens += 1
+            text_parts.append(choice.detokenizer.push([token_id]))
+            if choice.detokenizer.stopped:
+                break
+        if self.metrics is not None and update.new_token_ids:
+            self.metrics.tokens(num_generation_tokens=len(update.new_token_ids))
+        if choice.detokenizer.stopped:
+            finish_reason = "stop"
+            if not update.finished:
+                self.engine_loop.abort(choice.request_id)
+        elif update.finished:
+            finish_reason = update.finish_reason or "stop"
+            text_parts.append(choice.detokenizer.finish())
+        else:
+            text = "".join(text_parts)
+            return ChoiceEvent(choice.index, text) if text else None
+        choice.finish_reason = finish_reason
+        if self.metrics is not None and finish_reason != "abort":
+            ttft = None if choice.first_token_at is None else choice.first_token_at - self.arrival
+            self.metrics.observe_latency(ttft_s=ttft, e2e_s=now - self.arrival,
+                                         num_output_tokens=choice.num_output_tokens)
+        return ChoiceEvent(choice.index, "".join(text_parts), finish_reason)
+
+
+def sse(data: dict | str) -> bytes:
+    """Frame one server-sent event: ``data: <json>\\n\\n`` (or a raw string such as ``[DONE]``)."""
+    payload = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    return f"data: {payload}\n\n".encode()
+
+
+SSE_DONE = sse("[DONE]")
