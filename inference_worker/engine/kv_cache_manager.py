@@ -16,10 +16,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from inference_worker.config import FULL_ATTENTION, SLIDING_ATTENTION
 from inference_worker.engine.block_pool import BlockPool, KVCacheBlock
 
-FULL_ATTENTION = "full_attention"
-SLIDING_ATTENTION = "sliding_attention"
+__all__ = [
+    "FULL_ATTENTION",
+    "SLIDING_ATTENTION",
+    "FullAttentionManager",
+    "HybridKVCacheManager",
+    "KVCacheGroupSpec",
+    "SingleTypeKVCacheManager",
+    "SlidingWindowManager",
+    "cdiv",
+]
 
 
 def cdiv(a: int, b: int) -> int:
