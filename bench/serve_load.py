@@ -1,0 +1,255 @@
+"""OpenAI-API load generator: TTFT, TPOT, ITL, throughput and goodput under SLOs.
+
+Works against any OpenAI-compatible base URL (a Ferry worker, the Ferry router, another server).
+Requests arrive as a Poisson process (``--request-rate`` per second; ``inf`` sends them all at
+once) and are capped at ``--concurrency`` in flight; several concurrency levels run one after the
+other against the same server, and the first level is the reference the others are compared with
+(throughput ratio). Prompts are synthetic with mixed lengths drawn from a fixed seed; outputs
+use ``ignore_eos`` so each request generates exactly its drawn length.
+
+Definitions (as serving benchmarks such as vLLM's ``benchmark_serving`` use them):
+TTFT = time to the first streamed token; TPOT = (e2e - TTFT) / (output tokens - 1) per request;
+ITL = gaps between consecutive streamed chunks; goodput = completed requests per second that met
+every SLO (``--slo-ttft-ms``, ``--slo-tpot-ms``).
+
+Example::
+
+    python bench/serve_load.py --base-url http://127.0.0.1:8000 --concurrency 1,8,32 --num-prompts 32
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import random
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import httpx
+
+WORDS = ("the river carries light across stone bridges while engineers measure every quiet signal in "
+         "distant data centers and small models learn to write careful answers about weather music "
+         "history cooking travel mathematics gardens").split()
+
+
+@dataclass
+class RequestResult:
+    """One request's outcome; times in seconds."""
+
+    prompt_words: int
+    max_tokens: int
+    ok: bool = False
+    error: str = ""
+    ttft_s: float = math.nan
+    e2e_s: float = math.nan
+    itl_s: list[float] = field(default_factory=list)
+    num_output_tokens: int = 0
+    num_prompt_tokens: int = 0
+
+    @property
+    def tpot_s(self) -> float:
+        if self.num_output_tokens < 2:
+            return math.nan
+        return (self.e2e_s - self.ttft_s) / (self.num_output_tokens - 1)
+
+
+def make_workload(num_prompts: int, seed: int, input_words: tuple[int, int], output_tokens: tuple[int, int]):
+    """Deterministic (prompt, max_tokens) pairs with lengths uniform in the given ranges."""
+    rng = random.Random(seed)
+    workload = []
+    for _ in range(num_prompts):
+        n_words = rng.randint(*input_words)
+        prompt = " ".join(rng.choice(WORDS) for _ in range(n_words))
+        workload.append((prompt, rng.randint(*output_tokens)))
+    return workload
+
+
+async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: str, max_tokens: int,
+                      chat: bool) -> RequestResult:
+    """Send one streaming request and time its chunks."""
+    result = RequestResult(prompt_words=len(prompt.split()), max_tokens=max_tokens)
+    body = {"model": model, "max_tokens": max_tokens, "temperature": 0.0, "stream": True, "ignore_eos": True,
+            "stream_options": {"include_usage": True}}
+    if chat:
+        body["messages"] = [{"role": "user", "content": prompt}]
+    else:
+        body["prompt"] = prompt
+    start = time.perf_counter()
+    last = None
+    try:
+        async with client.stream("POST", url, json=body) as response:
+            if response.status_code != 200:
+                result.error = f"HTTP {response.status_code}: {(await response.aread())[:200]!r}"
+                return result
+            async for line in response.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                payload = line[len("data: "):]
+                if payload == "[DONE]":
+                    break
+                data = json.loads(payload)
+                if "error" in data:
+                    result.error = data["error"].get("message", "stream error")
+                    return result
+                if data.get("usage"):
+                    result.num_output_tokens = data["usage"]["completion_tokens"]
+                    result.num_prompt_tokens = data["usage"]["prompt_tokens"]
+                choices = data.get("choices") or []
+                has_text = any((c.get("text") or (c.get("delta") or {}).get("content")) for c in choices)
+                if has_text:
+                    now = time.perf_counter()
+                    if last is None:
+                        result.ttft_s = now - start
+                    else:
+                        result.itl_s.append(now - last)
+                    last = now
+        result.e2e_s = time.perf_counter() - start
+        result.ok = last is not None
+        if not result.ok:
+            result.error = "no tokens streamed"
+    except httpx.HTTPError as exc:
+        result.error = f"{type(exc).__name__}: {exc}"
+    return result
+
+
+async def run_level(base_url: str, model: str, workload, *, concurrency: int, request_rate: float, seed: int,
+                    chat: bool, timeout_s: float) -> tuple[list[RequestResult], float]:
+    """Run the workload with Poisson arrivals and at most ``concurrency`` requests in flight."""
+    url = base_url.rstrip("/") + ("/v1/chat/completions" if chat else "/v1/completions")
+    rng = random.Random(seed + 1)
+    limiter = asyncio.Semaphore(concurrency)
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+
+    async with httpx.AsyncClient(timeout=timeout_s, limits=limits) as client:
+
+        async def guarded(prompt: str, max_tokens: int) -> RequestResult:
+            async with limiter:
+                return await one_request(client, url, model, prompt, max_tokens, chat)
+
+        tasks = []
+        start = time.perf_counter()
+        for prompt, max_tokens in workload:
+            tasks.append(asyncio.create_task(guarded(prompt, max_tokens)))
+            if request_rate != math.inf:
+                await asyncio.sleep(rng.expovariate(request_rate))
+        results = await asyncio.gather(*tasks)
+        duration = time.perf_counter() - start
+    return list(results), duration
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Linear-interpolated percentile (numpy's default method); NaN for no values."""
+    values = sorted(v for v in values if not math.isnan(v))
+    if not values:
+        return math.nan
+    position = (len(values) - 1) * q / 100.0
+    low, high = math.floor(position), math.ceil(position)
+    return values[low] + (values[high] - values[low]) * (position - low)
+
+
+def summarize(results: list[RequestResult], duration_s: float, *, slo_ttft_s: float, slo_tpot_s: float) -> dict:
+    """Aggregate figures of one level (milliseconds for latencies, per second for rates)."""
+    ok = [r for r in results if r.ok]
+    ttft = [r.ttft_s for r in ok]
+    tpot = [r.tpot_s for r in ok]
+    itl = [gap for r in ok for gap in r.itl_s]
+    e2e = [r.e2e_s for r in ok]
+    good = [r for r in ok if r.ttft_s <= slo_ttft_s and (math.isnan(r.tpot_s) or r.tpot_s <= slo_tpot_s)]
+    out_tokens = sum(r.num_output_tokens for r in ok)
+    in_tokens = sum(r.num_prompt_tokens for r in ok)
+
+    def ms(values: list[float], q: float) -> float:
+        return percentile(values, q) * 1000.0
+
+    return {
+        "num_requests": len(results), "num_completed": len(ok), "num_failed": len(results) - len(ok),
+        "errors": sorted({r.error for r in results if r.error})[:5],
+        "duration_s": duration_s,
+        "request_throughput_rps": len(ok) / duration_s, "output_throughput_tok_s": out_tokens / duration_s,
+        "total_throughput_tok_s": (in_tokens + out_tokens) / duration_s,
+        "goodput_rps": len(good) / duration_s, "slo_attainment": len(good) / len(results) if results else math.nan,
+        "ttft_ms_mean": statistics.fmean(ttft) * 1000.0 if ttft else math.nan,
+        "ttft_ms_p50": ms(ttft, 50), "ttft_ms_p99": ms(ttft, 99),
+        "tpot_ms_p50": ms(tpot, 50), "tpot_ms_p99": ms(tpot, 99),
+        "itl_ms_p50": ms(itl, 50), "itl_ms_p99": ms(itl, 99),
+        "e2e_ms_p50": ms(e2e, 50), "e2e_ms_p99": ms(e2e, 99),
+        "num_prompt_tokens": in_tokens, "num_output_tokens": out_tokens,
+    }
+
+
+def print_table(rows: list[dict]) -> None:
+    """Print one line per concurrency level."""
+    cols = [("conc", "concurrency", 5, "d"), ("ok", "num_completed", 4, "d"),
+            ("req/s", "request_throughput_rps", 7, ".2f"), ("out tok/s", "output_throughput_tok_s", 10, ".1f"),
+            ("x ref", "throughput_vs_reference", 6, ".2f"), ("TTFT p50", "ttft_ms_p50", 9, ".0f"),
+            ("TTFT p99", "ttft_ms_p99", 9, ".0f"), ("TPOT p50", "tpot_ms_p50", 9, ".1f"),
+            ("TPOT p99", "tpot_ms_p99", 9, ".1f"), ("ITL p99", "itl_ms_p99", 8, ".1f"),
+            ("goodput", "goodput_rps", 8, ".2f")]
+    print("  ".join(f"{name:>{width}}" for name, _, width, _ in cols))
+    for row in rows:
+        print("  ".join(f"{row[key]:>{width}{spec}}" for _, key, width, spec in cols))
+    print("latencies in ms; 'x ref' = output tok/s relative to the first concurrency level; goodput in req/s")
+
+
+async def resolve_model(base_url: str, model: str | None) -> str:
+    if model:
+        return model
+    async with httpx.AsyncClient(timeout=30) as client:
+        response = await client.get(base_url.rstrip("/") + "/v1/models")
+        response.raise_for_status()
+        return response.json()["data"][0]["id"]
+
+
+def parse_range(text: str) -> tuple[int, int]:
+    low, _, high = text.partition(":")
+    return int(low), int(high or low)
+
+
+async def main_async(args: argparse.Namespace) -> list[dict]:
+    model = await resolve_model(args.base_url, args.model)
+    rows = []
+    for concurrency in [int(c) for c in args.concurrency.split(",")]:
+        num_prompts = args.num_prompts or max(4, 2 * concurrency)
+        workload = make_workload(num_prompts, args.seed, parse_range(args.input_words), parse_range(args.output_tokens))
+        results, duration = await run_level(args.base_url, model, workload, concurrency=concurrency,
+                                            request_rate=args.request_rate, seed=args.seed, chat=args.chat,
+                                            timeout_s=args.timeout_s)
+        row = {"concurrency": concurrency, "num_prompts": num_prompts,
+               **summarize(results, duration, slo_ttft_s=args.slo_ttft_ms / 1000, slo_tpot_s=args.slo_tpot_ms / 1000),
+               "requests": [asdict(r) for r in results]}
+        reference = rows[0]["output_throughput_tok_s"] if rows else row["output_throughput_tok_s"]
+        row["throughput_vs_reference"] = row["output_throughput_tok_s"] / reference if reference else math.nan
+        rows.append(row)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--base-url", required=True, help="e.g. http://127.0.0.1:8000 (worker or router)")
+    parser.add_argument("--model", help="model id; default: the first of GET /v1/models")
+    parser.add_argument("--chat", action="store_true", help="use /v1/chat/completions instead of /v1/completions")
+    parser.add_argument("--concurrency", default="1,8,32", help="comma-separated levels, first is the reference")
+    parser.add_argument("--num-prompts", type=int, default=0, help="requests per level (default max(4, 2*conc))")
+    parser.add_argument("--request-rate", type=float, default=math.inf, help="Poisson arrival rate, req/s")
+    parser.add_argument("--input-words", default="8:64", help="prompt length range in words, MIN:MAX")
+    parser.add_argument("--output-tokens", default="8:32", help="max_tokens range, MIN:MAX (ignore_eos)")
+    parser.add_argument("--slo-ttft-ms", type=float, default=2000.0)
+    parser.add_argument("--slo-tpot-ms", type=float, default=200.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--timeout-s", type=float, default=600.0)
+    parser.add_argument("--out", default="bench/results/serve_load.json")
+    args = parser.parse_args()
+    rows = asyncio.run(main_async(args))
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"base_url": args.base_url, "args": vars(args), "levels": rows}, indent=2))
+    print_table(rows)
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
