@@ -1,0 +1,164 @@
+"""Asyncio TCP transport for KV frames: the prefill-side sender (:class:`KVSender`).
+
+The decode-side receiver is :class:`inference_worker.kv_transfer.receiver.KVReceiver` (re-exported
+here). One connection carries frames one after another; after each frame the receiver answers with
+an ack (``wire.encode_ack``): success or the failure reason.
+
+Sender behaviour: connect with ``connect_timeout_s``; stream the frame in chunks (each taken from the
+link's :class:`~inference_worker.kv_transfer.bucket.TokenBucket` when a bandwidth cap is set, so a
+loopback link can emulate a WAN) while the CRC and HMAC are computed on the same views (no copy of
+the KV); every write drain and the ack read are bounded by ``io_timeout_s``. A failure whose error
+class is ``retryable`` (connection, timeout, checksum, truncated) is retried up to ``max_attempts``
+times with exponential backoff ``backoff_s * 2**attempt`` capped at ``backoff_max_s``; others
+(auth, version mismatch, late, unexpected, capacity) are raised at once. TLS: pass an
+``ssl.SSLContext`` (and ``server_hostname`` if it differs from ``host``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl as ssl_module
+import time
+
+from inference_worker.kv_transfer.bucket import TokenBucket
+from inference_worker.kv_transfer.errors import (
+    ERRORS_BY_REASON,
+    ConnectionFailed,
+    CorruptPayload,
+    KVTransferError,
+    Timeout,
+)
+from inference_worker.kv_transfer.receiver import KVReceiver
+from inference_worker.kv_transfer.recorder import SEND, TransferRecorder
+from inference_worker.kv_transfer.wire import (
+    ACK_LENGTH,
+    MAX_ACK_BYTES,
+    FrameSealer,
+    KVFrame,
+    check_link_secret,
+    parse_ack,
+)
+
+__all__ = ["KVReceiver", "KVSender"]
+
+
+class KVSender:
+    """Sends KV frames to one receiver (one link), reusing an idle connection when there is one.
+
+    Args:
+        host, port: the receiver's address.
+        link_secret: per-link HMAC key (>= 16 bytes), shared with the receiver.
+        ssl: optional client ``SSLContext`` for TLS.
+        bandwidth_gbps: cap on this link, Gbit/s (None: uncapped); or pass ``bucket`` directly.
+        chunk_bytes: bytes per write (and per token-bucket acquire).
+        recorder: where transfers are counted (direction ``send``).
+
+    Raises:
+        ValueError: invalid secret or limits.
+    """
+
+    def __init__(self, host: str, port: int, *, link_secret: bytes, ssl: ssl_module.SSLContext | None = None,
+                 server_hostname: str | None = None, connect_timeout_s: float = 5.0, io_timeout_s: float = 30.0,
+                 max_attempts: int = 3, backoff_s: float = 0.05, backoff_max_s: float = 2.0,
+                 bandwidth_gbps: float | None = None, bucket: TokenBucket | None = None,
+                 chunk_bytes: int = 1 << 20, recorder: TransferRecorder | None = None):
+        if max_attempts < 1 or connect_timeout_s <= 0 or io_timeout_s <= 0 or chunk_bytes < 1:
+            raise ValueError("max_attempts, timeouts and chunk_bytes must be positive")
+        self.host, self.port = host, port
+        self._secret = check_link_secret(link_secret)
+        self._ssl, self._server_hostname = ssl, server_hostname
+        self.connect_timeout_s, self.io_timeout_s = connect_timeout_s, io_timeout_s
+        self.max_attempts, self.backoff_s, self.backoff_max_s = max_attempts, backoff_s, backoff_max_s
+        if bucket is None and bandwidth_gbps is not None:
+            bucket = TokenBucket.for_link(bandwidth_gbps, burst_bytes=max(chunk_bytes, 1 << 16))
+        self.bucket = bucket
+        self.chunk_bytes = chunk_bytes
+        self.recorder = recorder if recorder is not None else TransferRecorder()
+        self.num_attempts = 0
+        """Attempts made over this sender's life (retries included)."""
+        self._idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+
+    async def send(self, frame: KVFrame) -> float:
+        """Deliver ``frame``; return the seconds it took (all attempts).
+
+        Raises:
+            ConnectionFailed, Timeout, CorruptPayload, TruncatedPayload: after ``max_attempts``.
+            AuthenticationFailed, WrongWeights, LatePayload, UnexpectedPayload, PayloadTooLarge,
+            ProtocolVersionMismatch: at once (the receiver rejected the frame for that reason).
+        """
+        start = time.perf_counter()
+        attempt = 0
+        while True:
+            try:
+                await self._send_once(frame)
+                break
+            except KVTransferError as exc:
+                attempt += 1
+                if not exc.retryable or attempt >= self.max_attempts:
+                    self.recorder.failure(SEND, exc.reason)
+                    raise
+                await asyncio.sleep(min(self.backoff_max_s, self.backoff_s * 2 ** (attempt - 1)))
+        seconds = time.perf_counter() - start
+        self.recorder.success(SEND, raw_bytes=frame.raw_bytes, wire_bytes=frame.wire_bytes, seconds=seconds)
+        return seconds
+
+    async def close(self) -> None:
+        """Close idle connections."""
+        while self._idle:
+            _, writer = self._idle.pop()
+            writer.close()
+            try:
+                await writer.wait_closed()
+            except (OSError, ssl_module.SSLError):
+                pass
+
+    async def _connection(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        while self._idle:
+            reader, writer = self._idle.pop()
+            if not reader.at_eof() and not writer.is_closing():
+                return reader, writer
+            writer.close()
+        try:
+            return await asyncio.wait_for(
+                asyncio.open_connection(self.host, self.port, ssl=self._ssl,
+                                        server_hostname=self._server_hostname if self._ssl else None,
+                                        limit=MAX_ACK_BYTES * 2),
+                self.connect_timeout_s)
+        except TimeoutError as exc:
+            raise Timeout(f"connect to {self.host}:{self.port} timed out after {self.connect_timeout_s}s") from exc
+        except (OSError, ssl_module.SSLError) as exc:
+            raise ConnectionFailed(f"cannot connect to {self.host}:{self.port}: {exc}") from exc
+
+    async def _send_once(self, frame: KVFrame) -> None:
+        self.num_attempts += 1
+        reader, writer = await self._connection()
+        try:
+            sealer = FrameSealer(self._secret)
+            for chunk in frame.iter_chunks(self.chunk_bytes):
+                sealer.update(chunk)
+                await self._write(writer, chunk)
+            await self._write(writer, sealer.trailer())
+            length = ACK_LENGTH.unpack(await asyncio.wait_for(reader.readexactly(ACK_LENGTH.size), self.io_timeout_s))[0]
+            if length > MAX_ACK_BYTES:
+                raise CorruptPayload(f"ack of {length} bytes")
+            reason, detail = parse_ack(await asyncio.wait_for(reader.readexactly(length), self.io_timeout_s))
+        except TimeoutError as exc:
+            writer.close()
+            raise Timeout(f"no progress sending to {self.host}:{self.port} within {self.io_timeout_s}s") from exc
+        except (OSError, asyncio.IncompleteReadError, ssl_module.SSLError) as exc:
+            writer.close()
+            raise ConnectionFailed(f"connection to {self.host}:{self.port} broke: {exc!r}") from exc
+        except KVTransferError:
+            writer.close()
+            raise
+        if reason is not None:
+            # The receiver keeps the connection after a rejected (complete) frame.
+            self._idle.append((reader, writer))
+            raise ERRORS_BY_REASON.get(reason, KVTransferError)(f"receiver rejected the KV: {detail}")
+        self._idle.append((reader, writer))
+
+    async def _write(self, writer: asyncio.StreamWriter, data) -> None:
+        if self.bucket is not None:
+            await self.bucket.acquire(len(data))
+        writer.write(data)
+        await asyncio.wait_for(writer.drain(), self.io_timeout_s)

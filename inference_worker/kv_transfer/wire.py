@@ -1,0 +1,393 @@
+"""Versioned, authenticated wire format for a prefill's KV cache.
+
+One frame, all integers big-endian::
+
+    preamble  32 B   magic b"\\x89FERRYKV", protocol version u16, flags u16 (0),
+                     header length u32, payload length u64, reserved u64 (0)
+    header    JSON, UTF-8, space-padded so the payload starts on a 64-byte boundary
+    payload   per layer in index order: K then V, each [num_layer_tokens, num_kv_heads, head_dim]
+              row-major in ``dtype``; optionally one zstd frame over all of it
+    trailer   36 B   CRC-32 (zlib) of preamble+header+payload, u32; HMAC-SHA256 of the same bytes
+                     keyed with the per-link secret, 32 B
+
+The header carries the request id, model version id and weights sha256 (KV is only valid for the
+weights that produced it), dtype, token count ``N``, and per layer group (layers sharing a window)
+the window, layers, shape and ``first_position`` -- the first absolute position carried: 0 for full
+layers, ``N - min(N, W-1)`` for sliding ones (see :mod:`inference_worker.kv_transfer.layout`).
+
+Validation order on receipt: magic and protocol version (preamble), completeness, HMAC (a CRC
+mismatch on failure classifies it as corruption, a CRC match as a wrong key), then header fields,
+model identity, sizes. Both checks use the standard library (``zlib.crc32``, ``hmac``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import struct
+import zlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+import zstandard
+
+from inference_worker.kv_transfer.errors import (
+    AuthenticationFailed,
+    CorruptPayload,
+    PayloadTooLarge,
+    ProtocolVersionMismatch,
+    TruncatedPayload,
+    WrongWeights,
+)
+from inference_worker.kv_transfer.layout import KVLayout, transfer_tokens
+
+MAGIC = b"\x89FERRYKV"
+PROTOCOL_VERSION = 1
+PREAMBLE = struct.Struct("!8sHHIQQ")
+TRAILER = struct.Struct("!I32s")
+MAX_HEADER_BYTES = 1 << 20
+DEFAULT_MAX_PAYLOAD_BYTES = 8 << 30
+COMPRESSIONS = ("none", "zstd")
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_PAYLOAD_ALIGN = 64
+
+
+def check_link_secret(secret: bytes) -> bytes:
+    """Return ``secret`` if it is bytes of at least 16; raise ValueError otherwise."""
+    if not isinstance(secret, bytes | bytearray) or len(secret) < 16:
+        raise ValueError("the per-link secret must be at least 16 bytes")
+    return bytes(secret)
+
+
+class FrameSealer:
+    """Running CRC-32 and HMAC-SHA256 over a frame's preamble, header and payload, fed in order."""
+
+    def __init__(self, secret: bytes):
+        self._mac = hmac.new(check_link_secret(secret), digestmod=hashlib.sha256)
+        self._crc = 0
+
+    def update(self, data) -> None:
+        """Feed the next bytes (any buffer; nothing is copied)."""
+        self._mac.update(data)
+        self._crc = zlib.crc32(data, self._crc)
+
+    def trailer(self) -> bytes:
+        """The 36-byte trailer for everything fed so far."""
+        return TRAILER.pack(self._crc, self._mac.digest())
+
+
+def verify_trailer(mac_digest: bytes, trailer, covered: Sequence) -> None:
+    """Check a received trailer against the HMAC the receiver computed over ``covered``.
+
+    ``covered`` are the buffers the trailer covers; they are only re-read (for the CRC) when the HMAC
+    does not match, to tell corruption from a wrong key.
+
+    Raises:
+        CorruptPayload: HMAC and CRC both mismatch (bytes changed in flight).
+        AuthenticationFailed: CRC matches but HMAC does not (wrong secret or forgery).
+    """
+    crc, received_mac = TRAILER.unpack(bytes(trailer))
+    if hmac.compare_digest(mac_digest, received_mac):
+        return
+    actual = 0
+    for buf in covered:
+        actual = zlib.crc32(buf, actual)
+    if actual != crc:
+        raise CorruptPayload(f"checksum mismatch: CRC-32 {actual:#010x}, trailer says {crc:#010x}")
+    raise AuthenticationFailed("HMAC-SHA256 does not verify with this link's secret")
+
+
+def parse_preamble(data, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> tuple[int, int]:
+    """Parse the 32-byte preamble; return ``(header_length, payload_length)``.
+
+    Raises:
+        CorruptPayload: wrong magic or a header length over 1 MiB.
+        ProtocolVersionMismatch: another protocol version.
+        PayloadTooLarge: payload length above ``max_payload_bytes``.
+    """
+    magic, version, _flags, header_len, payload_len, _reserved = PREAMBLE.unpack(bytes(data[: PREAMBLE.size]))
+    if magic != MAGIC:
+        raise CorruptPayload(f"not a Ferry KV frame (magic {magic!r})")
+    if version != PROTOCOL_VERSION:
+        raise ProtocolVersionMismatch(f"peer speaks KV protocol {version}, this side speaks {PROTOCOL_VERSION}")
+    if header_len > MAX_HEADER_BYTES:
+        raise CorruptPayload(f"header length {header_len} exceeds {MAX_HEADER_BYTES}")
+    if payload_len > max_payload_bytes:
+        raise PayloadTooLarge(f"payload of {payload_len} bytes exceeds the limit of {max_payload_bytes}")
+    return header_len, payload_len
+
+
+@dataclass
+class KVFrame:
+    """An encoded frame ready to send: ``prefix`` (preamble + header), payload ``pieces``, sealed on send."""
+
+    header: dict
+    prefix: bytes
+    pieces: list
+    raw_bytes: int
+    """Uncompressed KV bytes."""
+    payload_bytes: int
+    """Payload bytes on the wire (compressed when compression is on)."""
+
+    @property
+    def wire_bytes(self) -> int:
+        """Whole frame size in bytes: prefix + payload + trailer."""
+        return len(self.prefix) + self.payload_bytes + TRAILER.size
+
+    def iter_chunks(self, chunk_bytes: int = 1 << 20) -> Iterator[memoryview]:
+        """Prefix, then the payload in slices of at most ``chunk_bytes`` (views, no copies); no trailer."""
+        yield memoryview(self.prefix)
+        for piece in self.pieces:
+            view = memoryview(piece).cast("B")
+            for start in range(0, len(view), chunk_bytes):
+                yield view[start:start + chunk_bytes]
+
+    def to_bytes(self, link_secret: bytes) -> bytes:
+        """The whole sealed frame as one bytes object (a copy; the sender streams instead)."""
+        sealer = FrameSealer(link_secret)
+        parts = []
+        for chunk in self.iter_chunks():
+            sealer.update(chunk)
+            parts.append(chunk)
+        parts.append(sealer.trailer())
+        return b"".join(parts)
+
+
+def _tensor_bytes(t: torch.Tensor) -> memoryview:
+    """Row-major bytes of a CPU tensor as a memoryview (zero-copy when already contiguous on CPU)."""
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    return memoryview(t.contiguous().reshape(-1).view(torch.uint8).numpy())
+
+
+def encode_kv(
+    *,
+    request_id: str,
+    model_version_id: str,
+    weights_sha256: str,
+    layout: KVLayout,
+    num_tokens: int,
+    kv: Sequence[tuple[torch.Tensor, torch.Tensor]],
+    compression: str = "none",
+    zstd_level: int = 1,
+) -> KVFrame:
+    """Encode the KV a decode step needs after a prefill of ``num_tokens`` tokens.
+
+    Args:
+        kv: per layer ``(K, V)``, each ``[num_cached_tokens, num_kv_heads, head_dim]`` in
+            ``layout.dtype`` and holding the *last* cached positions ending at ``num_tokens - 1``.
+            Full layers must hold exactly ``num_tokens`` rows; sliding layers at least
+            ``min(num_tokens, W-1)`` (only those last rows are sent).
+        compression: ``"none"`` (default; payload pieces are views of the tensors) or ``"zstd"``.
+
+    Raises:
+        ValueError: wrong number of layers, dtype, shape or too few rows; unknown compression.
+    """
+    if compression not in COMPRESSIONS:
+        raise ValueError(f"compression must be one of {COMPRESSIONS}, got {compression!r}")
+    if not isinstance(num_tokens, int) or num_tokens < 1:
+        raise ValueError(f"num_tokens must be a positive integer, got {num_tokens!r}")
+    if len(kv) != layout.num_layers:
+        raise ValueError(f"expected K/V for {layout.num_layers} layers, got {len(kv)}")
+    if len(weights_sha256) != 64:
+        raise ValueError("weights_sha256 must be 64 hex characters")
+    dtype = TORCH_DTYPES[layout.dtype]
+    pieces: list = []
+    for i, ((k, v), window) in enumerate(zip(kv, layout.layer_windows, strict=True)):
+        n = transfer_tokens(num_tokens, window)
+        for name, t in (("K", k), ("V", v)):
+            if t.dtype != dtype:
+                raise ValueError(f"layer {i} {name}: dtype {t.dtype}, layout says {dtype}")
+            if t.dim() != 3 or tuple(t.shape[1:]) != (layout.num_kv_heads, layout.head_dim):
+                raise ValueError(f"layer {i} {name}: shape {tuple(t.shape)}, expected [T, "
+                                 f"{layout.num_kv_heads}, {layout.head_dim}]")
+            rows = t.shape[0]
+            if (window is None and rows != num_tokens) or not n <= rows <= num_tokens:
+                need = f"{num_tokens}" if window is None else f"{n}..{num_tokens}"
+                raise ValueError(f"layer {i} {name}: {rows} cached tokens, need {need}")
+            pieces.append(_tensor_bytes(t[rows - n:]))  # [n, num_kv_heads, head_dim]
+    raw_bytes = sum(p.nbytes for p in pieces)
+    if compression == "zstd":
+        cobj = zstandard.ZstdCompressor(level=zstd_level).compressobj(size=raw_bytes)
+        pieces = [cobj.compress(p) for p in pieces] + [cobj.flush()]
+    payload_bytes = sum(memoryview(p).nbytes for p in pieces)
+    header = {
+        "request_id": str(request_id),
+        "model_version_id": str(model_version_id),
+        "weights_sha256": weights_sha256.lower(),
+        "dtype": layout.dtype,
+        "num_kv_heads": layout.num_kv_heads,
+        "head_dim": layout.head_dim,
+        "num_tokens": num_tokens,
+        "layer_groups": _layer_groups(layout, num_tokens),
+        "compression": compression,
+        "raw_bytes": raw_bytes,
+        "payload_bytes": payload_bytes,
+    }
+    body = json.dumps(header, separators=(",", ":")).encode()
+    body += b" " * (-(PREAMBLE.size + len(body)) % _PAYLOAD_ALIGN)
+    preamble = PREAMBLE.pack(MAGIC, PROTOCOL_VERSION, 0, len(body), payload_bytes, 0)
+    return KVFrame(header, preamble + body, pieces, raw_bytes, payload_bytes)
+
+
+def _layer_groups(layout: KVLayout, num_tokens: int) -> list[dict]:
+    groups: dict[int | None, list[int]] = {}
+    for i, window in enumerate(layout.layer_windows):
+        groups.setdefault(window, []).append(i)
+    out = []
+    for window, layers in groups.items():
+        n = transfer_tokens(num_tokens, window)
+        out.append({"sliding_window": window, "layers": layers, "first_position": num_tokens - n,
+                    "shape": [n, layout.num_kv_heads, layout.head_dim]})
+    return out
+
+
+@dataclass
+class KVPayload:
+    """A validated, decoded KV payload; tensors are views of the received buffer."""
+
+    request_id: str
+    model_version_id: str
+    weights_sha256: str
+    num_tokens: int
+    layout: KVLayout
+    layers: list[tuple[torch.Tensor, torch.Tensor]]
+    """Per layer (K, V), each ``[num_layer_tokens, num_kv_heads, head_dim]``."""
+    first_positions: list[int]
+    """Per layer, the absolute position of row 0 (0 for full layers, ``N - min(N, W-1)`` for sliding)."""
+    compression: str
+    raw_bytes: int
+    wire_bytes: int
+
+
+def parse_header(data) -> dict:
+    """Decode the header JSON. Raises CorruptPayload if it is not a JSON object."""
+    try:
+        header = json.loads(bytes(data).decode())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CorruptPayload(f"header is not valid JSON: {exc}") from exc
+    if not isinstance(header, dict):
+        raise CorruptPayload("header is not a JSON object")
+    return header
+
+
+def check_identity(header: dict, *, model_version_id: str, weights_sha256: str) -> None:
+    """Raise WrongWeights unless the header names this model version and weights hash."""
+    got = (header.get("model_version_id"), str(header.get("weights_sha256", "")).lower())
+    want = (model_version_id, weights_sha256.lower())
+    if got != want:
+        raise WrongWeights(f"KV from model version {got[0]!r} (weights {got[1][:12]}...), "
+                           f"this side serves {want[0]!r} (weights {want[1][:12]}...)")
+
+
+def decode_payload(header: dict, payload, *, wire_bytes: int, layout: KVLayout | None = None) -> KVPayload:
+    """Validate an authenticated header against ``payload`` and return the per-layer tensors.
+
+    ``payload`` should be a writable buffer (a bytearray slice) for zero-copy tensors; a read-only one
+    is copied. ``layout``, when given, must match the header's layout.
+
+    Raises:
+        CorruptPayload: missing/invalid fields, layout mismatch, sizes or decompression failure.
+    """
+    try:
+        dtype = header["dtype"]
+        num_tokens = int(header["num_tokens"])
+        heads, head_dim = int(header["num_kv_heads"]), int(header["head_dim"])
+        windows: list[int | None] = [None] * sum(len(g["layers"]) for g in header["layer_groups"])
+        for group in header["layer_groups"]:
+            for i in group["layers"]:
+                windows[i] = group["sliding_window"]
+        got_layout = KVLayout(tuple(windows), heads, head_dim, dtype)
+        groups_ok = all(
+            g["first_position"] == num_tokens - transfer_tokens(num_tokens, g["sliding_window"])
+            and g["shape"] == [transfer_tokens(num_tokens, g["sliding_window"]), heads, head_dim]
+            for g in header["layer_groups"])
+        compression, raw_bytes = header["compression"], int(header["raw_bytes"])
+        payload_bytes = int(header["payload_bytes"])
+    except (KeyError, TypeError, ValueError, IndexError) as exc:
+        raise CorruptPayload(f"invalid KV header: {exc!r}") from exc
+    if num_tokens < 1 or not groups_ok or sorted(i for g in header["layer_groups"] for i in g["layers"]) != list(
+            range(len(windows))):
+        raise CorruptPayload("layer groups are inconsistent with num_tokens and the layer count")
+    if layout is not None and layout != got_layout:
+        raise CorruptPayload(f"KV layout {got_layout} does not match this model's {layout}")
+    if raw_bytes != got_layout.transfer_bytes(num_tokens) or payload_bytes != len(payload):
+        raise CorruptPayload(f"sizes disagree: raw {raw_bytes} vs {got_layout.transfer_bytes(num_tokens)} "
+                             f"expected, payload {len(payload)} vs {payload_bytes} announced")
+    if compression == "zstd":
+        try:
+            payload = bytearray(zstandard.ZstdDecompressor().decompress(payload, max_output_size=raw_bytes))
+        except zstandard.ZstdError as exc:
+            raise CorruptPayload(f"zstd decompression failed: {exc}") from exc
+        if len(payload) != raw_bytes:
+            raise CorruptPayload(f"decompressed {len(payload)} bytes, header says {raw_bytes}")
+    elif compression != "none" or raw_bytes != payload_bytes:
+        raise CorruptPayload(f"unknown compression {compression!r} or size mismatch")
+    view = memoryview(payload)
+    if view.readonly:
+        view = memoryview(bytearray(view))
+    tdtype = TORCH_DTYPES[dtype]
+    layers, firsts, offset = [], [], 0
+    for window in windows:
+        n = transfer_tokens(num_tokens, window)
+        count = n * heads * head_dim
+        kv = []
+        for _ in range(2):
+            t = torch.frombuffer(view, dtype=tdtype, count=count, offset=offset) if count else torch.empty(
+                0, dtype=tdtype)
+            kv.append(t.view(n, heads, head_dim))  # [n, num_kv_heads, head_dim]
+            offset += count * got_layout.dtype_bytes
+        layers.append((kv[0], kv[1]))
+        firsts.append(num_tokens - n)
+    return KVPayload(str(header.get("request_id")), str(header.get("model_version_id")),
+                     str(header.get("weights_sha256")), num_tokens, got_layout, layers, firsts, compression,
+                     raw_bytes, wire_bytes)
+
+
+def decode_frame(data, *, link_secret: bytes, model_version_id: str, weights_sha256: str,
+                 layout: KVLayout | None = None, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> KVPayload:
+    """Validate and decode one whole frame held in memory (see the module docstring for the order).
+
+    Raises:
+        TruncatedPayload, CorruptPayload, AuthenticationFailed, ProtocolVersionMismatch, PayloadTooLarge,
+        WrongWeights: as named.
+    """
+    view = memoryview(data).cast("B")
+    if len(view) < PREAMBLE.size:
+        raise TruncatedPayload(f"{len(view)} bytes, shorter than the {PREAMBLE.size}-byte preamble")
+    header_len, payload_len = parse_preamble(view, max_payload_bytes)
+    end = PREAMBLE.size + header_len + payload_len
+    if len(view) < end + TRAILER.size:
+        raise TruncatedPayload(f"frame of {len(view)} bytes, header announces {end + TRAILER.size}")
+    mac = hmac.new(check_link_secret(link_secret), view[:end], hashlib.sha256).digest()
+    verify_trailer(mac, view[end:end + TRAILER.size], [view[:end]])
+    header = parse_header(view[PREAMBLE.size:PREAMBLE.size + header_len])
+    check_identity(header, model_version_id=model_version_id, weights_sha256=weights_sha256)
+    return decode_payload(header, view[PREAMBLE.size + header_len:end], wire_bytes=end + TRAILER.size,
+                          layout=layout)
+
+
+ACK_LENGTH = struct.Struct("!I")
+MAX_ACK_BYTES = 4096
+
+
+def encode_ack(reason: str | None, detail: str = "") -> bytes:
+    """The receiver's reply to one frame: ``{"ok": true}`` or the failure ``reason`` and detail, length-prefixed."""
+    body = json.dumps({"ok": reason is None, "reason": reason or "none", "detail": detail[:1000]}).encode()
+    return ACK_LENGTH.pack(len(body)) + body
+
+
+def parse_ack(body: bytes) -> tuple[str | None, str]:
+    """Parse an ack body; return ``(None, "")`` for success or ``(reason, detail)``.
+
+    Raises:
+        CorruptPayload: not a valid ack.
+    """
+    try:
+        ack = json.loads(body.decode())
+        return (None, "") if ack["ok"] else (str(ack["reason"]), str(ack.get("detail", "")))
+    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise CorruptPayload(f"invalid ack from the receiver: {exc!r}") from exc
