@@ -1,0 +1,1 @@
+"""Orchestrator backends (Kubernetes, local agent) behind one interface; no Django models here."""

@@ -1,0 +1,309 @@
+"""Pure functions that build Kubernetes manifests (plain dicts) for pools, tracks and the router.
+
+Per pool track: a Deployment, a headless Service (the router picks pods itself) and a
+PodDisruptionBudget, all named ``<pool>-<track>`` and labelled ``ferry.io/pool``, ``ferry.io/role``,
+``ferry.io/model-version``, ``ferry.io/track``. Per pool (blue-green): a ClusterIP Service named
+``<pool>`` selecting the active track. The router runs as its own Deployment + Service.
+Nothing here talks to a cluster; the functions are unit-tested as data.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from dataclasses import dataclass, field
+from urllib.parse import urlparse
+
+from apps.orchestrators.base import (
+    LABEL_COMPONENT,
+    LABEL_MANAGED_BY,
+    LABEL_POOL,
+    LABEL_ROLE,
+    LABEL_TRACK,
+    InvalidSpec,
+    PoolRef,
+    PoolTrackSpec,
+    validate_dns_label,
+)
+
+WEIGHTS_DIR = "/models"
+CONTAINER_NAME = "worker"
+
+# Runs in the worker image (it has Python) as the init container: download the weights once,
+# verify sha256, then move into place atomically. Reads WEIGHTS_URI, WEIGHTS_SHA256, WEIGHTS_PATH.
+FETCH_WEIGHTS_SCRIPT = """\
+import hashlib, os, shutil, sys, urllib.request
+uri, want, path = os.environ["WEIGHTS_URI"], os.environ["WEIGHTS_SHA256"], os.environ["WEIGHTS_PATH"]
+def digest(p):
+    h = hashlib.sha256()
+    with open(p, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+if os.path.exists(path) and digest(path) == want:
+    sys.exit(0)
+tmp = path + ".part"
+with urllib.request.urlopen(uri) as src, open(tmp, "wb") as dst:
+    shutil.copyfileobj(src, dst, 1 << 20)
+got = digest(tmp)
+if got != want:
+    os.remove(tmp)
+    sys.exit(f"sha256 mismatch for {uri}: got {got}, want {want}")
+os.replace(tmp, path)
+"""
+
+
+def selector_labels(pool_name: str, track: str) -> dict[str, str]:
+    """The immutable Deployment selector of one track: pool + track (never the model version)."""
+    return {LABEL_POOL: pool_name, LABEL_TRACK: track}
+
+
+def track_labels(spec: PoolTrackSpec) -> dict[str, str]:
+    """All labels on a track's objects and pods."""
+    return {**spec.ferry_labels(), LABEL_COMPONENT: "inference-worker", LABEL_MANAGED_BY: "ferry"}
+
+
+def weights_path(spec: PoolTrackSpec) -> str:
+    """Where the init container puts the weights inside the pod, e.g. ``/models/model.gguf``."""
+    name = posixpath.basename(urlparse(spec.model.weights_uri).path) or "weights"
+    return f"{WEIGHTS_DIR}/{name}"
+
+
+def worker_container(spec: PoolTrackSpec) -> dict:
+    """The worker container: command, port, probes (/ready, /health), resources, env."""
+    env = [{"name": key, "value": value} for key, value in sorted(spec.env.items())]
+    env.append({"name": "FERRY_REPLICA", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}})
+    if spec.model.weights_uri:
+        env.append({"name": "FERRY_WEIGHTS_PATH", "value": weights_path(spec)})
+    requests: dict[str, str] = {}
+    limits: dict[str, str] = {}
+    if spec.resources.cpu:
+        requests["cpu"] = spec.resources.cpu
+    if spec.resources.memory:
+        requests["memory"] = limits["memory"] = spec.resources.memory
+    if spec.resources.gpu_count:
+        # Extended resources must have request == limit.
+        requests[spec.resources.gpu_kind] = limits[spec.resources.gpu_kind] = str(spec.resources.gpu_count)
+    container: dict = {
+        "name": CONTAINER_NAME,
+        "image": spec.model.image,
+        "command": ["python", "-m", "inference_worker"],
+        "args": [*spec.worker_args(), "--host", "0.0.0.0", "--port", str(spec.port)],  # noqa: S104 (pod IP)
+        "ports": [{"name": "http", "containerPort": spec.port, "protocol": "TCP"}],
+        "env": env,
+        "resources": {"requests": requests, "limits": limits},
+        "readinessProbe": {
+            "httpGet": {"path": "/ready", "port": "http"},
+            "periodSeconds": 2,
+            "failureThreshold": 1,
+        },
+        "livenessProbe": {
+            "httpGet": {"path": "/health", "port": "http"},
+            "initialDelaySeconds": 30,
+            "periodSeconds": 10,
+            "failureThreshold": 3,
+        },
+        "startupProbe": {
+            "httpGet": {"path": "/health", "port": "http"},
+            "periodSeconds": 5,
+            "failureThreshold": 120,  # up to 10 minutes to load weights
+        },
+    }
+    if spec.model.weights_uri:
+        container["volumeMounts"] = [{"name": "weights", "mountPath": WEIGHTS_DIR}]
+    return container
+
+
+def fetch_weights_init_container(spec: PoolTrackSpec) -> dict:
+    """Init container that downloads ``weights_uri`` and refuses to start on a sha256 mismatch."""
+    return {
+        "name": "fetch-weights",
+        "image": spec.model.image,
+        "command": ["python", "-c", FETCH_WEIGHTS_SCRIPT],
+        "env": [
+            {"name": "WEIGHTS_URI", "value": spec.model.weights_uri},
+            {"name": "WEIGHTS_SHA256", "value": spec.model.sha256},
+            {"name": "WEIGHTS_PATH", "value": weights_path(spec)},
+        ],
+        "volumeMounts": [{"name": "weights", "mountPath": WEIGHTS_DIR}],
+    }
+
+
+def deployment_manifest(spec: PoolTrackSpec) -> dict:
+    """apps/v1 Deployment ``<pool>-<track>`` running ``spec.replicas`` workers.
+
+    terminationGracePeriodSeconds = drain_timeout_s + 5: the worker drains on SIGTERM and the
+    extra 5 s cover process exit before the kubelet's SIGKILL.
+    """
+    labels = track_labels(spec)
+    pod_spec: dict = {
+        "containers": [worker_container(spec)],
+        "terminationGracePeriodSeconds": spec.drain_timeout_s + 5,
+    }
+    if spec.model.weights_uri:
+        pod_spec["initContainers"] = [fetch_weights_init_container(spec)]
+        pod_spec["volumes"] = [{"name": "weights", "emptyDir": {}}]
+    if spec.node_selector:
+        pod_spec["nodeSelector"] = dict(spec.node_selector)
+    if spec.tolerations:
+        pod_spec["tolerations"] = [
+            {key: value for key, value in (
+                ("key", tol.key), ("operator", tol.operator), ("value", tol.value), ("effect", tol.effect),
+            ) if value is not None}
+            for tol in spec.tolerations
+        ]
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": spec.object_name, "namespace": spec.pool.namespace, "labels": labels},
+        "spec": {
+            "replicas": spec.replicas,
+            "selector": {"matchLabels": selector_labels(spec.pool.pool_name, spec.track)},
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+            "template": {
+                "metadata": {
+                    "labels": labels,
+                    "annotations": {
+                        "prometheus.io/scrape": "true",
+                        "prometheus.io/port": str(spec.port),
+                        "prometheus.io/path": "/metrics",
+                    },
+                },
+                "spec": pod_spec,
+            },
+        },
+    }
+
+
+def headless_service_manifest(spec: PoolTrackSpec) -> dict:
+    """v1 Service ``<pool>-<track>`` with clusterIP None: DNS returns every ready pod for the router."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": spec.object_name, "namespace": spec.pool.namespace, "labels": track_labels(spec)},
+        "spec": {
+            "clusterIP": "None",
+            "selector": selector_labels(spec.pool.pool_name, spec.track),
+            "ports": [{"name": "http", "port": spec.port, "targetPort": "http", "protocol": "TCP"}],
+            "publishNotReadyAddresses": False,
+        },
+    }
+
+
+def pod_disruption_budget_manifest(spec: PoolTrackSpec) -> dict:
+    """policy/v1 PodDisruptionBudget: voluntary evictions take at most one replica of a track at a time."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": spec.object_name, "namespace": spec.pool.namespace, "labels": track_labels(spec)},
+        "spec": {
+            "maxUnavailable": 1,
+            "selector": {"matchLabels": selector_labels(spec.pool.pool_name, spec.track)},
+        },
+    }
+
+
+def pool_service_manifest(pool: PoolRef, role: str, active_track: str, port: int = 8000) -> dict:
+    """v1 Service ``<pool>`` selecting the blue-green active track (switch_active patches the selector)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": pool.pool_name,
+            "namespace": pool.namespace,
+            "labels": {LABEL_POOL: pool.pool_name, LABEL_ROLE: role, LABEL_MANAGED_BY: "ferry"},
+        },
+        "spec": {
+            "selector": selector_labels(pool.pool_name, active_track),
+            "ports": [{"name": "http", "port": port, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+
+
+def track_manifests(spec: PoolTrackSpec) -> list[dict]:
+    """Everything ``apply_pool_track`` creates, in apply order."""
+    return [deployment_manifest(spec), headless_service_manifest(spec), pod_disruption_budget_manifest(spec)]
+
+
+@dataclass(frozen=True)
+class RouterSpec:
+    """The router Deployment: pulls the routing table from the control plane with a service token."""
+
+    namespace: str
+    image: str
+    routing_table_url: str  # e.g. "http://ferry-web.ferry.svc:8000/api/v1/routing-table/"
+    token_secret_name: str  # Secret holding the service token under key "token"
+    name: str = "ferry-router"
+    replicas: int = 2
+    port: int = 8000
+    cpu: str | None = "1"
+    memory: str | None = "1Gi"
+    extra_args: tuple[str, ...] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        validate_dns_label(self.name, "router name")
+        validate_dns_label(self.namespace, "namespace")
+        validate_dns_label(self.token_secret_name, "token secret name", max_len=253)
+        if not self.routing_table_url.startswith(("http://", "https://")):
+            raise InvalidSpec(f"routing_table_url must be http(s)://..., got {self.routing_table_url!r}")
+        if not isinstance(self.replicas, int) or self.replicas < 0:
+            raise InvalidSpec(f"router replicas must be a non-negative integer, got {self.replicas!r}")
+
+
+def _router_labels(router: RouterSpec) -> dict[str, str]:
+    return {"app.kubernetes.io/name": router.name, LABEL_COMPONENT: "router", LABEL_MANAGED_BY: "ferry"}
+
+
+def router_deployment_manifest(router: RouterSpec) -> dict:
+    """apps/v1 Deployment for ``python -m inference_worker router`` with the token from a Secret."""
+    labels = _router_labels(router)
+    requests = {key: value for key, value in (("cpu", router.cpu), ("memory", router.memory)) if value}
+    container = {
+        "name": "router",
+        "image": router.image,
+        "command": ["python", "-m", "inference_worker"],
+        "args": [
+            "router", "--routing-table-url", router.routing_table_url,
+            *router.extra_args, "--host", "0.0.0.0", "--port", str(router.port),  # noqa: S104 (pod IP)
+        ],
+        "ports": [{"name": "http", "containerPort": router.port, "protocol": "TCP"}],
+        "env": [{
+            "name": "FERRY_ROUTER_TOKEN",
+            "valueFrom": {"secretKeyRef": {"name": router.token_secret_name, "key": "token"}},
+        }],
+        "resources": {"requests": requests, "limits": {"memory": router.memory} if router.memory else {}},
+        "readinessProbe": {"httpGet": {"path": "/ready", "port": "http"}, "periodSeconds": 2},
+        "livenessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 10},
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": router.name, "namespace": router.namespace, "labels": labels},
+        "spec": {
+            "replicas": router.replicas,
+            "selector": {"matchLabels": {"app.kubernetes.io/name": router.name}},
+            "template": {
+                "metadata": {
+                    "labels": labels,
+                    "annotations": {
+                        "prometheus.io/scrape": "true",
+                        "prometheus.io/port": str(router.port),
+                        "prometheus.io/path": "/metrics",
+                    },
+                },
+                "spec": {"containers": [container], "terminationGracePeriodSeconds": 30},
+            },
+        },
+    }
+
+
+def router_service_manifest(router: RouterSpec) -> dict:
+    """v1 ClusterIP Service in front of the router pods (the OpenAI-compatible front door)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": router.name, "namespace": router.namespace, "labels": _router_labels(router)},
+        "spec": {
+            "selector": {"app.kubernetes.io/name": router.name},
+            "ports": [{"name": "http", "port": router.port, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }

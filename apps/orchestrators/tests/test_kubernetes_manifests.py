@@ -1,0 +1,179 @@
+"""Manifests as data: exact labels, command, probes, resources, scheduling and the weights init step."""
+
+import pytest
+
+from apps.orchestrators import kubernetes_manifests as m
+from apps.orchestrators.base import InvalidSpec, ModelRef, PoolRef, PoolTrackSpec, Resources, Toleration
+
+SHA = "ab" * 32
+
+
+def make_spec(**overrides):
+    fields = dict(
+        pool=PoolRef(pool_id=7, pool_name="decode-a", namespace="ferry"),
+        role="decode",
+        track="canary",
+        model=ModelRef(name="gemma-3-270m", version="v2", image="registry.local/worker:v2",
+                       weights_uri="https://models.local/gemma/model.gguf", sha256=SHA),
+        replicas=3,
+        resources=Resources(gpu_count=1, cpu="4", memory="16Gi"),
+        node_selector={"nvidia.com/gpu.product": "H100"},
+        tolerations=(Toleration(key="nvidia.com/gpu", operator="Exists", effect="NoSchedule"),),
+        drain_timeout_s=45,
+        labels={"team": "serving"},
+        env={"FERRY_LOG_LEVEL": "info"},
+        extra_args=("--max-num-seqs", "16"),
+    )
+    fields.update(overrides)
+    return PoolTrackSpec(**fields)
+
+
+LABELS = {
+    "team": "serving",
+    "ferry.io/pool": "decode-a",
+    "ferry.io/pool-id": "7",
+    "ferry.io/role": "decode",
+    "ferry.io/track": "canary",
+    "ferry.io/model-version": "v2",
+    "app.kubernetes.io/component": "inference-worker",
+    "app.kubernetes.io/managed-by": "ferry",
+}
+
+
+def test_deployment_carries_labels_selector_and_replicas():
+    dep = m.deployment_manifest(make_spec())
+    assert dep["apiVersion"] == "apps/v1" and dep["kind"] == "Deployment"
+    assert dep["metadata"] == {"name": "decode-a-canary", "namespace": "ferry", "labels": LABELS}
+    assert dep["spec"]["replicas"] == 3
+    assert dep["spec"]["selector"] == {"matchLabels": {"ferry.io/pool": "decode-a", "ferry.io/track": "canary"}}
+    assert dep["spec"]["template"]["metadata"]["labels"] == LABELS
+    assert dep["spec"]["template"]["metadata"]["annotations"] == {
+        "prometheus.io/scrape": "true", "prometheus.io/port": "8000", "prometheus.io/path": "/metrics"}
+
+
+def test_worker_container_runs_the_serve_role_with_probes_and_gpu_resources():
+    pod = m.deployment_manifest(make_spec())["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["image"] == "registry.local/worker:v2"
+    assert container["command"] == ["python", "-m", "inference_worker"]
+    assert container["args"] == [
+        "serve", "--role", "decode", "--model", "gemma-3-270m", "--model-version", "v2",
+        "--pool", "decode-a", "--track", "canary", "--max-num-seqs", "16", "--host", "0.0.0.0", "--port", "8000"]
+    assert container["ports"] == [{"name": "http", "containerPort": 8000, "protocol": "TCP"}]
+    assert container["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "http"}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
+    assert container["resources"] == {
+        "requests": {"cpu": "4", "memory": "16Gi", "nvidia.com/gpu": "1"},
+        "limits": {"memory": "16Gi", "nvidia.com/gpu": "1"},
+    }
+    assert container["env"] == [
+        {"name": "FERRY_LOG_LEVEL", "value": "info"},
+        {"name": "FERRY_REPLICA", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "FERRY_WEIGHTS_PATH", "value": "/models/model.gguf"},
+    ]
+    assert container["volumeMounts"] == [{"name": "weights", "mountPath": "/models"}]
+    assert pod["terminationGracePeriodSeconds"] == 50
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "H100"}
+    assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    assert pod["volumes"] == [{"name": "weights", "emptyDir": {}}]
+
+
+def test_init_container_fetches_weights_and_checks_sha256():
+    pod = m.deployment_manifest(make_spec())["spec"]["template"]["spec"]
+    (init,) = pod["initContainers"]
+    assert init["name"] == "fetch-weights"
+    assert init["command"] == ["python", "-c", m.FETCH_WEIGHTS_SCRIPT]
+    assert init["env"] == [
+        {"name": "WEIGHTS_URI", "value": "https://models.local/gemma/model.gguf"},
+        {"name": "WEIGHTS_SHA256", "value": SHA},
+        {"name": "WEIGHTS_PATH", "value": "/models/model.gguf"},
+    ]
+
+
+def test_fetch_script_accepts_the_right_digest_and_rejects_a_wrong_one(tmp_path):
+    import hashlib
+    import subprocess
+    import sys
+
+    src = tmp_path / "w.bin"
+    src.write_bytes(b"weights" * 1000)
+    good = hashlib.sha256(src.read_bytes()).hexdigest()
+    env = {"WEIGHTS_URI": src.as_uri(), "WEIGHTS_PATH": str(tmp_path / "out.bin"), "PATH": "/usr/bin:/bin"}
+    ok = subprocess.run([sys.executable, "-c", m.FETCH_WEIGHTS_SCRIPT], env={**env, "WEIGHTS_SHA256": good},
+                        capture_output=True, text=True)
+    assert ok.returncode == 0 and (tmp_path / "out.bin").read_bytes() == src.read_bytes()
+    (tmp_path / "out.bin").unlink()
+    bad = subprocess.run([sys.executable, "-c", m.FETCH_WEIGHTS_SCRIPT], env={**env, "WEIGHTS_SHA256": "0" * 64},
+                         capture_output=True, text=True)
+    assert bad.returncode == 1 and "sha256 mismatch" in bad.stderr
+    assert not (tmp_path / "out.bin").exists() and not (tmp_path / "out.bin.part").exists()
+
+
+def test_no_weights_uri_means_no_init_container_and_no_volume():
+    spec = make_spec(model=ModelRef(name="gemma-3-270m", version="v1"), resources=Resources(),
+                     node_selector={}, tolerations=())
+    pod = m.deployment_manifest(spec)["spec"]["template"]["spec"]
+    assert set(pod) == {"containers", "terminationGracePeriodSeconds"}
+    assert pod["containers"][0]["resources"] == {"requests": {}, "limits": {}}
+
+
+def test_headless_service_and_pdb_select_the_track():
+    spec = make_spec()
+    svc = m.headless_service_manifest(spec)
+    assert svc["metadata"] == {"name": "decode-a-canary", "namespace": "ferry", "labels": LABELS}
+    assert svc["spec"] == {
+        "clusterIP": "None",
+        "selector": {"ferry.io/pool": "decode-a", "ferry.io/track": "canary"},
+        "ports": [{"name": "http", "port": 8000, "targetPort": "http", "protocol": "TCP"}],
+        "publishNotReadyAddresses": False,
+    }
+    pdb = m.pod_disruption_budget_manifest(spec)
+    assert (pdb["apiVersion"], pdb["kind"]) == ("policy/v1", "PodDisruptionBudget")
+    assert pdb["spec"] == {"maxUnavailable": 1,
+                           "selector": {"matchLabels": {"ferry.io/pool": "decode-a", "ferry.io/track": "canary"}}}
+    assert [x["kind"] for x in m.track_manifests(spec)] == ["Deployment", "Service", "PodDisruptionBudget"]
+
+
+def test_pool_service_selects_the_active_track():
+    svc = m.pool_service_manifest(PoolRef(1, "decode-a", "ferry"), "decode", "green", 9000)
+    assert svc["metadata"]["name"] == "decode-a"
+    assert svc["spec"]["selector"] == {"ferry.io/pool": "decode-a", "ferry.io/track": "green"}
+    assert svc["spec"]["ports"] == [{"name": "http", "port": 9000, "targetPort": "http", "protocol": "TCP"}]
+
+
+def test_router_deployment_and_service():
+    router = m.RouterSpec(namespace="ferry", image="registry.local/worker:v2",
+                          routing_table_url="http://web.ferry.svc:8000/api/v1/routing-table/",
+                          token_secret_name="router-token", replicas=2)
+    dep = m.router_deployment_manifest(router)
+    assert dep["metadata"]["name"] == "ferry-router" and dep["spec"]["replicas"] == 2
+    (container,) = dep["spec"]["template"]["spec"]["containers"]
+    assert container["args"] == ["router", "--routing-table-url", "http://web.ferry.svc:8000/api/v1/routing-table/",
+                                 "--host", "0.0.0.0", "--port", "8000"]
+    assert container["env"] == [{"name": "FERRY_ROUTER_TOKEN",
+                                 "valueFrom": {"secretKeyRef": {"name": "router-token", "key": "token"}}}]
+    svc = m.router_service_manifest(router)
+    assert svc["spec"]["selector"] == {"app.kubernetes.io/name": "ferry-router"}
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"pool": None}, None),
+    ({"role": "trainer"}, "role must be one of prefill, decode, colocated"),
+    ({"track": "beta"}, "track must be one of stable, canary, blue, green"),
+    ({"replicas": -1}, "replicas must be an integer in 0..1000"),
+    ({"extra_args": ("--port", "1")}, "must not set --port"),
+    ({"labels": {"ferry.io/track": "x"}}, "reserved"),
+    ({"labels": {"team": "a b"}}, "not a valid label value"),
+])
+def test_invalid_specs_raise_clear_errors(overrides, message):
+    if overrides == {"pool": None}:
+        with pytest.raises(InvalidSpec, match="pool name 'Decode_A' must be lowercase"):
+            PoolRef(1, "Decode_A")
+        return
+    with pytest.raises(InvalidSpec, match=message):
+        make_spec(**overrides)
+
+
+def test_model_with_weights_uri_requires_a_sha256():
+    with pytest.raises(InvalidSpec, match="sha256 must be 64 lowercase hex"):
+        ModelRef(name="gemma-3-270m", version="v1", weights_uri="https://x/y.gguf", sha256="abc")
