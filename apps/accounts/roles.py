@@ -1,0 +1,62 @@
+"""Roles are Django groups: ``viewer`` < ``operator`` < ``admin`` (each includes the ones below).
+
+- viewer: read everything through the API.
+- operator: also scale pools, create/change rollout plans, retry/cancel Actions.
+- admin: also create/change/delete clusters, links, pools and model versions; Django staff
+  (the admin site), with every model permission of Ferry's apps.
+Superusers count as admin.
+"""
+
+from __future__ import annotations
+
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser, Group, Permission
+
+VIEWER, OPERATOR, ADMIN = "viewer", "operator", "admin"
+ROLES = (VIEWER, OPERATOR, ADMIN)
+ROLE_LEVEL = {VIEWER: 1, OPERATOR: 2, ADMIN: 3}
+FERRY_APP_LABELS = ("catalog", "fleet", "rollouts", "operations")
+ADMIN_EXTRA_APP_LABELS = ("auth", "authtoken")
+
+
+def user_role(user: AbstractBaseUser | AnonymousUser | None) -> str | None:
+    """The highest role of ``user`` (None: anonymous or no role). Cached on the user object."""
+    if user is None or not user.is_authenticated:
+        return None
+    cached = getattr(user, "_ferry_role", False)
+    if cached is not False:
+        return cached
+    if user.is_superuser:
+        role: str | None = ADMIN
+    else:
+        names = set(user.groups.filter(name__in=ROLES).values_list("name", flat=True))
+        role = max(names, key=ROLE_LEVEL.__getitem__) if names else None
+    user._ferry_role = role
+    return role
+
+
+def role_at_least(user: AbstractBaseUser | AnonymousUser | None, required: str) -> bool:
+    """True when ``user``'s role is ``required`` or higher.
+
+    Raises:
+        ValueError: ``required`` is not one of :data:`ROLES`.
+    """
+    if required not in ROLE_LEVEL:
+        raise ValueError(f"unknown role {required!r}; expected one of {ROLES}")
+    role = user_role(user)
+    return role is not None and ROLE_LEVEL[role] >= ROLE_LEVEL[required]
+
+
+def roles_ensure(*, using: str = "default") -> dict[str, Group]:
+    """Create the three role groups if missing and (re)assign their model permissions.
+
+    viewer and operator get the ``view_*`` permissions of Ferry's apps; admin gets every permission
+    of Ferry's apps plus users, groups and tokens. Idempotent; runs after every ``migrate``.
+    """
+    groups = {name: Group.objects.using(using).get_or_create(name=name)[0] for name in ROLES}
+    perms = Permission.objects.using(using).select_related("content_type")
+    view_perms = [p for p in perms if p.content_type.app_label in FERRY_APP_LABELS and p.codename.startswith("view_")]
+    admin_perms = [p for p in perms if p.content_type.app_label in FERRY_APP_LABELS + ADMIN_EXTRA_APP_LABELS]
+    groups[VIEWER].permissions.set(view_perms)
+    groups[OPERATOR].permissions.set(view_perms)
+    groups[ADMIN].permissions.set(admin_perms)
+    return groups

@@ -1,0 +1,1 @@
+"""Model versions and their architecture (parsed by ``inference_worker.config``)."""

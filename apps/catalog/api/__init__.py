@@ -1,0 +1,1 @@
+"""REST API of the catalog: ``/api/v1/model-versions/``."""

@@ -1,0 +1,1 @@
+"""Cross-cutting API plumbing: versioned router, health probe, error mapping, idempotency, pagination."""

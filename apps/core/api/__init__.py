@@ -1,0 +1,1 @@
+"""The versioned REST API router (``/api/v1/``)."""

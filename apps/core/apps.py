@@ -1,0 +1,9 @@
+"""App config for :mod:`apps.core`."""
+
+from django.apps import AppConfig
+
+
+class CoreConfig(AppConfig):
+    name = "apps.core"
+    label = "core"
+    verbose_name = "Ferry core"

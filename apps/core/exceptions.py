@@ -1,0 +1,48 @@
+"""DRF exception handler: domain and database errors become 4xx responses, never a 500.
+
+Mapping: Django ``ValidationError`` -> 400 with field messages; ``DataError`` (a value the
+database cannot store) -> 400; :class:`~apps.core.errors.ConflictError`, ``ProtectedError`` and
+``IntegrityError`` (a uniqueness or foreign-key constraint) -> 409 with a message.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.exceptions import ValidationError as DjangoValidationError
+from django.db import DataError, IntegrityError
+from django.db.models import ProtectedError, RestrictedError
+from rest_framework import exceptions, status
+from rest_framework.response import Response
+from rest_framework.serializers import as_serializer_error
+from rest_framework.views import exception_handler as drf_exception_handler
+
+from apps.core.errors import ConflictError
+
+
+class Conflict(exceptions.APIException):
+    status_code = status.HTTP_409_CONFLICT
+    default_detail = "The request conflicts with the current state."
+    default_code = "conflict"
+
+
+def _protected_message(exc: ProtectedError | RestrictedError) -> str:
+    objs = list(exc.protected_objects if isinstance(exc, ProtectedError) else exc.restricted_objects)
+    names = ", ".join(f"{obj._meta.verbose_name} {obj}" for obj in objs[:5])
+    more = f" and {len(objs) - 5} more" if len(objs) > 5 else ""
+    return f"Cannot delete: still in use by {names}{more}. Remove or change those first."
+
+
+def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    """Translate domain/database exceptions, then defer to DRF's handler."""
+    if isinstance(exc, DjangoValidationError):
+        exc = exceptions.ValidationError(detail=as_serializer_error(exc))
+    elif isinstance(exc, ConflictError):
+        exc = Conflict(str(exc))
+    elif isinstance(exc, ProtectedError | RestrictedError):
+        exc = Conflict(_protected_message(exc))
+    elif isinstance(exc, IntegrityError):
+        exc = Conflict(f"The change violates a uniqueness or reference constraint: {str(exc).strip()}")
+    elif isinstance(exc, DataError):
+        exc = exceptions.ValidationError({"non_field_errors": [f"A value cannot be stored: {str(exc).strip()}"]})
+    return drf_exception_handler(exc, context)

@@ -1,0 +1,1 @@
+"""REST API of the fleet: clusters, cluster links and pools (with the scale action)."""

@@ -1,0 +1,69 @@
+"""Serializers for clusters, links and pools; field validation comes from the models' validators."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import serializers
+
+from apps.fleet.models import MAX_REPLICAS, Cluster, ClusterLink, Pool, PoolTrack
+
+
+class ClusterSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Cluster
+        fields = ["id", "name", "kind", "datacenter", "labels", "status", "kubeconfig_path", "kubeconfig_secret",
+                  "context", "namespace", "in_cluster", "agent_url", "created_at", "updated_at"]
+        read_only_fields = ["status", "created_at", "updated_at"]
+
+
+class ClusterLinkSerializer(serializers.ModelSerializer):
+    source_name = serializers.CharField(source="source.name", read_only=True)
+    destination_name = serializers.CharField(source="destination.name", read_only=True)
+
+    class Meta:
+        model = ClusterLink
+        fields = ["id", "source", "source_name", "destination", "destination_name", "bandwidth_gbps", "rtt_ms",
+                  "created_at", "updated_at"]
+        read_only_fields = ["created_at", "updated_at"]
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        source = attrs.get("source", getattr(self.instance, "source", None))
+        destination = attrs.get("destination", getattr(self.instance, "destination", None))
+        if source is not None and source == destination:
+            raise serializers.ValidationError({"destination": "A link needs two different clusters."})
+        return attrs
+
+
+class PoolTrackSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = PoolTrack
+        fields = ["name", "model_version", "replicas", "weight", "active"]
+        read_only_fields = fields
+
+
+class PoolSerializer(serializers.ModelSerializer):
+    replicas = serializers.IntegerField(
+        min_value=0, max_value=MAX_REPLICAS, required=False,
+        help_text="Required on create. Total desired replicas over all tracks. Set on create; change it with POST .../scale/.",
+    )
+    tracks = PoolTrackSerializer(many=True, read_only=True)
+
+    class Meta:
+        model = Pool
+        fields = ["id", "name", "cluster", "role", "model_version", "replicas", "tracks", "gpu_kind", "gpu_count",
+                  "cpu", "memory", "node_selector", "tolerations", "autoscaling_enabled", "min_replicas",
+                  "max_replicas", "autoscaling_signal", "autoscaling_target", "schedule_overrides",
+                  "schedule_time_zone", "drain_timeout_s", "created_at", "updated_at"]
+        read_only_fields = ["created_at", "updated_at"]
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if self.instance is not None and "replicas" in attrs:
+            raise serializers.ValidationError({"replicas": "Change replicas with POST /api/v1/pools/{id}/scale/."})
+        if self.instance is None and "replicas" not in attrs:
+            raise serializers.ValidationError({"replicas": "This field is required."})
+        return attrs
+
+
+class PoolScaleSerializer(serializers.Serializer):
+    replicas = serializers.IntegerField(min_value=0, max_value=MAX_REPLICAS, help_text="New total desired replicas.")

@@ -1,0 +1,106 @@
+"""``/api/v1/clusters/``, ``/api/v1/cluster-links/``, ``/api/v1/pools/`` (+ ``POST pools/{id}/scale/``).
+
+Writes need the admin role except ``scale`` (operator). Views call services only.
+"""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import status, viewsets
+from rest_framework.decorators import action
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from apps.accounts.roles import ADMIN, OPERATOR
+from apps.core.idempotency import HEADER, idempotency_key_from_request
+from apps.fleet import selectors, services
+from apps.fleet.api.filtersets import ClusterFilterSet, ClusterLinkFilterSet, PoolFilterSet
+from apps.fleet.api.serializers import (
+    ClusterLinkSerializer,
+    ClusterSerializer,
+    PoolScaleSerializer,
+    PoolSerializer,
+)
+from apps.operations.api.serializers import ActionSerializer
+
+IDEMPOTENCY_PARAMETER = OpenApiParameter(
+    HEADER, str, OpenApiParameter.HEADER, required=False,
+    description="Repeat a request safely: the same key returns the first Action (200) instead of a new one.",
+)
+
+
+class ClusterViewSet(viewsets.ModelViewSet):
+    serializer_class = ClusterSerializer
+    filterset_class = ClusterFilterSet
+    ordering_fields = ["name", "kind", "datacenter", "created_at"]
+    ordering = ["name"]
+    write_role = ADMIN
+
+    def get_queryset(self):
+        return selectors.cluster_list()
+
+    def perform_create(self, serializer) -> None:  # noqa: ANN001 - DRF signature
+        serializer.instance = services.cluster_create(**serializer.validated_data)
+
+    def perform_update(self, serializer) -> None:  # noqa: ANN001 - DRF signature
+        serializer.instance = services.cluster_update(cluster=serializer.instance, **serializer.validated_data)
+
+    def perform_destroy(self, instance) -> None:  # noqa: ANN001 - DRF signature
+        services.cluster_delete(cluster=instance)
+
+
+class ClusterLinkViewSet(viewsets.ModelViewSet):
+    serializer_class = ClusterLinkSerializer
+    filterset_class = ClusterLinkFilterSet
+    ordering_fields = ["bandwidth_gbps", "rtt_ms", "created_at"]
+    ordering = ["id"]
+    write_role = ADMIN
+
+    def get_queryset(self):
+        return selectors.cluster_link_list()
+
+    def perform_create(self, serializer) -> None:  # noqa: ANN001 - DRF signature
+        serializer.instance = services.cluster_link_create(**serializer.validated_data)
+
+    def perform_update(self, serializer) -> None:  # noqa: ANN001 - DRF signature
+        serializer.instance = services.cluster_link_update(link=serializer.instance, **serializer.validated_data)
+
+    def perform_destroy(self, instance) -> None:  # noqa: ANN001 - DRF signature
+        services.cluster_link_delete(link=instance)
+
+
+class PoolViewSet(viewsets.ModelViewSet):
+    serializer_class = PoolSerializer
+    filterset_class = PoolFilterSet
+    ordering_fields = ["name", "role", "created_at"]
+    ordering = ["id"]
+    write_role = ADMIN
+    action_roles = {"scale": OPERATOR}
+
+    def get_queryset(self):
+        return selectors.pool_list()
+
+    def perform_create(self, serializer) -> None:  # noqa: ANN001 - DRF signature
+        pool = services.pool_create(**serializer.validated_data)
+        serializer.instance = selectors.pool_list().get(pk=pool.pk)
+
+    def perform_update(self, serializer) -> None:  # noqa: ANN001 - DRF signature
+        pool = services.pool_update(pool=serializer.instance, **serializer.validated_data)
+        serializer.instance = selectors.pool_list().get(pk=pool.pk)
+
+    def perform_destroy(self, instance) -> None:  # noqa: ANN001 - DRF signature
+        services.pool_delete(pool=instance)
+
+    @extend_schema(request=PoolScaleSerializer, responses={200: ActionSerializer, 201: ActionSerializer},
+                   parameters=[IDEMPOTENCY_PARAMETER])
+    @action(detail=True, methods=["post"])
+    def scale(self, request: Request, pk: str | None = None) -> Response:
+        """Request a new total replica count: creates a pending ``pool.scale`` Action (409 if the pool is busy)."""
+        pool = self.get_object()
+        serializer = PoolScaleSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        act, created = services.pool_scale(
+            pool=pool, replicas=serializer.validated_data["replicas"], requested_by=request.user,
+            idempotency_key=idempotency_key_from_request(request),
+        )
+        return Response(ActionSerializer(act).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)

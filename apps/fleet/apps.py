@@ -1,0 +1,9 @@
+"""App config for :mod:`apps.fleet`."""
+
+from django.apps import AppConfig
+
+
+class FleetConfig(AppConfig):
+    name = "apps.fleet"
+    label = "fleet"
+    verbose_name = "Fleet"

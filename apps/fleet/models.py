@@ -1,0 +1,224 @@
+"""Desired state of the fleet: ``Cluster``, ``ClusterLink``, ``Pool`` and its ``PoolTrack`` rows.
+
+A pool's desired replicas are kept per track (DESIGN.md, "Desired state"): a ``PoolTrack`` row per
+track name (``stable``; during a rollout also ``canary`` or ``blue``/``green``) with its replica
+count, model version, traffic weight (percent) and, for blue-green, whether it is the active one.
+A child table rather than a JSON column, so each track's model version is a protected foreign key
+(a version in use cannot be deleted) and the rollout controller can update one track row at a time.
+Outside a rollout only ``stable`` exists and its model version equals ``Pool.model_version``.
+"""
+
+from __future__ import annotations
+
+import math
+
+from django.core.exceptions import ValidationError
+from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
+from django.db import models
+from django.db.models import F, Q
+
+from apps.fleet.validators import (
+    DNS_LABEL,
+    validate_labels,
+    validate_quantity,
+    validate_schedule_overrides,
+    validate_time_zone,
+    validate_tolerations,
+)
+
+MAX_REPLICAS = 10_000
+dns_label_validator = RegexValidator(DNS_LABEL, "Use lowercase letters, digits and '-' (max 63, a DNS label).")
+
+
+def validate_positive_finite(value: float) -> None:
+    if not math.isfinite(value) or value <= 0:
+        raise ValidationError("Must be a finite number greater than 0.")
+
+
+def validate_non_negative_finite(value: float) -> None:
+    if not math.isfinite(value) or value < 0:
+        raise ValidationError("Must be a finite number >= 0.")
+
+
+class Cluster(models.Model):
+    """A place workers run: a Kubernetes cluster (kubeconfig reference or in-cluster) or this host."""
+
+    class Kind(models.TextChoices):
+        KUBERNETES = "kubernetes"
+        LOCAL = "local"
+
+    class Status(models.TextChoices):
+        UNKNOWN = "unknown"
+        READY = "ready"
+        UNREACHABLE = "unreachable"
+
+    name = models.CharField(max_length=63, unique=True, validators=[dns_label_validator])
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    datacenter = models.CharField(max_length=100, blank=True, help_text="Datacenter or region label.")
+    labels = models.JSONField(default=dict, blank=True, validators=[validate_labels])
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.UNKNOWN, editable=False)
+    kubeconfig_path = models.CharField(max_length=500, blank=True, help_text="Kubeconfig file on the control plane.")
+    kubeconfig_secret = models.CharField(
+        max_length=253, blank=True, validators=[RegexValidator(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")],
+        help_text="Name of a Kubernetes Secret (in Ferry's namespace) whose 'config' key holds the kubeconfig.",
+    )
+    context = models.CharField(max_length=253, blank=True, help_text="Kubeconfig context; empty = current.")
+    namespace = models.CharField(max_length=63, blank=True, validators=[dns_label_validator])
+    in_cluster = models.BooleanField(default=False, help_text="Use the service account of the pod Ferry runs in.")
+    agent_url = models.URLField(blank=True, help_text="Local agent URL (kind local), e.g. http://127.0.0.1:9300.")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def clean(self) -> None:
+        errors: dict[str, str] = {}
+        if self.kind == self.Kind.KUBERNETES:
+            refs = [f for f in ("kubeconfig_path", "kubeconfig_secret") if getattr(self, f)]
+            if self.in_cluster and refs:
+                errors[refs[0]] = "In-cluster clusters take no kubeconfig reference."
+            if not self.in_cluster and len(refs) != 1:
+                errors["kubeconfig_path"] = "Give exactly one of kubeconfig_path or kubeconfig_secret, or set in_cluster."
+            if self.in_cluster and self.context:
+                errors["context"] = "In-cluster clusters have no kubeconfig context."
+            if not self.namespace:
+                errors["namespace"] = "Kubernetes clusters need the namespace Ferry deploys into."
+            if self.agent_url:
+                errors["agent_url"] = "Only local clusters have an agent URL."
+        elif self.kind == self.Kind.LOCAL:
+            if not self.agent_url:
+                errors["agent_url"] = "Local clusters need the agent URL."
+            for f in ("kubeconfig_path", "kubeconfig_secret", "context", "namespace"):
+                if getattr(self, f):
+                    errors[f] = "Only Kubernetes clusters take this field."
+            if self.in_cluster:
+                errors["in_cluster"] = "Only Kubernetes clusters can be in-cluster."
+        if errors:
+            raise ValidationError(errors)
+
+
+class ClusterLink(models.Model):
+    """Network from ``source`` to ``destination``: bandwidth in Gbit/s and round-trip time in ms."""
+
+    source = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="links_out")
+    destination = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="links_in")
+    bandwidth_gbps = models.FloatField(validators=[validate_positive_finite, MaxValueValidator(100_000)])
+    rtt_ms = models.FloatField(validators=[validate_non_negative_finite, MaxValueValidator(100_000)])
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["source__name", "destination__name"]
+        constraints = [
+            models.UniqueConstraint(fields=["source", "destination"], name="fleet_clusterlink_unique_pair",
+                                    violation_error_message="A link between these clusters already exists."),
+            models.CheckConstraint(condition=~Q(source=F("destination")), name="fleet_clusterlink_distinct",
+                                   violation_error_message="A link needs two different clusters."),
+            models.CheckConstraint(condition=Q(bandwidth_gbps__gt=0), name="fleet_clusterlink_bandwidth_positive"),
+            models.CheckConstraint(condition=Q(rtt_ms__gte=0), name="fleet_clusterlink_rtt_non_negative"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.source_id}->{self.destination_id}"
+
+    def clean(self) -> None:
+        if self.source_id is not None and self.source_id == self.destination_id:
+            raise ValidationError({"destination": "A link needs two different clusters (source == destination)."})
+
+
+class Pool(models.Model):
+    """A set of identical workers in one cluster, with per-track desired replicas (``tracks``)."""
+
+    class Role(models.TextChoices):
+        PREFILL = "prefill"
+        DECODE = "decode"
+        COLOCATED = "colocated"
+
+    class AutoscalingSignal(models.TextChoices):
+        NUM_REQUESTS_WAITING = "num_requests_waiting"
+        KV_CACHE_USAGE = "kv_cache_usage"
+        TTFT_P99_SECONDS = "ttft_p99_seconds"
+        TPOT_P99_SECONDS = "tpot_p99_seconds"
+        ENGINE_BUSY_RATIO = "engine_busy_ratio"
+        GPU_UTILIZATION = "gpu_utilization"
+
+    name = models.CharField(max_length=63, validators=[dns_label_validator])
+    cluster = models.ForeignKey(Cluster, on_delete=models.PROTECT, related_name="pools")
+    role = models.CharField(max_length=16, choices=Role.choices)
+    model_version = models.ForeignKey(
+        "catalog.ModelVersion", on_delete=models.PROTECT, related_name="pools",
+        help_text="The stable model version (the stable track runs it).",
+    )
+    gpu_kind = models.CharField(max_length=100, blank=True, help_text="e.g. nvidia-h200; empty = CPU workers.")
+    gpu_count = models.PositiveSmallIntegerField(default=0, validators=[MaxValueValidator(64)])
+    cpu = models.CharField(max_length=32, blank=True, validators=[validate_quantity], help_text="e.g. 4 or 500m.")
+    memory = models.CharField(max_length=32, blank=True, validators=[validate_quantity], help_text="e.g. 16Gi.")
+    node_selector = models.JSONField(default=dict, blank=True, validators=[validate_labels])
+    tolerations = models.JSONField(default=list, blank=True, validators=[validate_tolerations])
+    autoscaling_enabled = models.BooleanField(default=False)
+    min_replicas = models.PositiveIntegerField(default=1, validators=[MaxValueValidator(MAX_REPLICAS)])
+    max_replicas = models.PositiveIntegerField(default=1, validators=[MaxValueValidator(MAX_REPLICAS)])
+    autoscaling_signal = models.CharField(max_length=32, choices=AutoscalingSignal.choices,
+                                          default=AutoscalingSignal.NUM_REQUESTS_WAITING)
+    autoscaling_target = models.FloatField(default=4.0, validators=[validate_positive_finite],
+                                           help_text="Target per replica, in the signal's unit.")
+    schedule_overrides = models.JSONField(default=list, blank=True, validators=[validate_schedule_overrides])
+    schedule_time_zone = models.CharField(max_length=64, default="UTC", validators=[validate_time_zone])
+    drain_timeout_s = models.PositiveIntegerField(default=300, validators=[MaxValueValidator(86_400)])
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["cluster__name", "name"]
+        constraints = [
+            models.UniqueConstraint(fields=["cluster", "name"], name="fleet_pool_unique_name_per_cluster",
+                                    violation_error_message="This cluster already has a pool with this name."),
+            models.CheckConstraint(condition=Q(min_replicas__lte=F("max_replicas")), name="fleet_pool_min_le_max",
+                                   violation_error_message="min_replicas must be <= max_replicas."),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.cluster.name}/{self.name}" if self.cluster_id else self.name
+
+    def clean(self) -> None:
+        if self.min_replicas is not None and self.max_replicas is not None and self.min_replicas > self.max_replicas:
+            raise ValidationError({"min_replicas": "min_replicas must be <= max_replicas."})
+        if self.gpu_count and not self.gpu_kind:
+            raise ValidationError({"gpu_kind": "Say which GPU kind when gpu_count > 0."})
+
+    @property
+    def replicas(self) -> int:
+        """Total desired replicas over all tracks (uses prefetched ``tracks`` when present)."""
+        return sum(track.replicas for track in self.tracks.all())
+
+
+class PoolTrack(models.Model):
+    """One track of a pool: desired replicas, model version, traffic weight (percent), active flag."""
+
+    class Name(models.TextChoices):
+        STABLE = "stable"
+        CANARY = "canary"
+        BLUE = "blue"
+        GREEN = "green"
+
+    pool = models.ForeignKey(Pool, on_delete=models.CASCADE, related_name="tracks")
+    name = models.CharField(max_length=16, choices=Name.choices)
+    model_version = models.ForeignKey("catalog.ModelVersion", on_delete=models.PROTECT, related_name="pool_tracks")
+    replicas = models.PositiveIntegerField(validators=[MaxValueValidator(MAX_REPLICAS)])
+    weight = models.PositiveSmallIntegerField(default=100, validators=[MinValueValidator(0), MaxValueValidator(100)],
+                                              help_text="Share of the pool's traffic, percent.")
+    active = models.BooleanField(default=True, help_text="Blue-green: this track serves traffic.")
+
+    class Meta:
+        ordering = ["pool_id", "name"]
+        constraints = [
+            models.UniqueConstraint(fields=["pool", "name"], name="fleet_pooltrack_unique_name"),
+            models.CheckConstraint(condition=Q(weight__lte=100), name="fleet_pooltrack_weight_le_100"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.pool_id}:{self.name}"

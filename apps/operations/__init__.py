@@ -1,0 +1,1 @@
+"""Actions: the audit log of every change to the world, and their Celery execution."""

@@ -1,0 +1,15 @@
+"""Filters for ``/api/v1/actions/``."""
+
+import django_filters
+
+from apps.operations.models import Action
+
+
+class ActionFilterSet(django_filters.FilterSet):
+    requested_by = django_filters.CharFilter(field_name="requested_by__username")
+    created_after = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="gte")
+    created_before = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="lt")
+
+    class Meta:
+        model = Action
+        fields = ["status", "kind", "target_type", "target_id", "pool", "retry_of"]

@@ -1,0 +1,161 @@
+"""Writes for Actions: create (idempotent, one active per pool), retry, cancel, claim, finish, log."""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+from kombu.exceptions import OperationalError
+
+from apps.core.errors import ConflictError
+from apps.fleet.models import Pool
+from apps.operations.models import Action
+
+logger = logging.getLogger(__name__)
+
+
+def _log_line(message: str) -> dict[str, str]:
+    return {"at": timezone.now().isoformat(), "message": message}
+
+
+def action_enqueue(*, action_id: int) -> None:
+    """Send ``operations.execute_action`` for ``action_id`` to the broker (call after commit).
+
+    If the broker is unreachable the Action stays pending (logged); the reconcile tick enqueues it later.
+    """
+    from apps.operations.tasks import execute_action
+
+    try:
+        execute_action.apply_async(args=[action_id], retry=True, retry_policy={"max_retries": 1, "interval_start": 0})
+    except OperationalError:
+        logger.warning("broker unreachable: action %s stays pending until reconcile enqueues it", action_id)
+
+
+def _busy_message(pool: Pool, busy: Action) -> str:
+    return (f"Pool {pool} already has action #{busy.pk} ({busy.kind}, {busy.status}); "
+            "wait for it to finish or cancel it, then retry.")
+
+
+def action_create(
+    *,
+    kind: str,
+    target_type: str,
+    target_id: str,
+    target_repr: str = "",
+    pool: Pool | None = None,
+    params: dict[str, Any] | None = None,
+    requested_by: AbstractBaseUser | None = None,
+    idempotency_key: str | None = None,
+    retry_of: Action | None = None,
+) -> tuple[Action, bool]:
+    """Create a pending Action and enqueue it after commit; return ``(action, created)``.
+
+    With ``idempotency_key``, a second call with the same key returns the first Action and
+    ``created=False``. The pool, when given, is locked: one pending/running Action per pool.
+
+    Raises:
+        ConflictError: the pool has an active Action, or the key was used for a different request.
+    """
+    params = params or {}
+    signature = (kind, target_type, str(target_id), params)
+    with transaction.atomic():
+        if idempotency_key is not None:
+            existing = Action.objects.filter(idempotency_key=idempotency_key).first()
+            if existing is not None:
+                if (existing.kind, existing.target_type, existing.target_id, existing.params) != signature:
+                    raise ConflictError(f"Idempotency-Key {idempotency_key!r} was already used for a different "
+                                        f"request (action #{existing.pk}); use a new key.")
+                return existing, False
+        if pool is not None:
+            Pool.objects.select_for_update().filter(pk=pool.pk).first()  # serialize writers of this pool
+            busy = Action.objects.filter(pool=pool, status__in=Action.ACTIVE_STATUSES).first()
+            if busy is not None:
+                raise ConflictError(_busy_message(pool, busy))
+        action = Action(
+            kind=kind, target_type=target_type, target_id=str(target_id), target_repr=target_repr[:200], pool=pool,
+            params=params, requested_by=requested_by, idempotency_key=idempotency_key, retry_of=retry_of,
+            log=[_log_line(f"requested by {requested_by or 'system'}")],
+        )
+        action.full_clean(validate_unique=False, validate_constraints=False)
+        try:
+            with transaction.atomic():
+                action.save()
+        except IntegrityError as exc:  # lost a race on the key or the pool lock
+            if idempotency_key is not None:
+                existing = Action.objects.filter(idempotency_key=idempotency_key).first()
+                if existing is not None:
+                    return existing, False
+            raise ConflictError(f"Another action for {target_type} {target_id} was created concurrently.") from exc
+        transaction.on_commit(lambda: action_enqueue(action_id=action.pk))
+    return action, True
+
+
+def action_retry(
+    *, action: Action, requested_by: AbstractBaseUser | None = None, idempotency_key: str | None = None
+) -> tuple[Action, bool]:
+    """A new pending Action with the same kind, target and params, ``retry_of`` the given one.
+
+    Raises:
+        ConflictError: the Action is not failed or cancelled, or its pool is busy.
+    """
+    if action.status not in (Action.Status.FAILED, Action.Status.CANCELLED):
+        raise ConflictError(f"Only failed or cancelled actions can be retried; #{action.pk} is {action.status}.")
+    return action_create(
+        kind=action.kind, target_type=action.target_type, target_id=action.target_id, target_repr=action.target_repr,
+        pool=action.pool, params=action.params, requested_by=requested_by, idempotency_key=idempotency_key,
+        retry_of=action,
+    )
+
+
+def action_cancel(*, action: Action, cancelled_by: AbstractBaseUser | None = None) -> Action:
+    """Cancel a pending Action (a conditional update, so a concurrent claim wins cleanly).
+
+    Raises:
+        ConflictError: the Action is no longer pending.
+    """
+    with transaction.atomic():
+        now = timezone.now()
+        updated = Action.objects.filter(pk=action.pk, status=Action.Status.PENDING).update(
+            status=Action.Status.CANCELLED, finished_at=now
+        )
+        if updated != 1:
+            action.refresh_from_db(fields=["status"])
+            raise ConflictError(f"Only pending actions can be cancelled; #{action.pk} is {action.status}.")
+        action_log_append(action_id=action.pk, message=f"cancelled by {cancelled_by or 'system'}")
+    action.refresh_from_db()
+    return action
+
+
+def action_log_append(*, action_id: int, message: str) -> None:
+    """Append one timestamped line to an Action's log."""
+    with transaction.atomic():
+        action = Action.objects.select_for_update().get(pk=action_id)
+        action.log = [*action.log, _log_line(message)]
+        action.save(update_fields=["log"])
+
+
+def action_claim(*, action_id: int, lease_s: int | None = None) -> bool:
+    """Move a pending Action to running with a lease; False if someone else claimed or cancelled it."""
+    now = timezone.now()
+    lease = timedelta(seconds=lease_s if lease_s is not None else settings.FERRY_ACTION_LEASE_S)
+    with transaction.atomic():
+        return Action.objects.filter(pk=action_id, status=Action.Status.PENDING).update(
+            status=Action.Status.RUNNING, started_at=now, lease_expires_at=now + lease
+        ) == 1
+
+
+def action_finish(*, action_id: int, succeeded: bool, error: str = "") -> bool:
+    """Move a running Action to succeeded or failed; False if it was not running."""
+    status = Action.Status.SUCCEEDED if succeeded else Action.Status.FAILED
+    with transaction.atomic():
+        done = Action.objects.filter(pk=action_id, status=Action.Status.RUNNING).update(
+            status=status, finished_at=timezone.now(), lease_expires_at=None, error=error
+        ) == 1
+        if done:
+            action_log_append(action_id=action_id, message=status if not error else f"{status}: {error}")
+    return done

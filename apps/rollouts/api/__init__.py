@@ -1,0 +1,1 @@
+"""REST API of rollouts: ``/api/v1/rollouts/``."""

@@ -1,0 +1,71 @@
+"""``RolloutPlan``: move pools (a prefill and a decode pool together) from their stable version to a target.
+
+Only the model and its validation live here; the controller that advances ``state``,
+``current_step_index`` and ``next_step_at`` from the beat-driven reconcile belongs to another issue.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.core.validators import MaxValueValidator, MinValueValidator
+from django.db import models
+
+from apps.rollouts.validators import validate_gates, validate_steps
+
+
+class RolloutPlan(models.Model):
+    class Strategy(models.TextChoices):
+        CANARY = "canary"
+        BLUE_GREEN = "blue_green"
+
+    class State(models.TextChoices):
+        PENDING = "pending"
+        PROGRESSING = "progressing"
+        PAUSED = "paused"
+        PROMOTED = "promoted"
+        ABORTED = "aborted"
+        FAILED = "failed"
+
+    ACTIVE_STATES = (State.PENDING, State.PROGRESSING, State.PAUSED)
+
+    name = models.CharField(max_length=100)
+    pools = models.ManyToManyField("fleet.Pool", related_name="rollouts")
+    target_model_version = models.ForeignKey("catalog.ModelVersion", on_delete=models.PROTECT, related_name="rollouts")
+    strategy = models.CharField(max_length=16, choices=Strategy.choices)
+    steps = models.JSONField(default=list, blank=True, validators=[validate_steps])
+    gates = models.JSONField(default=list, blank=True, validators=[validate_gates])
+    state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING, editable=False)
+    current_step_index = models.PositiveIntegerField(default=0, editable=False)
+    next_step_at = models.DateTimeField(null=True, blank=True, editable=False,
+                                        help_text="When the reconcile tick should advance the plan.")
+    max_surge = models.PositiveIntegerField(default=1, validators=[MaxValueValidator(1000)],
+                                            help_text="Extra replicas allowed above the pool total while moving.")
+    progress_deadline_s = models.PositiveIntegerField(
+        default=600, validators=[MinValueValidator(1), MaxValueValidator(86_400)],
+        help_text="A step that makes no progress for this long fails the rollout.",
+    )
+    max_weight_skew = models.PositiveSmallIntegerField(
+        default=0, validators=[MaxValueValidator(100)],
+        help_text="Largest allowed gap, in percentage points, between the pools' canary weights while a "
+                  "step is applied (0: prefill and decode move in lockstep).",
+    )
+    message = models.TextField(blank=True, editable=False, help_text="Why the plan is in its state.")
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                   related_name="ferry_rollouts")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def clean(self) -> None:
+        if self.strategy == self.Strategy.CANARY and not self.steps:
+            raise ValidationError({"steps": "A canary rollout needs at least one step (e.g. {\"set_weight\": 10})."})
+        if self.strategy == self.Strategy.BLUE_GREEN and isinstance(self.steps, list) and any(
+            isinstance(s, dict) and "set_weight" in s for s in self.steps
+        ):
+            raise ValidationError({"steps": "Blue-green switches all traffic at once; use pause/analysis steps only."})

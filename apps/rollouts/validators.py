@@ -1,0 +1,90 @@
+"""Validators for a rollout plan's ``steps`` and ``gates`` JSON.
+
+Steps (a list; each item is an object with exactly one key):
+``{"set_weight": 0..100}`` (canary traffic percent), ``{"pause": {}}`` (until promoted) or
+``{"pause": {"seconds": N}}``, ``{"analysis": {"gates": [...], "duration_s": N}}`` (both optional;
+no gates = the plan's gates). Gates: ``{"signal", "threshold", "comparison", "window_s",
+"failure_limit"}``; a gate passes while ``value <comparison> threshold`` holds, and the rollout
+fails after more than ``failure_limit`` failed evaluations.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from django.core.exceptions import ValidationError
+
+GATE_SIGNALS = (
+    "error_rate", "ttft_p99_seconds", "tpot_p99_seconds", "e2e_latency_p99_seconds",
+    "kv_transfer_error_rate", "num_requests_waiting",
+)
+COMPARISONS = ("<", "<=", ">", ">=")
+MAX_WINDOW_S = 86_400
+MAX_PAUSE_S = 7 * 86_400
+MAX_STEPS = 100
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_gate(gate: Any, where: str) -> None:
+    if not isinstance(gate, dict):
+        raise ValidationError(f"{where} must be an object.")
+    keys = {"signal", "threshold", "comparison", "window_s", "failure_limit"}
+    unknown, missing = sorted(set(gate) - keys), sorted({"signal", "threshold", "comparison", "window_s"} - set(gate))
+    if unknown or missing:
+        raise ValidationError(f"{where}: unknown keys {unknown}, missing keys {missing}.")
+    if gate["signal"] not in GATE_SIGNALS:
+        raise ValidationError(f"{where}: signal must be one of {', '.join(GATE_SIGNALS)}.")
+    threshold = gate["threshold"]
+    if not isinstance(threshold, int | float) or isinstance(threshold, bool) or not math.isfinite(threshold):
+        raise ValidationError(f"{where}: threshold must be a finite number.")
+    if gate["comparison"] not in COMPARISONS:
+        raise ValidationError(f"{where}: comparison must be one of {' '.join(COMPARISONS)}.")
+    if not _is_int(gate["window_s"]) or not 1 <= gate["window_s"] <= MAX_WINDOW_S:
+        raise ValidationError(f"{where}: window_s must be an integer in 1..{MAX_WINDOW_S}.")
+    limit = gate.get("failure_limit", 0)
+    if not _is_int(limit) or not 0 <= limit <= 1000:
+        raise ValidationError(f"{where}: failure_limit must be an integer in 0..1000.")
+
+
+def validate_gates(value: Any) -> None:
+    """A list of gates (see module docstring)."""
+    if not isinstance(value, list):
+        raise ValidationError("Gates must be a JSON list.")
+    for i, gate in enumerate(value):
+        _check_gate(gate, f"Gate {i}")
+
+
+def validate_steps(value: Any) -> None:
+    """A list of steps (see module docstring)."""
+    if not isinstance(value, list):
+        raise ValidationError("Steps must be a JSON list.")
+    if len(value) > MAX_STEPS:
+        raise ValidationError(f"At most {MAX_STEPS} steps.")
+    for i, step in enumerate(value):
+        if not isinstance(step, dict) or len(step) != 1:
+            raise ValidationError(f"Step {i} must be an object with exactly one key: set_weight, pause or analysis.")
+        (kind, arg), = step.items()
+        if kind == "set_weight":
+            if not _is_int(arg) or not 0 <= arg <= 100:
+                raise ValidationError(f"Step {i}: set_weight must be an integer percent in 0..100, got {arg!r}.")
+        elif kind == "pause":
+            if not isinstance(arg, dict) or set(arg) - {"seconds"}:
+                raise ValidationError(f'Step {i}: pause takes {{}} (until promoted) or {{"seconds": N}}.')
+            if "seconds" in arg and (not _is_int(arg["seconds"]) or not 1 <= arg["seconds"] <= MAX_PAUSE_S):
+                raise ValidationError(f"Step {i}: pause seconds must be an integer in 1..{MAX_PAUSE_S}.")
+        elif kind == "analysis":
+            if not isinstance(arg, dict) or set(arg) - {"gates", "duration_s"}:
+                raise ValidationError(f"Step {i}: analysis takes an object with optional gates and duration_s.")
+            if "gates" in arg:
+                if not isinstance(arg["gates"], list):
+                    raise ValidationError(f"Step {i}: analysis gates must be a list.")
+                for j, gate in enumerate(arg["gates"]):
+                    _check_gate(gate, f"Step {i} gate {j}")
+            if "duration_s" in arg and (not _is_int(arg["duration_s"]) or not 1 <= arg["duration_s"] <= MAX_WINDOW_S):
+                raise ValidationError(f"Step {i}: analysis duration_s must be an integer in 1..{MAX_WINDOW_S}.")
+        else:
+            raise ValidationError(f"Step {i}: unknown step {kind!r}; use set_weight, pause or analysis.")

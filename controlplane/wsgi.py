@@ -1,0 +1,8 @@
+"""WSGI entry point (used by tests and property-based API runs; production serves ASGI)."""
+
+import os
+
+from django.core.wsgi import get_wsgi_application
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
+application = get_wsgi_application()
