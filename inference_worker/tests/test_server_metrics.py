@@ -1,0 +1,136 @@
+"""Worker /metrics on a real process (max_num_seqs=1): contract, counters, queue depth, disconnect abort."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from inference_worker.server.testing import WorkerProcess, gemma_tokenizer_dir
+from inference_worker.tokenization import load_tokenizer
+
+pytestmark = pytest.mark.slow
+
+MODEL = "gemma-3-270m"
+LABELS = {"model": MODEL, "model_version": "v7", "role": "decode", "pool": "p1", "track": "canary",
+          "replica": "r0"}
+
+
+@pytest.fixture(scope="module")
+def worker():
+    args = ["--max-num-seqs", "1", "--role", "decode", "--pool", "p1", "--track", "canary", "--replica", "r0",
+            "--model-version", "v7"]
+    with WorkerProcess(*args) as proc:
+        yield proc
+
+
+@pytest.fixture(scope="module")
+def client(worker):
+    with httpx.Client(base_url=worker.base_url, timeout=300) as c:
+        yield c
+
+
+def scrape(client) -> dict[tuple[str, tuple], float]:
+    """All samples keyed by (name, sorted extra labels beyond the identity labels)."""
+    response = client.get("/metrics")
+    assert response.status_code == 200
+    samples = {}
+    for family in text_string_to_metric_families(response.text):
+        for sample in family.samples:
+            identity = {k: v for k, v in sample.labels.items() if k in LABELS}
+            assert identity == LABELS, sample
+            extra = tuple(sorted((k, v) for k, v in sample.labels.items() if k not in LABELS))
+            samples[(sample.name, extra)] = sample.value
+    return samples
+
+
+def test_metrics_follow_the_contract(client):
+    samples = scrape(client)
+    names = {name for name, _ in samples}
+    for required in ("ferry_num_requests_waiting", "ferry_num_requests_running", "ferry_requests_total",
+                     "ferry_prompt_tokens_total", "ferry_generation_tokens_total",
+                     "ferry_time_to_first_token_seconds_bucket", "ferry_time_per_output_token_seconds_bucket",
+                     "ferry_e2e_request_latency_seconds_bucket", "ferry_kv_cache_usage_ratio",
+                     "ferry_engine_busy_ratio", "ferry_worker_ready", "ferry_kv_transfer_seconds_bucket"):
+        assert required in names, required
+    assert samples[("ferry_worker_ready", ())] == 1.0
+    assert all(name.startswith("ferry_") for name in names)
+    # no GPU on this machine: no GPU figures at all, rather than made-up ones
+    assert not any(name.startswith("ferry_gpu_") for name in names)
+
+
+def test_counters_move_with_requests(client):
+    tokenizer = load_tokenizer(gemma_tokenizer_dir())
+    prompt = "Counting tokens is"
+    num_prompt = len(tokenizer.encode(prompt, add_special_tokens=True).ids)
+    before = scrape(client)
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 5, "temperature": 0.0, "ignore_eos": True}
+    assert client.post("/v1/completions", json=body).status_code == 200
+    assert client.post("/v1/completions", json={**body, "max_tokens": -3}).status_code == 400
+    after = scrape(client)
+
+    def delta(name, *extra):
+        return after[(name, extra)] - before[(name, extra)]
+
+    assert delta("ferry_requests_total", ("outcome", "success")) == 1
+    assert delta("ferry_requests_total", ("outcome", "client_error")) == 1
+    assert delta("ferry_prompt_tokens_total") == num_prompt
+    assert delta("ferry_generation_tokens_total") == 5
+    assert delta("ferry_time_to_first_token_seconds_count") == 1
+    assert delta("ferry_time_per_output_token_seconds_count") == 1
+    assert delta("ferry_e2e_request_latency_seconds_count") == 1
+
+
+def test_queue_depth_is_non_zero_while_more_requests_wait_than_the_batch_admits(client, worker):
+    body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 24, "temperature": 0.0, "ignore_eos": True}
+    statuses = []
+
+    def send():
+        with httpx.Client(base_url=worker.base_url, timeout=300) as c:
+            statuses.append(c.post("/v1/completions", json=body).status_code)
+
+    threads = [threading.Thread(target=send) for _ in range(3)]
+    for t in threads:
+        t.start()
+    max_waiting = max_running = 0.0
+    while any(t.is_alive() for t in threads):
+        samples = scrape(client)
+        max_waiting = max(max_waiting, samples[("ferry_num_requests_waiting", ())])
+        max_running = max(max_running, samples[("ferry_num_requests_running", ())])
+        time.sleep(0.05)
+    for t in threads:
+        t.join()
+    assert statuses == [200, 200, 200]
+    assert max_running == 1  # --max-num-seqs 1
+    assert max_waiting == 2  # the other two wait their turn
+    time.sleep(0.6)  # gauges are published every 0.25 s
+    idle = scrape(client)
+    assert idle[("ferry_num_requests_waiting", ())] == 0 and idle[("ferry_num_requests_running", ())] == 0
+
+
+def test_client_disconnect_mid_stream_aborts_the_request_and_frees_its_kv(client, worker):
+    before = scrape(client)
+    body = {"model": MODEL, "prompt": "Write a long story:", "max_tokens": 400, "temperature": 0.0,
+            "ignore_eos": True, "stream": True}
+    with httpx.Client(base_url=worker.base_url, timeout=300) as c, c.stream("POST", "/v1/completions", json=body) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                break  # got a token: hang up
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        after = scrape(client)
+        if after[("ferry_requests_total", (("outcome", "aborted"),))] > before[
+            ("ferry_requests_total", (("outcome", "aborted"),))
+        ] and after[("ferry_num_requests_running", ())] == 0:
+            break
+        time.sleep(0.1)
+    assert after[("ferry_requests_total", (("outcome", "aborted"),))] - before[
+        ("ferry_requests_total", (("outcome", "aborted"),))
+    ] == 1
+    assert after[("ferry_num_requests_running", ())] == 0
+    assert after[("ferry_kv_cache_usage_ratio", ())] == 0.0
+    # far fewer than 400 tokens were generated: the engine stopped when the client left
+    assert after[("ferry_generation_tokens_total", ())] - before[("ferry_generation_tokens_total", ())] < 400
