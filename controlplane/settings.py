@@ -83,6 +83,7 @@ INSTALLED_APPS = [
     "apps.fleet",
     "apps.rollouts",
     "apps.operations",
+    "apps.telemetry",
 ]
 
 MIDDLEWARE = [

@@ -7,7 +7,7 @@ from whatever is registered:
 1. a callable installed with ``set_endpoint_provider`` (tests, the local agent, or the
    orchestration app's ``AppConfig.ready`` — that is where orchestration plugs in), else
 2. ``settings.FERRY_TELEMETRY_STATIC_TARGETS``: a list of dicts
-   ``{"pool": "<pool label>", "track": "stable", "replica": "r0", "url": "http://host:port"}``.
+   ``{"pool": <pool id>, "track": "stable", "replica": "r0", "url": "http://host:port"}``.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from django.conf import settings
 
 @dataclass(frozen=True)
 class ReplicaEndpoint:
-    """One worker replica: its pool label, track, replica name and base URL (``http://host:port``).
+    """One worker replica: its pool's primary key, track, replica name and base URL (``http://host:port``).
 
     ``metrics_url`` is ``<url>/metrics``. Raises ``ValueError`` for a URL without scheme/host.
     """
@@ -88,15 +88,15 @@ def replica_endpoints() -> list[ReplicaEndpoint]:
 def prometheus_scrape_config(endpoints: Iterable[ReplicaEndpoint], *, interval_s: float = 1.0) -> dict:
     """A Prometheus ``scrape_configs`` job scraping ``endpoints``, as a dict to dump as YAML.
 
-    Targets carry ``pool``/``track``/``replica`` target labels (so ``up`` is attributable);
-    ``honor_labels`` keeps the worker's own labels authoritative.
+    Targets carry ``pool_id``/``track``/``replica`` target labels (so ``up`` is attributable);
+    ``honor_labels`` keeps the worker's own labels (``pool`` = the pool's name) authoritative.
     """
     static_configs = []
     for ep in endpoints:
         static_configs.append(
             {
                 "targets": [urlsplit(ep.url).netloc],
-                "labels": {"pool": ep.pool_id, "track": ep.track, "replica": ep.replica},
+                "labels": {"pool_id": ep.pool_id, "track": ep.track, "replica": ep.replica},
             }
         )
     interval = f"{round(interval_s * 1000)}ms"

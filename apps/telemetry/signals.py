@@ -74,6 +74,12 @@ class SeriesView(Protocol):
         ...
 
 
+def _agg(agg: str, by: Sequence[str], extra: Sequence[str] = ()) -> str:
+    """``sum(`` or ``sum by (pool) (`` — the opening of a PromQL aggregation."""
+    labels = [*by, *extra]
+    return f"{agg} by ({', '.join(labels)}) (" if labels else f"{agg}("
+
+
 def _sum_rates(view: SeriesView, metric: str, matchers: Sequence[Matcher], start: float, end: float):
     rates = [counter_rate(samples, start, end) for _, samples in view.series(metric, matchers)]
     rates = [r for r in rates if r is not None]
@@ -87,8 +93,9 @@ class CounterRate:
     metric: str
     matchers: tuple[Matcher, ...] = ()
 
-    def promql(self, scope: Sequence[Matcher], window_s: float) -> str:
-        return f"sum(rate({promql_selector(self.metric, (*scope, *self.matchers))}[{_dur(window_s)}]))"
+    def promql(self, scope: Sequence[Matcher], window_s: float, by: Sequence[str] = ()) -> str:
+        selector = promql_selector(self.metric, (*scope, *self.matchers))
+        return f"{_agg('sum', by)}rate({selector}[{_dur(window_s)}]))"
 
     def evaluate(self, view: SeriesView, start_s: float, end_s: float) -> float | None:
         return _sum_rates(view, self.metric, self.matchers, start_s, end_s)
@@ -106,10 +113,12 @@ class RateRatio:
     numerator: CounterRate
     denominator: CounterRate
 
-    def promql(self, scope: Sequence[Matcher], window_s: float) -> str:
-        num = self.numerator.promql(scope, window_s)
-        den = self.denominator.promql(scope, window_s)
-        return f"({num} or vector(0)) / {den}"
+    def promql(self, scope: Sequence[Matcher], window_s: float, by: Sequence[str] = ()) -> str:
+        num = self.numerator.promql(scope, window_s, by)
+        den = self.denominator.promql(scope, window_s, by)
+        # Grouped (per-pool) queries drop the fallback: vector(0) has no labels to match on, and
+        # a pool without failure series simply yields no result (nothing to alert on).
+        return f"{num} / {den}" if by else f"({num} or vector(0)) / {den}"
 
     def evaluate(self, view: SeriesView, start_s: float, end_s: float) -> float | None:
         den = self.denominator.evaluate(view, start_s, end_s)
@@ -124,9 +133,9 @@ class HistogramQuantile:
     q: float
     base: str
 
-    def promql(self, scope: Sequence[Matcher], window_s: float) -> str:
+    def promql(self, scope: Sequence[Matcher], window_s: float, by: Sequence[str] = ()) -> str:
         selector = promql_selector(f"{self.base}_bucket", scope)
-        return f"histogram_quantile({self.q}, sum by (le) (rate({selector}[{_dur(window_s)}])))"
+        return f"histogram_quantile({self.q}, {_agg('sum', by, ('le',))}rate({selector}[{_dur(window_s)}])))"
 
     def evaluate(self, view: SeriesView, start_s: float, end_s: float) -> float | None:
         by_le: dict[float, float] = {}
@@ -152,8 +161,8 @@ class Gauge:
         if self.agg not in ("sum", "avg", "max"):
             raise ValueError(f"gauge aggregation must be sum, avg or max, got {self.agg!r}")
 
-    def promql(self, scope: Sequence[Matcher], window_s: float) -> str:
-        text = f"{self.agg}({promql_selector(self.metric, (*scope, *self.matchers))})"
+    def promql(self, scope: Sequence[Matcher], window_s: float, by: Sequence[str] = ()) -> str:
+        text = f"{_agg(self.agg, by)}{promql_selector(self.metric, (*scope, *self.matchers))})"
         return text if self.scale == 1.0 else f"{text} * {self.scale}"
 
     def evaluate(self, view: SeriesView, start_s: float, end_s: float) -> float | None:
@@ -173,8 +182,8 @@ class Gauge:
 class ReadyReplicas:
     """Replicas serving now. PromQL: ``sum`` of the workers' ``ferry_worker_ready`` gauge (1 = ready)."""
 
-    def promql(self, scope: Sequence[Matcher], window_s: float) -> str:
-        return f"sum({promql_selector(m.READY, scope)})"
+    def promql(self, scope: Sequence[Matcher], window_s: float, by: Sequence[str] = ()) -> str:
+        return f"{_agg('sum', by)}{promql_selector(m.READY, scope)})"
 
     def evaluate(self, view: SeriesView, start_s: float, end_s: float) -> float | None:
         ready = view.ready_replicas()

@@ -1,0 +1,9 @@
+"""App config for :mod:`apps.telemetry`."""
+
+from django.apps import AppConfig
+
+
+class TelemetryConfig(AppConfig):
+    name = "apps.telemetry"
+    label = "telemetry"
+    verbose_name = "Telemetry"

@@ -1,0 +1,22 @@
+"""Data migration: the fleet-default alert rules (seeds' GPU-fleet thresholds, KV-transfer errors)."""
+
+from django.db import migrations
+
+from apps.telemetry.alerts import DEFAULT_RULES
+
+
+def create_defaults(apps, schema_editor):
+    AlertRule = apps.get_model("telemetry", "AlertRule")
+    for rule in DEFAULT_RULES:
+        AlertRule.objects.get_or_create(name=rule["name"], pool=None, defaults={k: v for k, v in rule.items() if k != "name"})
+
+
+def remove_defaults(apps, schema_editor):
+    AlertRule = apps.get_model("telemetry", "AlertRule")
+    AlertRule.objects.filter(pool=None, name__in=[r["name"] for r in DEFAULT_RULES]).delete()
+
+
+class Migration(migrations.Migration):
+    dependencies = [("telemetry", "0001_initial")]
+
+    operations = [migrations.RunPython(create_defaults, remove_defaults)]

@@ -1,0 +1,148 @@
+"""The telemetry poller: every 1-2 s, signals for every pool and track, history, stream, alerts.
+
+Runs as its own process (``manage.py telemetry``), not inside the Celery worker that runs long
+actions. Each poll:
+
+1. lists pools (``selectors.poll_targets``) and replica endpoints (``endpoints.replica_endpoints``);
+2. refreshes each metric source (direct scrape: scrape the replicas of its clusters' pools);
+3. computes pool-level and per-track ``SignalSet``s over ``window_s``;
+4. broadcasts them (``telemetry.signals`` to the pool group, ``telemetry.fleet`` to the fleet
+   group) with Redis sequence numbers, and appends the same records to the Redis history;
+5. evaluates the effective alert rules on the pool-level signals and records transitions.
+
+State that must survive a restart lives in Redis (history, sequence numbers) and Postgres
+(firing alerts, restored into the evaluator at start). The direct-scrape samples are rebuilt
+within one window after a restart.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable, Iterable
+
+import redis
+from django.db import DatabaseError, close_old_connections
+
+from apps.telemetry.alerts import AlertEvaluator, RuleSpec
+from apps.telemetry.broadcast import FLEET_GROUP, pool_group, telemetry_broadcast
+from apps.telemetry.endpoints import ReplicaEndpoint, replica_endpoints
+from apps.telemetry.history import SignalHistory
+from apps.telemetry.models import Alert
+from apps.telemetry.selectors import SourceChoice, alert_rules_effective, history_scope, poll_targets
+from apps.telemetry.services import alert_transitions_apply
+from apps.telemetry.signals import Scope
+from apps.telemetry.sources.base import MetricSource, MetricSourceError
+from apps.telemetry.sources.prometheus import PrometheusSource
+from apps.telemetry.sources.scrape import DirectScrapeSource
+
+logger = logging.getLogger(__name__)
+
+
+def default_source_factory(choice: SourceChoice, *, window_s: float) -> MetricSource:
+    """Build the source for a cluster's ``SourceChoice``."""
+    if choice.kind == "prometheus":
+        dcgm = None
+        if choice.dcgm:
+            # Pods are named "<pool name>-<track>-<hash>" (apps.orchestrators: Deployment "<pool>-<track>");
+            # DCGM's exporter labels each GPU series with the pod that holds it.
+            def dcgm(scope: Scope, namespace=choice.namespace):
+                pod = f"{re.escape(scope.pool)}-{scope.track or '[a-z]+'}-.*"
+                return [("namespace", "=", namespace), ("pod", "=~", pod)] if namespace else [("pod", "=~", pod)]
+        return PrometheusSource(choice.prometheus_url, dcgm_matchers=dcgm)
+    return DirectScrapeSource(retention_s=max(2 * window_s, window_s + 10.0))
+
+
+class TelemetryPoller:
+    """One poller. ``clock`` returns Unix seconds; ``endpoints`` lists replica endpoints."""
+
+    def __init__(
+        self,
+        *,
+        history: SignalHistory | None = None,
+        window_s: float = 30.0,
+        interval_s: float = 1.0,
+        clock: Callable[[], float] = time.time,
+        endpoints: Callable[[], Iterable[ReplicaEndpoint]] = replica_endpoints,
+        source_factory: Callable[..., MetricSource] = default_source_factory,
+    ):
+        if window_s <= 0 or interval_s <= 0:
+            raise ValueError("window_s and interval_s must be positive")
+        self.history = history or SignalHistory()
+        self.window_s = window_s
+        self.interval_s = interval_s
+        self._clock = clock
+        self._endpoints = endpoints
+        self._source_factory = source_factory
+        self.sources: dict[tuple, MetricSource] = {}
+        self.evaluator = AlertEvaluator()
+        for alert in Alert.objects.filter(state=Alert.State.FIRING):
+            self.evaluator.restore_firing(str(alert.rule_id), str(alert.pool_id), alert.started_at.timestamp())
+
+    def _source(self, choice: SourceChoice) -> MetricSource:
+        if choice.key not in self.sources:
+            self.sources[choice.key] = self._source_factory(choice, window_s=self.window_s)
+        return self.sources[choice.key]
+
+    def poll_once(self) -> dict[int, dict]:
+        """Run one poll; returns pool id -> the record broadcast to the pool's group."""
+        now = self._clock()
+        targets = poll_targets()
+        endpoints = list(self._endpoints())
+        for choice in {t.source for t in targets}:
+            pool_ids = {str(t.pool_id) for t in targets if t.source == choice}
+            self._source(choice).refresh([e for e in endpoints if str(e.pool_id) in pool_ids], now)
+        rules = alert_rules_effective([t.pool_id for t in targets])
+        records: dict[int, dict] = {}
+        for target in targets:
+            source = self._source(target.source)
+            try:
+                pool_set = source.signals(target.scope(), window_s=self.window_s, at_s=now)
+                tracks = {
+                    name: source.signals(target.scope(name), window_s=self.window_s, at_s=now).values
+                    for name in target.tracks
+                }
+            except MetricSourceError as exc:
+                logger.warning("pool %s: %s", target.pool_id, exc)
+                continue
+            record = {"pool_id": target.pool_id, "at": now, "window_s": self.window_s, "source": source.name,
+                      "signals": pool_set.values, "tracks": tracks}
+            message = telemetry_broadcast(pool_group(target.pool_id), "telemetry.signals", record, history=self.history)
+            self.history.append(history_scope(target.pool_id), now, message)
+            records[target.pool_id] = message
+            specs = [
+                RuleSpec(key=str(r.pk), name=r.name, signal=r.signal, comparison=r.comparison,
+                         threshold=r.threshold, for_seconds=r.for_seconds, severity=r.severity)
+                for r in rules.get(target.pool_id, [])
+            ]
+            transitions = self.evaluator.evaluate(specs, str(target.pool_id), pool_set.values, now)
+            if transitions:
+                alert_transitions_apply(pool_id=target.pool_id, transitions=transitions, history=self.history)
+        fleet = {"at": now, "window_s": self.window_s,
+                 "pools": {str(pid): rec["signals"] for pid, rec in records.items()}}
+        message = telemetry_broadcast(FLEET_GROUP, "telemetry.fleet", fleet, history=self.history)
+        self.history.append(history_scope(None), now, message)
+        return records
+
+    def run(self, stop: threading.Event, *, max_polls: int | None = None) -> int:
+        """Poll every ``interval_s`` until ``stop`` is set (or ``max_polls``); returns polls done.
+
+        Database and Redis outages are logged and retried on the next tick, never fatal.
+        """
+        done = 0
+        while not stop.is_set() and (max_polls is None or done < max_polls):
+            started = time.monotonic()
+            close_old_connections()
+            try:
+                self.poll_once()
+            except (DatabaseError, redis.RedisError) as exc:
+                logger.warning("telemetry poll failed, retrying next tick: %s", exc)
+            done += 1
+            stop.wait(max(0.0, self.interval_s - (time.monotonic() - started)))
+        return done
+
+    def close(self) -> None:
+        for source in self.sources.values():
+            source.close()

@@ -1,0 +1,119 @@
+"""Reads for telemetry: poll targets, effective alert rules, alerts, signal history and snapshots."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.db.models import Prefetch
+
+from apps.fleet.models import Cluster, Pool, PoolTrack
+from apps.telemetry.history import SignalHistory
+from apps.telemetry.models import Alert, AlertRule, MetricSourceConfig
+from apps.telemetry.signals import Scope
+
+
+@dataclass(frozen=True)
+class SourceChoice:
+    """How to read one cluster: ``kind`` scrape|prometheus, Prometheus URL, DCGM on/off."""
+
+    kind: str
+    prometheus_url: str = ""
+    dcgm: bool = False
+    namespace: str = ""
+    cluster_id: int | None = None  # direct scrape keeps one source (sample store) per cluster
+
+    @property
+    def key(self) -> tuple:
+        return (self.kind, self.prometheus_url, self.dcgm, self.namespace, self.cluster_id)
+
+
+@dataclass(frozen=True)
+class PoolTarget:
+    """A pool the poller reads: id, ``pool`` label value (its name), tracks and its cluster's source."""
+
+    pool_id: int
+    label: str
+    tracks: tuple[str, ...]
+    source: SourceChoice
+
+    def scope(self, track: str | None = None) -> Scope:
+        """The pool's scope for its source: Prometheus selects by the workers' ``pool`` label (the
+        pool's name, as the orchestrator passes ``--pool``); direct scrape by endpoint pool id."""
+        return Scope(self.label if self.source.kind == "prometheus" else str(self.pool_id), track)
+
+
+def metric_source_choice(cluster: Cluster) -> SourceChoice:
+    """The cluster's configured source; default: Prometheus at ``FERRY_PROMETHEUS_URL`` for
+    Kubernetes clusters when that setting is non-empty, else direct scrape."""
+    try:
+        config = cluster.metric_source
+    except MetricSourceConfig.DoesNotExist:
+        config = None
+    kubernetes = cluster.kind == Cluster.Kind.KUBERNETES
+    if config is not None:
+        if config.kind == MetricSourceConfig.Kind.PROMETHEUS:
+            return SourceChoice("prometheus", config.prometheus_url, kubernetes and config.dcgm_gpu_metrics,
+                                cluster.namespace)
+        return SourceChoice("scrape", cluster_id=cluster.pk)
+    default_url = getattr(settings, "FERRY_PROMETHEUS_URL", "")
+    if kubernetes and default_url:
+        return SourceChoice("prometheus", default_url, True, cluster.namespace)
+    return SourceChoice("scrape", cluster_id=cluster.pk)
+
+
+def poll_targets() -> list[PoolTarget]:
+    """Every pool with its track names and its cluster's metric source (3 queries)."""
+    pools = Pool.objects.select_related("cluster", "cluster__metric_source").prefetch_related(
+        Prefetch("tracks", queryset=PoolTrack.objects.only("pool_id", "name"))
+    )
+    return [
+        PoolTarget(pool.pk, pool.name, tuple(t.name for t in pool.tracks.all()),
+                   metric_source_choice(pool.cluster))
+        for pool in pools
+    ]
+
+
+def alert_rules_effective(pool_ids: list[int]) -> dict[int, list[AlertRule]]:
+    """Enabled rules per pool: fleet defaults, replaced by a pool rule of the same name.
+
+    A disabled pool rule still replaces the default, which is how one pool turns a default off.
+    """
+    rules = list(AlertRule.objects.filter(pool__isnull=True) | AlertRule.objects.filter(pool_id__in=pool_ids))
+    defaults = {r.name: r for r in rules if r.pool_id is None}
+    out: dict[int, list[AlertRule]] = {}
+    for pool_id in pool_ids:
+        own = {r.name: r for r in rules if r.pool_id == pool_id}
+        merged = {**defaults, **own}
+        out[pool_id] = [r for _, r in sorted(merged.items()) if r.enabled]
+    return out
+
+
+def alert_list(*, pool_id: int | None = None, state: str | None = None):
+    """Alerts, newest first, optionally for one pool and/or state."""
+    qs = Alert.objects.select_related("rule")
+    if pool_id is not None:
+        qs = qs.filter(pool_id=pool_id)
+    if state is not None:
+        qs = qs.filter(state=state)
+    return qs
+
+
+def history_scope(pool_id: int | None) -> str:
+    """The history key of a pool (``pool:<id>``) or of the fleet (``fleet``)."""
+    return "fleet" if pool_id is None else f"pool:{pool_id}"
+
+
+def telemetry_history(*, pool_id: int | None = None, since_s: float | None = None,
+                      history: SignalHistory | None = None) -> list[dict]:
+    """Signal records of a pool (or the fleet) from the last 15 minutes, oldest first."""
+    history = history or SignalHistory()
+    floor = time.time() - history.horizon_s
+    return history.read(history_scope(pool_id), since_s=max(floor, since_s or floor))
+
+
+def telemetry_snapshot(*, pool_id: int | None = None, history: SignalHistory | None = None) -> dict | None:
+    """The newest record of a pool (or the fleet), with its ``seq``; ``None`` before the first poll."""
+    history = history or SignalHistory()
+    return history.latest(history_scope(pool_id))
