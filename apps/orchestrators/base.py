@@ -211,7 +211,10 @@ class PoolTrackSpec:
         }
 
     def worker_args(self) -> list[str]:
-        """Arguments after ``python -m inference_worker`` (without ``--port``, which the backend adds)."""
+        """Arguments after ``python -m inference_worker`` for ``serve``.
+
+        Without ``--port`` and ``--replica``: the backend adds those (pod name / agent process name).
+        """
         return [
             "serve",
             "--role", self.role,
@@ -219,6 +222,7 @@ class PoolTrackSpec:
             "--model-version", self.model.version,
             "--pool", self.pool.pool_name,
             "--track", self.track,
+            "--drain-timeout", str(self.drain_timeout_s),
             *self.extra_args,
         ]
 

@@ -87,7 +87,9 @@ def worker_container(spec: PoolTrackSpec) -> dict:
         "name": CONTAINER_NAME,
         "image": spec.model.image,
         "command": ["python", "-m", "inference_worker"],
-        "args": [*spec.worker_args(), "--host", "0.0.0.0", "--port", str(spec.port)],  # noqa: S104 (pod IP)
+        # $(FERRY_REPLICA) is expanded by the kubelet from the env var below (the pod name).
+        "args": [*spec.worker_args(), "--replica", "$(FERRY_REPLICA)",
+                 "--host", "0.0.0.0", "--port", str(spec.port)],  # noqa: S104 (listens on the pod IP)
         "ports": [{"name": "http", "containerPort": spec.port, "protocol": "TCP"}],
         "env": env,
         "resources": {"requests": requests, "limits": limits},

@@ -58,7 +58,8 @@ def test_worker_container_runs_the_serve_role_with_probes_and_gpu_resources():
     assert container["command"] == ["python", "-m", "inference_worker"]
     assert container["args"] == [
         "serve", "--role", "decode", "--model", "gemma-3-270m", "--model-version", "v2",
-        "--pool", "decode-a", "--track", "canary", "--max-num-seqs", "16", "--host", "0.0.0.0", "--port", "8000"]
+        "--pool", "decode-a", "--track", "canary", "--drain-timeout", "45", "--max-num-seqs", "16",
+        "--replica", "$(FERRY_REPLICA)", "--host", "0.0.0.0", "--port", "8000"]
     assert container["ports"] == [{"name": "http", "containerPort": 8000, "protocol": "TCP"}]
     assert container["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "http"}
     assert container["livenessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
