@@ -1,0 +1,242 @@
+"""The router's OpenAI-compatible front door (FastAPI + httpx).
+
+Routes: ``POST /v1/completions`` and ``/v1/chat/completions`` (streamed SSE passed through as it
+arrives), ``GET /v1/models``, ``/health``, ``/ready`` (a routing table is loaded) and ``/metrics``.
+
+Per request: API key (401) and its rate limit (429 + ``Retry-After``); prompt tokens counted
+(:mod:`.prompt`); :func:`~.decisions.plan_route` picks track, decode replica and prefill placement;
+the request is forwarded to the least-loaded decode replica with headers ``X-Request-Id``,
+``X-Ferry-Track``, ``X-Ferry-Model-Version``, ``X-Ferry-Decision`` and, for ``remote_prefill``,
+``X-Ferry-Prefill-Endpoint`` (the chosen prefill replica's URL; the decode worker performs the
+hand-off). A connection error, timeout or 5xx *before the first byte of the answer* is retried on
+another replica (up to ``max_attempts``); once bytes have reached the client the stream is not
+retried. The response carries ``X-Ferry-Replica``, ``X-Ferry-Track`` and ``X-Ferry-Decision``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import httpx
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from inference_worker.router.auth import ApiKeys
+from inference_worker.router.decisions import LoadTracker, NoReplicaAvailable, RoutePlan, plan_route
+from inference_worker.router.metrics import RouterMetrics
+from inference_worker.router.prompt import PromptCounter
+from inference_worker.router.source import QueueDepthScraper, TableSource
+from inference_worker.router.table import DECODE_ROLES, Replica
+
+log = logging.getLogger(__name__)
+PASS_HEADERS = ("content-type", "cache-control")
+
+
+@dataclass
+class RouterConfig:
+    """Router settings."""
+
+    routing_table: str
+    """File path or control-plane URL of the routing table."""
+    api_keys: ApiKeys | None = None
+    """None: no authentication (development only)."""
+    service_token: str | None = None
+    tokenizer_dir: str | None = None
+    table_interval_s: float = 1.0
+    scrape_interval_s: float = 1.0
+    """Queue-depth scrape period; 0 disables scraping (in-flight counts only)."""
+    connect_timeout_s: float = 2.0
+    request_timeout_s: float = 300.0
+    """Bound on a whole non-streamed request, and on each read of a streamed one."""
+    max_attempts: int = 3
+
+
+def _error(status: int, message: str, kind: str, headers: dict | None = None) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status, headers=headers)
+
+
+class Router:
+    """State of one router process; ``self.app`` is the ASGI application."""
+
+    def __init__(self, config: RouterConfig, metrics: RouterMetrics | None = None):
+        self.config = config
+        self.metrics = metrics or RouterMetrics()
+        self.loads = LoadTracker()
+        self.counter = PromptCounter(config.tokenizer_dir)
+        self.client: httpx.AsyncClient | None = None
+        self.source: TableSource | None = None
+        self.app = FastAPI(title="Ferry router", lifespan=self._lifespan)
+        self.app.add_api_route("/v1/completions", self.completions, methods=["POST"])
+        self.app.add_api_route("/v1/chat/completions", self.completions, methods=["POST"])
+        self.app.add_api_route("/v1/models", self.models, methods=["GET"])
+        self.app.add_api_route("/health", lambda: {"status": "ok"}, methods=["GET"])
+        self.app.add_api_route("/ready", self.ready, methods=["GET"])
+        self.app.add_api_route("/metrics", self.metrics_endpoint, methods=["GET"])
+
+    @contextlib.asynccontextmanager
+    async def _lifespan(self, app: FastAPI):
+        c = self.config
+        limits = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
+        self.client = httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(c.request_timeout_s,
+                                                                             connect=c.connect_timeout_s))
+        self.source = TableSource(c.routing_table, client=self.client, metrics=self.metrics,
+                                  service_token=c.service_token, interval_s=c.table_interval_s)
+        await self.source.refresh()
+        tasks = [asyncio.create_task(self.source.run())]
+        if c.scrape_interval_s > 0:
+            scraper = QueueDepthScraper(self.source, self.loads, client=self.client, interval_s=c.scrape_interval_s)
+            tasks.append(asyncio.create_task(scraper.run()))
+        try:
+            yield
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await self.client.aclose()
+
+    async def ready(self) -> Response:
+        if self.source is None or self.source.table is None:
+            return _error(503, "no routing table loaded yet", "unavailable")
+        return JSONResponse({"status": "ready", "routing_table_version": self.source.table.version})
+
+    async def metrics_endpoint(self) -> Response:
+        return Response(generate_latest(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    def _check_key(self, request: Request) -> Response | None:
+        keys = self.config.api_keys
+        if keys is None:
+            return None
+        key = keys.authenticate(request.headers.get("authorization"))
+        if key is None:
+            return _error(401, "missing or unknown API key: send 'Authorization: Bearer <key>'", "authentication_error")
+        retry_after = keys.retry_after_s(key)
+        if retry_after:
+            self.metrics.rate_limited.labels(key=key.name).inc()
+            return _error(429, f"rate limit of key {key.name!r} exceeded; retry in {retry_after}s",
+                          "rate_limit_error", headers={"Retry-After": str(retry_after)})
+        return None
+
+    async def completions(self, request: Request) -> Response:
+        response = await self._completions(request)
+        self.metrics.requests.labels(status=str(response.status_code)).inc()
+        return response
+
+    async def _completions(self, request: Request) -> Response:
+        refused = self._check_key(request)
+        if refused is not None:
+            return refused
+        raw = await request.body()
+        try:
+            body = json.loads(raw)
+            if not isinstance(body, dict):
+                raise ValueError("the body must be a JSON object")
+        except ValueError as exc:
+            return _error(400, f"invalid JSON body: {exc}", "invalid_request_error")
+        table = self.source.table if self.source else None
+        if table is None:
+            return _error(503, "no routing table loaded yet", "unavailable")
+        request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
+        key = request.headers.get("x-ferry-sticky-key") or request_id
+        num_tokens = self.counter.count(request.url.path, body)
+        try:
+            plan = plan_route(table, key=key, num_prompt_tokens=num_tokens, loads=self.loads)
+        except NoReplicaAvailable as exc:
+            return _error(503, str(exc), "unavailable")
+        headers = {"content-type": "application/json", "x-request-id": request_id,
+                   "x-ferry-track": plan.track.name, "x-ferry-model-version": plan.track.model_version,
+                   "x-ferry-decision": plan.decision}
+        if plan.prefill is not None:
+            headers["x-ferry-prefill-endpoint"] = plan.prefill.url
+        return await self._forward("POST", request.url.path, raw, headers, plan, stream=bool(body.get("stream")))
+
+    async def models(self, request: Request) -> Response:
+        refused = self._check_key(request)
+        if refused is not None:
+            return refused
+        table = self.source.table if self.source else None
+        if table is None:
+            return _error(503, "no routing table loaded yet", "unavailable")
+        candidates = [r for r in table.replicas if r.role in DECODE_ROLES]
+        plan = RoutePlan(table.tracks[0], "", candidates, None, None)
+        return await self._forward("GET", "/v1/models", None, {}, plan, stream=False)
+
+    async def _forward(self, method: str, path: str, content: bytes | None, headers: dict, plan: RoutePlan,
+                       *, stream: bool) -> Response:
+        tried: set[str] = set()
+        last_error = "no replica available"
+        try:
+            async with asyncio.timeout(None if stream else self.config.request_timeout_s):
+                while len(tried) < self.config.max_attempts:
+                    replica = self.loads.pick(plan.decode_candidates, exclude=tried)
+                    if replica is None:
+                        break
+                    if tried:
+                        self.metrics.retries.labels(pool=replica.pool).inc()
+                    elif plan.decision:
+                        self.metrics.decisions.labels(pool=replica.pool, decision=plan.decision).inc()
+                    tried.add(replica.name)
+                    outcome = await self._attempt(method, path, content, headers, replica, plan, stream)
+                    if isinstance(outcome, Response):
+                        return outcome
+                    last_error = outcome
+        except TimeoutError:
+            return _error(504, f"request timed out after {self.config.request_timeout_s}s", "timeout")
+        return _error(502, f"no replica answered ({len(tried)} tried): {last_error}", "upstream_error")
+
+    async def _attempt(self, method: str, path: str, content: bytes | None, headers: dict, replica: Replica,
+                       plan: RoutePlan, stream: bool) -> Response | str:
+        """One try on ``replica``: a Response to return, or a description of the failure to retry on."""
+        if self.client is None:
+            raise RuntimeError("the router's HTTP client is created by the app lifespan; start the app first")
+        self.loads.begin(replica)
+        released = False
+        response = None
+        try:
+            upstream = self.client.build_request(method, replica.url + path, content=content, headers=headers)
+            response = await self.client.send(upstream, stream=True)
+            if response.status_code >= 500:
+                self.metrics.upstream_errors.labels(pool=replica.pool, replica=replica.name, kind="status").inc()
+                return f"{replica.name} answered {response.status_code}"
+            chunks = response.aiter_raw()
+            first = await anext(chunks, b"")
+            out_headers = {k: v for k, v in response.headers.items() if k.lower() in PASS_HEADERS}
+            out_headers.update({"x-ferry-replica": replica.name, "x-ferry-track": plan.track.name,
+                                "x-ferry-decision": plan.decision, "x-request-id": headers.get("x-request-id", "")})
+            if not stream:
+                body = first + b"".join([c async for c in chunks])
+                return Response(body, response.status_code, headers=out_headers)
+            released = True
+            return StreamingResponse(self._relay(first, chunks, response, replica), response.status_code,
+                                     headers=out_headers)
+        except httpx.TimeoutException as exc:
+            self.metrics.upstream_errors.labels(pool=replica.pool, replica=replica.name, kind="timeout").inc()
+            return f"{replica.name} timed out: {exc!r}"
+        except httpx.TransportError as exc:
+            self.metrics.upstream_errors.labels(pool=replica.pool, replica=replica.name, kind="connect").inc()
+            return f"{replica.name} unreachable: {exc!r}"
+        finally:
+            if not released:
+                self.loads.end(replica)
+                if response is not None:
+                    await response.aclose()
+
+    async def _relay(self, first: bytes, chunks: AsyncIterator[bytes], response: httpx.Response,
+                     replica: Replica) -> AsyncIterator[bytes]:
+        try:
+            if first:
+                yield first
+            async for chunk in chunks:
+                yield chunk
+        except httpx.HTTPError as exc:
+            self.metrics.upstream_errors.labels(pool=replica.pool, replica=replica.name, kind="stream").inc()
+            log.warning("stream from %s broke after the first byte: %s", replica.name, exc)
+        finally:
+            self.loads.end(replica)
+            await response.aclose()

@@ -1,0 +1,121 @@
+"""Where the routing table comes from, and the replicas' queue depths (background refreshers).
+
+:class:`TableSource` reads the table from a file (re-read when its mtime or size changes) or pulls it
+from the control plane (``GET /api/v1/routing-table/`` with ``Authorization: Bearer <service token>``
+and ``If-None-Match: <last ETag>``; 304 keeps the current table) every ``interval_s`` (default 1 s).
+A pull or parse failure keeps the last good table and is counted. The version applied is exported as
+``ferry_router_routing_table_version`` so a rollout can wait until traffic really moved.
+
+:class:`QueueDepthScraper` reads each replica's ``/metrics`` and records the sum of
+``ferry_num_requests_waiting`` for least-loaded routing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from pathlib import Path
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from inference_worker.router.decisions import LoadTracker
+from inference_worker.router.metrics import RouterMetrics
+from inference_worker.router.table import RoutingTable, RoutingTableError
+
+log = logging.getLogger(__name__)
+
+
+class TableSource:
+    """Keeps ``self.table`` current from ``location`` (a path or an ``http(s)://`` URL)."""
+
+    def __init__(self, location: str, *, client: httpx.AsyncClient, metrics: RouterMetrics,
+                 service_token: str | None = None, interval_s: float = 1.0):
+        self.location, self.client, self.metrics = location, client, metrics
+        self.service_token, self.interval_s = service_token, interval_s
+        self.is_url = location.startswith(("http://", "https://"))
+        self.table: RoutingTable | None = None
+        self.etag: str | None = None
+        self._file_stamp: tuple[int, int] | None = None
+
+    async def refresh(self) -> bool:
+        """Fetch once; return True if a new table was applied. Failures are logged and counted."""
+        try:
+            data = await (self._pull() if self.is_url else self._read_file())
+            if data is None:
+                return False
+            table = RoutingTable.from_dict(data)
+        except (OSError, httpx.HTTPError, ValueError, RoutingTableError) as exc:
+            self.metrics.table_errors.inc()
+            log.warning("routing table refresh from %s failed: %s", self.location, exc)
+            return False
+        changed = self.table is None or table != self.table
+        self.table = table
+        self.metrics.table_version.set(table.version)
+        return changed
+
+    async def _read_file(self) -> dict | None:
+        path = Path(self.location)
+        stat = path.stat()
+        stamp = (stat.st_mtime_ns, stat.st_size)
+        if stamp == self._file_stamp:
+            return None
+        data = json.loads(path.read_text())
+        self._file_stamp = stamp
+        return data
+
+    async def _pull(self) -> dict | None:
+        headers = {"Accept": "application/json"}
+        if self.service_token:
+            headers["Authorization"] = f"Bearer {self.service_token}"
+        if self.etag and self.table is not None:
+            headers["If-None-Match"] = self.etag
+        response = await self.client.get(self.location, headers=headers, timeout=5.0)
+        if response.status_code == 304:
+            return None
+        response.raise_for_status()
+        data = response.json()
+        self.etag = response.headers.get("ETag")
+        return data
+
+    async def run(self) -> None:
+        """Refresh every ``interval_s`` until cancelled."""
+        while True:
+            await asyncio.sleep(self.interval_s)
+            await self.refresh()
+
+
+class QueueDepthScraper:
+    """Scrapes ``ferry_num_requests_waiting`` from every replica in the current table."""
+
+    def __init__(self, source: TableSource, loads: LoadTracker, *, client: httpx.AsyncClient,
+                 interval_s: float = 1.0):
+        self.source, self.loads, self.client, self.interval_s = source, loads, client, interval_s
+
+    async def scrape(self) -> None:
+        """One pass over all replicas (concurrently); unreachable replicas lose their queue depth."""
+        table = self.source.table
+        if table is None:
+            return
+        results = await asyncio.gather(*(self._waiting(r.url) for r in table.replicas))
+        for replica, waiting in zip(table.replicas, results, strict=True):
+            if waiting is None:
+                self.loads.queue_depth.pop(replica.name, None)
+            else:
+                self.loads.queue_depth[replica.name] = waiting
+
+    async def _waiting(self, url: str) -> float | None:
+        try:
+            response = await self.client.get(url + "/metrics", timeout=2.0)
+            response.raise_for_status()
+            return sum(sample.value for family in text_string_to_metric_families(response.text)
+                       if family.name == "ferry_num_requests_waiting" for sample in family.samples)
+        except (httpx.HTTPError, ValueError):
+            return None
+
+    async def run(self) -> None:
+        """Scrape every ``interval_s`` until cancelled."""
+        while True:
+            await self.scrape()
+            await asyncio.sleep(self.interval_s)
