@@ -10,9 +10,9 @@ from django.contrib import admin
 from django.core.exceptions import ValidationError
 
 from apps.catalog import services
-from apps.catalog.builtin import BUILTIN_MODELS
 from apps.catalog.models import ModelVersion
 from apps.core.forms import form_errors
+from inference_worker.registry import BUILTIN_MODELS
 
 ARCHITECTURE_FIELDS = (
     "architecture_source", "model_type", "num_hidden_layers", "num_full_layers", "num_sliding_layers",

@@ -10,9 +10,10 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
-from apps.catalog.builtin import BUILTIN_MODELS, builtin_model_path
 from apps.catalog.models import ModelVersion
 from inference_worker.config import ModelConfig
+from inference_worker.registry import BUILTIN_MODELS
+from inference_worker.registry import gguf_path as builtin_gguf_path
 
 UPDATABLE_FIELDS = ("description", "container_image")
 
@@ -56,7 +57,7 @@ def _parse_architecture(
             return ModelConfig.from_gguf(path), f"gguf:{path}", path
         if builtin_model not in BUILTIN_MODELS:
             raise ValidationError({"builtin_model": [f"Unknown model; choose one of {', '.join(BUILTIN_MODELS)}."]})
-        path = builtin_model_path(builtin_model)
+        path = builtin_gguf_path(builtin_model)
         return ModelConfig.from_gguf(path), f"builtin:{builtin_model}", path
     except (ValueError, KeyError, TypeError, FileNotFoundError) as exc:
         field = given[0]
@@ -79,7 +80,7 @@ def model_version_build(
     """Build and validate (not save) a model version whose architecture ``ModelConfig`` parses.
 
     Exactly one source: ``config`` (an HF config.json dict), ``gguf_path`` (a .gguf file under
-    ``FERRY_MODEL_ROOTS``) or ``builtin_model`` (see :mod:`apps.catalog.builtin`). For a file
+    ``FERRY_MODEL_ROOTS``) or ``builtin_model`` (``inference_worker.registry.BUILTIN_MODELS``). For a file
     source, ``weights_uri`` defaults to ``file://<path>`` and ``sha256`` to the file's digest.
 
     Raises:

@@ -7,9 +7,9 @@ from typing import Any
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from apps.catalog.builtin import BUILTIN_MODELS
 from apps.catalog.models import KV_REPORT_TOKENS, ModelVersion
 from inference_worker.config import FULL_ATTENTION, SLIDING_ATTENTION
+from inference_worker.registry import BUILTIN_MODELS
 
 
 class KvAtTokensSerializer(serializers.Serializer):

@@ -1,0 +1,84 @@
+"""Fixtures for the control-plane apps: API clients per role and small domain objects."""
+
+from __future__ import annotations
+
+import pytest
+from rest_framework.test import APIClient
+
+from apps.accounts.services import user_create_with_role
+from apps.catalog.services import model_version_register
+from apps.fleet.services import cluster_create, pool_create
+
+# An HF config.json shaped like Gemma 3 270M's (18 layers, 5 sliding : 1 full, W=512, 1 KV head, head_dim 256).
+GEMMA_LIKE_CONFIG = {
+    "model_type": "gemma3_text", "num_hidden_layers": 18, "hidden_size": 640, "intermediate_size": 2048,
+    "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 256, "vocab_size": 262144,
+    "max_position_embeddings": 32768, "sliding_window": 512,
+}
+SHA_A = "a" * 64
+
+
+def _client(role: str, username: str) -> APIClient:
+    created = user_create_with_role(username=username, role=role)
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {created.token}")
+    client.user = created.user
+    client.token = created.token
+    return client
+
+
+@pytest.fixture
+def viewer_api(db) -> APIClient:
+    return _client("viewer", "vera")
+
+
+@pytest.fixture
+def operator_api(db) -> APIClient:
+    return _client("operator", "otto")
+
+
+@pytest.fixture
+def admin_api(db) -> APIClient:
+    return _client("admin", "ada")
+
+
+@pytest.fixture
+def make_model_version(db):
+    def make(version: str = "v1", name: str = "gemma-like"):
+        return model_version_register(name=name, version=version, weights_uri=f"s3://models/{name}/{version}",
+                                      sha256=SHA_A, config=GEMMA_LIKE_CONFIG)
+
+    return make
+
+
+@pytest.fixture
+def model_version(make_model_version):
+    return make_model_version("v1")
+
+
+@pytest.fixture
+def make_cluster(db):
+    def make(name: str = "dc-a", **fields):
+        fields = {"kind": "local", "agent_url": "http://127.0.0.1:9300", "datacenter": name, **fields}
+        return cluster_create(name=name, **fields)
+
+    return make
+
+
+@pytest.fixture
+def cluster(make_cluster):
+    return make_cluster("dc-a")
+
+
+@pytest.fixture
+def make_pool(cluster, model_version):
+    def make(name: str = "decode", role: str = "decode", replicas: int = 2, **fields):
+        fields = {"cluster": cluster, "model_version": model_version, **fields}
+        return pool_create(name=name, role=role, replicas=replicas, **fields)
+
+    return make
+
+
+@pytest.fixture
+def pool(make_pool):
+    return make_pool()
