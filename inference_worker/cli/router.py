@@ -1,0 +1,72 @@
+"""``python -m inference_worker router``: the OpenAI-compatible front door with PD and length-aware routing.
+
+Example::
+
+    python -m inference_worker router --host 0.0.0.0 --port 8080 \\
+        --routing-table http://controlplane:8000/api/v1/routing-table/ --api-keys keys.json \\
+        --tokenizer ~/.cache/ferry/models/gemma-3-270m
+
+``--routing-table`` is a JSON file (re-read when it changes) or the control plane's URL (pulled every
+``--table-interval`` seconds with an ETag; the service token comes from ``--service-token`` or
+``$FERRY_SERVICE_TOKEN``). Without ``--api-keys`` the router accepts every client (development only).
+See :mod:`inference_worker.router` for the decisions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+
+import uvicorn
+
+log = logging.getLogger(__name__)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Define the ``router`` options on ``parser``."""
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--routing-table", required=True, metavar="FILE|URL",
+                        help="routing table JSON file, or the control plane's /api/v1/routing-table/ URL")
+    parser.add_argument("--api-keys", default=None, metavar="FILE", help="client API keys and rate limits (JSON)")
+    parser.add_argument("--service-token", default=None,
+                        help="bearer token for the control plane (default: $FERRY_SERVICE_TOKEN)")
+    parser.add_argument("--tokenizer", default=None, metavar="DIR",
+                        help="tokenizer directory for exact prompt token counts (default: estimate bytes/4)")
+    parser.add_argument("--table-interval", type=float, default=1.0, metavar="S", help="routing table refresh period")
+    parser.add_argument("--scrape-interval", type=float, default=1.0, metavar="S",
+                        help="replica queue-depth scrape period (0: off)")
+    parser.add_argument("--connect-timeout", type=float, default=2.0, metavar="S")
+    parser.add_argument("--request-timeout", type=float, default=300.0, metavar="S")
+    parser.add_argument("--max-attempts", type=int, default=3, help="replicas tried before the first byte")
+    parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+
+
+def run(args: argparse.Namespace) -> int:
+    """Serve until SIGTERM/SIGINT; returns the exit status.
+
+    Raises:
+        ValueError: a port outside 1..65535, non-positive timeouts or attempts, a bad API keys file.
+    """
+    from inference_worker.router.app import Router, RouterConfig
+    from inference_worker.router.auth import ApiKeys
+
+    if not 0 < args.port < 65536:
+        raise ValueError(f"--port must be in 1..65535, got {args.port}")
+    if args.max_attempts < 1 or args.request_timeout <= 0 or args.connect_timeout <= 0 or args.table_interval <= 0:
+        raise ValueError("--max-attempts, --request-timeout, --connect-timeout and --table-interval must be positive")
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    keys = ApiKeys.from_file(args.api_keys) if args.api_keys else None
+    if keys is None:
+        log.warning("no --api-keys: the router accepts every client (development only)")
+    config = RouterConfig(
+        routing_table=args.routing_table, api_keys=keys,
+        service_token=args.service_token or os.environ.get("FERRY_SERVICE_TOKEN"),
+        tokenizer_dir=args.tokenizer, table_interval_s=args.table_interval, scrape_interval_s=args.scrape_interval,
+        connect_timeout_s=args.connect_timeout, request_timeout_s=args.request_timeout,
+        max_attempts=args.max_attempts,
+    )
+    router = Router(config)
+    uvicorn.run(router.app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=30)
+    return 0
