@@ -15,6 +15,7 @@ KV-transfer failure rate > 1%.
 from __future__ import annotations
 
 import operator
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -36,6 +37,7 @@ class RuleSpec:
     for_seconds: float = 0.0
     severity: str = "warning"
     description: str = ""
+    enabled: bool = True
 
     def __post_init__(self):
         if self.signal not in SIGNAL_SPECS:
@@ -141,10 +143,11 @@ def _duration(seconds: float) -> str:
 def prometheus_rules(
     rules: Iterable[tuple[RuleSpec, str | None]], *, window_s: float = 60.0, group: str = "ferry"
 ) -> dict:
-    """A Prometheus alerting-rules document (dump as YAML) for ``(rule, pool_label | None)`` pairs.
+    """A Prometheus alerting-rules document (dump as YAML) for ``(rule, pool name | None)`` pairs.
 
     Fleet defaults (pool ``None``) are evaluated per pool (``by (pool)``) and exclude pools that
-    override the same rule name; pool rules select their pool. Signals use the same PromQL as
+    override the same rule name (a disabled override silences the default there); pool rules
+    select their pool. Disabled rules are not emitted. Signals use the same PromQL as
     the Prometheus source over ``window_s``. Raises ``ValueError`` for a non-positive window.
     """
     if window_s <= 0:
@@ -152,20 +155,23 @@ def prometheus_rules(
     rules = list(rules)
     overridden: dict[str, list[str]] = {}
     for rule, pool in rules:
-        if pool is not None:
+        if pool is not None:  # a pool rule, enabled or not, replaces the default for its pool
             overridden.setdefault(rule.name, []).append(pool)
     out = []
     for rule, pool in rules:
+        if not rule.enabled:
+            continue
         if pool is not None:
             matchers = Scope(pool).matchers()
         else:
             excluded = sorted(overridden.get(rule.name, []))
-            matchers = (("pool", "!~", "|".join(excluded)),) if excluded else (("pool", "!=", ""),)
+            matchers = (("pool", "!~", "|".join(_regex_literal(p) for p in excluded)),) if excluded else (("pool", "!=", ""),)
         expr = SIGNAL_SPECS[rule.signal].promql(matchers, window_s, by=("pool",))
         entry = {
             "alert": _alert_name(rule.name),
             "expr": f"{expr} {rule.comparison} {rule.threshold:g}",
-            "labels": {"severity": rule.severity, "ferry_rule": rule.name},
+            # A pool rule carries its pool as a label, so it never duplicates the default's labels.
+            "labels": {"severity": rule.severity, "ferry_rule": rule.name, **({"pool": pool} if pool else {})},
             "annotations": {"summary": rule.description or f"{rule.signal} {rule.comparison} {rule.threshold:g}",
                             "value": "{{ $value }}"},
         }
@@ -173,6 +179,11 @@ def prometheus_rules(
             entry["for"] = _duration(rule.for_seconds)
         out.append(entry)
     return {"groups": [{"name": group, "rules": out}]}
+
+
+def _regex_literal(text: str) -> str:
+    """``text`` with RE2 metacharacters escaped (pool names are DNS labels, usually nothing to do)."""
+    return re.sub(r"[.^$*+?()\[\]{}|\\]", lambda match: "\\" + match.group(), text)
 
 
 def _alert_name(name: str) -> str:
