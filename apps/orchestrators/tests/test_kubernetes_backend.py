@@ -28,6 +28,7 @@ from apps.orchestrators.tests.kube_mock import (
     KubeMock,
     api_client,
 )
+from inference_worker.agent.testing import wait_for
 
 NS = "ferry"
 POOL = PoolRef(pool_id=3, pool_name="decode-a", namespace=NS)
@@ -251,9 +252,13 @@ def test_restart_replica_deletes_the_pod_and_the_controller_replaces_it(mock, ba
     (old,) = backend.observe(POOL).tracks["stable"].replicas
     backend.restart_replica(POOL, old.name)
     assert mock.obj(PODS, NS, old.name) is None
-    assert backend.wait_track_ready(POOL, "stable", 1, timeout_s=10)
-    (new,) = backend.observe(POOL).tracks["stable"].replicas
-    assert new.name != old.name
+
+    def replaced_and_ready():
+        replicas = backend.observe(POOL).tracks["stable"].replicas
+        return len(replicas) == 1 and replicas[0].name != old.name and replicas[0].ready
+
+    # Not wait_track_ready: right after the delete the Deployment status is stale (still 1 ready).
+    assert wait_for(replaced_and_ready, 10, 0.05)
     with pytest.raises(NotFound):
         backend.restart_replica(POOL, "decode-a-stable-missing")
 
