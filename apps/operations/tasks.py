@@ -1,6 +1,6 @@
 """Celery task ``operations.execute_action``: claim an Action, run its handler, record the outcome.
 
-Idempotent: the claim is a conditional update (pending -> running), so a duplicate delivery
+Routed to the ``operations`` queue by ``CELERY_TASK_ROUTES``. Idempotent: the claim is a conditional update (pending -> running), so a duplicate delivery
 (Redis redelivers after its visibility timeout) finds the row no longer pending and does nothing.
 """
 
@@ -13,7 +13,7 @@ from apps.operations.handlers import HANDLERS, ActionError
 from apps.operations.models import Action
 
 
-@shared_task(name="operations.execute_action", queue="operations", acks_late=True, ignore_result=True,
+@shared_task(name="operations.execute_action", acks_late=True, ignore_result=True,
              soft_time_limit=300, time_limit=360)
 def execute_action(action_id: int) -> str:
     """Run Action ``action_id``; returns ``"skipped"``, ``"succeeded"`` or ``"failed"``."""

@@ -1,0 +1,114 @@
+"""Actions: services (idempotent create, retry, cancel), the execute_action task, and the API endpoints."""
+
+import pytest
+
+from apps.core.errors import ConflictError
+from apps.operations import handlers
+from apps.operations.models import Action
+from apps.operations.services import action_cancel, action_claim, action_create, action_finish, action_retry
+from apps.operations.tasks import execute_action
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def test_handlers():
+    """Register handlers for test-only kinds and remove them afterwards."""
+    calls = []
+
+    def ok(action):
+        calls.append(action.pk)
+
+    def broken(action):
+        raise handlers.ActionError("backend said no")
+
+    handlers.register("test.ok")(ok)
+    handlers.register("test.broken")(broken)
+    yield calls
+    handlers.HANDLERS.pop("test.ok")
+    handlers.HANDLERS.pop("test.broken")
+
+
+def _create(kind="test.ok", **kw):
+    return action_create(kind=kind, target_type="pool", target_id="1", params={"n": 1}, **kw)[0]
+
+
+def test_execute_action_claims_runs_and_a_duplicate_delivery_does_nothing(test_handlers):
+    action = _create()
+    assert execute_action.apply(args=[action.pk]).get() == "succeeded"
+    action.refresh_from_db()
+    assert action.status == "succeeded"
+    assert action.started_at is not None and action.finished_at is not None and action.lease_expires_at is None
+    assert [line["message"] for line in action.log] == ["requested by system", "succeeded"]
+    assert execute_action.apply(args=[action.pk]).get() == "skipped"
+    assert test_handlers == [action.pk]
+
+
+def test_handler_error_fails_the_action_with_its_message(test_handlers):
+    action = _create("test.broken")
+    assert execute_action.apply(args=[action.pk]).get() == "failed"
+    action.refresh_from_db()
+    assert (action.status, action.error) == ("failed", "backend said no")
+
+
+def test_unknown_kind_fails_with_a_clear_error():
+    action = _create("test.nothing")
+    assert execute_action.apply(args=[action.pk]).get() == "failed"
+    action.refresh_from_db()
+    assert action.error == "no handler is registered for action kind 'test.nothing'"
+
+
+def test_register_refuses_a_second_handler_for_a_kind(test_handlers):
+    with pytest.raises(ValueError, match="already registered"):
+        handlers.register("test.ok")(lambda action: None)
+
+
+def test_idempotency_key_returns_first_action():
+    a1, created1 = action_create(kind="test.ok", target_type="pool", target_id="1", idempotency_key="k1")
+    a2, created2 = action_create(kind="test.ok", target_type="pool", target_id="1", idempotency_key="k1")
+    assert (a1.pk, created1, created2) == (a2.pk, True, False)
+
+
+def test_cancel_only_pending_and_retry_only_failed_or_cancelled():
+    action = _create()
+    with pytest.raises(ConflictError, match="Only failed or cancelled actions can be retried; #\\d+ is pending."):
+        action_retry(action=action)
+    action_cancel(action=action)
+    assert action.status == "cancelled" and action.finished_at is not None
+    with pytest.raises(ConflictError, match="Only pending actions can be cancelled"):
+        action_cancel(action=action)
+    retry, created = action_retry(action=action)
+    assert (created, retry.status, retry.retry_of_id, retry.params) == (True, "pending", action.pk, {"n": 1})
+
+
+def test_claim_is_conditional():
+    action = _create()
+    assert action_claim(action_id=action.pk, lease_s=30) is True
+    assert action_claim(action_id=action.pk, lease_s=30) is False
+    action.refresh_from_db()
+    assert (action.lease_expires_at - action.started_at).total_seconds() == 30
+    with pytest.raises(ConflictError):
+        action_cancel(action=action)
+    assert action_finish(action_id=action.pk, succeeded=False, error="boom") is True
+    assert action_finish(action_id=action.pk, succeeded=True) is False
+
+
+def test_api_lists_filters_retries_and_cancels(operator_api, viewer_api, pool):
+    scale = operator_api.post(f"/api/v1/pools/{pool.pk}/scale/", {"replicas": 4}, format="json").json()
+    assert viewer_api.get("/api/v1/actions/?status=pending").json()["count"] == 1
+    assert viewer_api.get("/api/v1/actions/?status=failed").json()["count"] == 0
+    assert viewer_api.get(f"/api/v1/actions/?pool={pool.pk}&requested_by=otto").json()["count"] == 1
+    assert viewer_api.post(f"/api/v1/actions/{scale['id']}/cancel/").status_code == 403
+    assert operator_api.post(f"/api/v1/actions/{scale['id']}/retry/").status_code == 409
+    r = operator_api.post(f"/api/v1/actions/{scale['id']}/cancel/")
+    assert (r.status_code, r.json()["status"]) == (200, "cancelled")
+    assert operator_api.post(f"/api/v1/actions/{scale['id']}/cancel/").status_code == 409
+    r = operator_api.post(f"/api/v1/actions/{scale['id']}/retry/", HTTP_IDEMPOTENCY_KEY="retry-1")
+    assert (r.status_code, r.json()["retry_of"], r.json()["status"]) == (201, scale["id"], "pending")
+    again = operator_api.post(f"/api/v1/actions/{scale['id']}/retry/", HTTP_IDEMPOTENCY_KEY="retry-1")
+    assert (again.status_code, again.json()["id"]) == (200, r.json()["id"])
+    assert Action.objects.count() == 2
+
+
+def test_actions_are_read_only_through_the_api(admin_api):
+    assert admin_api.post("/api/v1/actions/", {"kind": "pool.scale"}, format="json").status_code == 405
