@@ -28,14 +28,14 @@ def worker():
 
 
 @pytest.fixture(scope="module")
-def client(worker):
+def api(worker):
     with httpx.Client(base_url=worker.base_url, timeout=300) as c:
         yield c
 
 
-def scrape(client) -> dict[tuple[str, tuple], float]:
+def scrape(api) -> dict[tuple[str, tuple], float]:
     """All samples keyed by (name, sorted extra labels beyond the identity labels)."""
-    response = client.get("/metrics")
+    response = api.get("/metrics")
     assert response.status_code == 200
     samples = {}
     for family in text_string_to_metric_families(response.text):
@@ -47,8 +47,8 @@ def scrape(client) -> dict[tuple[str, tuple], float]:
     return samples
 
 
-def test_metrics_follow_the_contract(client):
-    samples = scrape(client)
+def test_metrics_follow_the_contract(api):
+    samples = scrape(api)
     names = {name for name, _ in samples}
     for required in ("ferry_num_requests_waiting", "ferry_num_requests_running", "ferry_requests_total",
                      "ferry_prompt_tokens_total", "ferry_generation_tokens_total",
@@ -62,15 +62,15 @@ def test_metrics_follow_the_contract(client):
     assert not any(name.startswith("ferry_gpu_") for name in names)
 
 
-def test_counters_move_with_requests(client):
+def test_counters_move_with_requests(api):
     tokenizer = load_tokenizer(gemma_tokenizer_dir())
     prompt = "Counting tokens is"
     num_prompt = len(tokenizer.encode(prompt, add_special_tokens=True).ids)
-    before = scrape(client)
+    before = scrape(api)
     body = {"model": MODEL, "prompt": prompt, "max_tokens": 5, "temperature": 0.0, "ignore_eos": True}
-    assert client.post("/v1/completions", json=body).status_code == 200
-    assert client.post("/v1/completions", json={**body, "max_tokens": -3}).status_code == 400
-    after = scrape(client)
+    assert api.post("/v1/completions", json=body).status_code == 200
+    assert api.post("/v1/completions", json={**body, "max_tokens": -3}).status_code == 400
+    after = scrape(api)
 
     def delta(name, *extra):
         return after[(name, extra)] - before[(name, extra)]
@@ -84,7 +84,7 @@ def test_counters_move_with_requests(client):
     assert delta("ferry_e2e_request_latency_seconds_count") == 1
 
 
-def test_queue_depth_is_non_zero_while_more_requests_wait_than_the_batch_admits(client, worker):
+def test_queue_depth_is_non_zero_while_more_requests_wait_than_the_batch_admits(api, worker):
     body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 24, "temperature": 0.0, "ignore_eos": True}
     statuses = []
 
@@ -97,7 +97,7 @@ def test_queue_depth_is_non_zero_while_more_requests_wait_than_the_batch_admits(
         t.start()
     max_waiting = max_running = 0.0
     while any(t.is_alive() for t in threads):
-        samples = scrape(client)
+        samples = scrape(api)
         max_waiting = max(max_waiting, samples[("ferry_num_requests_waiting", ())])
         max_running = max(max_running, samples[("ferry_num_requests_running", ())])
         time.sleep(0.05)
@@ -107,12 +107,12 @@ def test_queue_depth_is_non_zero_while_more_requests_wait_than_the_batch_admits(
     assert max_running == 1  # --max-num-seqs 1
     assert max_waiting == 2  # the other two wait their turn
     time.sleep(0.6)  # gauges are published every 0.25 s
-    idle = scrape(client)
+    idle = scrape(api)
     assert idle[("ferry_num_requests_waiting", ())] == 0 and idle[("ferry_num_requests_running", ())] == 0
 
 
-def test_client_disconnect_mid_stream_aborts_the_request_and_frees_its_kv(client, worker):
-    before = scrape(client)
+def test_client_disconnect_mid_stream_aborts_the_request_and_frees_its_kv(api, worker):
+    before = scrape(api)
     body = {"model": MODEL, "prompt": "Write a long story:", "max_tokens": 400, "temperature": 0.0,
             "ignore_eos": True, "stream": True}
     with httpx.Client(base_url=worker.base_url, timeout=300) as c, c.stream("POST", "/v1/completions", json=body) as r:
@@ -121,7 +121,7 @@ def test_client_disconnect_mid_stream_aborts_the_request_and_frees_its_kv(client
                 break  # got a token: hang up
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        after = scrape(client)
+        after = scrape(api)
         if after[("ferry_requests_total", (("outcome", "aborted"),))] > before[
             ("ferry_requests_total", (("outcome", "aborted"),))
         ] and after[("ferry_num_requests_running", ())] == 0:
@@ -132,5 +132,5 @@ def test_client_disconnect_mid_stream_aborts_the_request_and_frees_its_kv(client
     ] == 1
     assert after[("ferry_num_requests_running", ())] == 0
     assert after[("ferry_kv_cache_usage_ratio", ())] == 0.0
-    # far fewer than 400 tokens were generated: the engine stopped when the client left
+    # far fewer than 400 tokens were generated: the engine stopped when the api left
     assert after[("ferry_generation_tokens_total", ())] - before[("ferry_generation_tokens_total", ())] < 400

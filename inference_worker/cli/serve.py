@@ -1,0 +1,117 @@
+"""``python -m inference_worker serve``: run one worker with the OpenAI-compatible HTTP API.
+
+Example::
+
+    python -m inference_worker serve --model gemma-3-270m --role colocated --host 127.0.0.1 --port 8001
+
+Roles ``prefill`` and ``decode`` are accepted and, until the disaggregation work lands, behave
+as ``colocated`` (the role is still exported as a metric label). ``--pool``, ``--track``,
+``--replica`` and ``--model-version`` only label the metrics.
+
+``--fault-error-rate F`` is a test-only option: that fraction of valid completion requests
+fails with a 500 OpenAI error (``code: injected_fault``), chosen by an RNG seeded with
+``--fault-seed`` so a run is reproducible. Rollout gate tests use it to get a worker that
+really fails; never set it in production.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import random
+
+import torch
+
+from inference_worker.metrics import WorkerMetrics
+from inference_worker.server.lifecycle import run_server
+from inference_worker.server.state import LoadedModel, ServerState
+
+ROLES = ("colocated", "prefill", "decode")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Define the ``serve`` options on ``parser``."""
+    parser.add_argument("--model", required=True, help="built-in name (gemma-3-270m), .gguf path or HF dir")
+    parser.add_argument("--role", choices=ROLES, default="colocated",
+                        help="prefill and decode behave as colocated until disaggregation lands")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--served-model-name", help="model id in the API (default: --model)")
+    parser.add_argument("--drain-timeout", type=float, default=30.0, metavar="S",
+                        help="seconds SIGTERM waits for in-flight requests before exiting")
+    parser.add_argument("--max-num-seqs", type=int, default=None, help="most sequences in one batch")
+    parser.add_argument("--max-model-len", type=int, default=None, help="context length cap in tokens")
+    parser.add_argument("--kv-cache-memory", default=None,
+                        help="KV cache size: bytes or with a unit suffix (512MiB, 2GiB)")
+    parser.add_argument("--dtype", default=None, help="weight/compute dtype (float32, bfloat16, float16)")
+    parser.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
+    parser.add_argument("--fault-error-rate", type=float, default=0.0, metavar="F",
+                        help="TEST ONLY: fail this fraction of valid completion requests with a 500")
+    parser.add_argument("--fault-seed", type=int, default=0, help="seed of the --fault-error-rate RNG")
+    parser.add_argument("--pool", default="", help="metrics label")
+    parser.add_argument("--track", default="", help="metrics label (stable, canary, blue, green)")
+    parser.add_argument("--replica", default="", help="metrics label")
+    parser.add_argument("--model-version", default="", help="metrics label")
+    parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+
+
+def parse_memory(text: str) -> int:
+    """``"512MiB"`` -> 536870912; plain integers are bytes.
+
+    Raises:
+        ValueError: unknown unit or a non-positive size.
+    """
+    units = {"kib": 2**10, "mib": 2**20, "gib": 2**30, "kb": 10**3, "mb": 10**6, "gb": 10**9, "b": 1}
+    lowered = text.strip().lower()
+    for suffix, factor in units.items():
+        if lowered.endswith(suffix):
+            value = float(lowered[: -len(suffix)]) * factor
+            break
+    else:
+        value = float(lowered)
+    if value <= 0:
+        raise ValueError(f"--kv-cache-memory must be positive, got {text!r}")
+    return int(value)
+
+
+def validate(args: argparse.Namespace) -> None:
+    """Check option values argparse cannot.
+
+    Raises:
+        ValueError: with the option's name and what is allowed.
+    """
+    if not 0.0 <= args.fault_error_rate <= 1.0:
+        raise ValueError(f"--fault-error-rate must be in [0, 1], got {args.fault_error_rate}")
+    if args.drain_timeout < 0:
+        raise ValueError(f"--drain-timeout must be >= 0 seconds, got {args.drain_timeout}")
+    if args.max_num_seqs is not None and args.max_num_seqs < 1:
+        raise ValueError(f"--max-num-seqs must be >= 1, got {args.max_num_seqs}")
+    if not 0 < args.port < 65536:
+        raise ValueError(f"--port must be in 1..65535, got {args.port}")
+    if args.kv_cache_memory is not None:
+        parse_memory(args.kv_cache_memory)
+
+
+def load_model(args: argparse.Namespace) -> LoadedModel:
+    """Build the engine and everything the routes need (runs in the loader thread)."""
+    from inference_worker.server.engine_adapter import build_loaded_model
+
+    kv_bytes = parse_memory(args.kv_cache_memory) if args.kv_cache_memory else None
+    return build_loaded_model(args.model, max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
+                              kv_cache_memory_bytes=kv_bytes, dtype=args.dtype, device=args.device)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Serve until SIGTERM drains the worker; returns the exit status."""
+    validate(args)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    identity = {"model": args.served_model_name or args.model, "model_version": args.model_version,
+                "role": args.role, "pool": args.pool, "track": args.track, "replica": args.replica}
+    state = ServerState(
+        served_model_name=args.served_model_name or args.model,
+        metrics=WorkerMetrics(identity, gpu=torch.cuda.is_available()),
+        fault_error_rate=args.fault_error_rate,
+        fault_rng=random.Random(args.fault_seed),
+        drain_timeout_s=args.drain_timeout,
+    )
+    return run_server(state, lambda: load_model(args), host=args.host, port=args.port, log_level=args.log_level)
