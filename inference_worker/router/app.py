@@ -154,6 +154,7 @@ class Router:
                    "x-ferry-decision": plan.decision}
         if plan.prefill is not None:
             headers["x-ferry-prefill-endpoint"] = plan.prefill.url
+            self.loads.assign(plan.prefill)
         return await self._forward("POST", request.url.path, raw, headers, plan, stream=bool(body.get("stream")))
 
     async def models(self, request: Request) -> Response:

@@ -17,7 +17,6 @@ A request is routed in four steps (see :func:`plan_route`):
 from __future__ import annotations
 
 import hashlib
-import itertools
 from collections import Counter
 from dataclasses import dataclass
 
@@ -52,12 +51,16 @@ def choose_track(tracks: tuple[Track, ...], key: str) -> Track:
 
 class LoadTracker:
     """Per-replica load: requests this router has in flight plus the queue depth scraped from the
-    replica's ``/metrics`` (``ferry_num_requests_waiting``). Ties go round-robin."""
+    replica's ``/metrics`` (``ferry_num_requests_waiting``).
+
+    :meth:`pick` does not change state; ties go to the replica assigned the fewest requests so far
+    (then table order), which spreads sequential traffic evenly over idle replicas.
+    """
 
     def __init__(self) -> None:
         self.in_flight: Counter[str] = Counter()
+        self.assigned: Counter[str] = Counter()
         self.queue_depth: dict[str, float] = {}
-        self._tie = itertools.count()
 
     def load(self, replica: Replica) -> float:
         """In-flight requests plus the last scraped queue depth."""
@@ -68,14 +71,19 @@ class LoadTracker:
         left = [r for r in candidates if r.name not in exclude]
         if not left:
             return None
-        least = min(self.load(r) for r in left)
-        tied = [r for r in left if self.load(r) == least]
-        return tied[next(self._tie) % len(tied)]
+        return min(left, key=lambda r: (self.load(r), self.assigned[r.name]))
+
+    def assign(self, replica: Replica) -> None:
+        """Record that a request was given to ``replica`` without tracking its completion (prefill)."""
+        self.assigned[replica.name] += 1
 
     def begin(self, replica: Replica) -> None:
+        """A request to ``replica`` starts."""
+        self.assigned[replica.name] += 1
         self.in_flight[replica.name] += 1
 
     def end(self, replica: Replica) -> None:
+        """A request to ``replica`` finished (successfully or not)."""
         self.in_flight[replica.name] -= 1
 
 
@@ -111,7 +119,8 @@ def plan_route(table: RoutingTable, *, key: str, num_prompt_tokens: int, loads: 
         threshold = table.threshold_tokens
         long_prompt = threshold is not None and num_prompt_tokens > threshold
         return RoutePlan(track, LOCAL_PREFILL_FALLBACK if long_prompt else LOCAL_PREFILL, decode, None, threshold)
-    threshold = table.threshold_for(prefill, loads.pick(decode) or decode[0])
+    # The threshold depends on the link between datacenters: taken for the decode replica picked now.
+    threshold = table.threshold_for(prefill, loads.pick(decode))
     if threshold is not None and num_prompt_tokens > threshold:
         return RoutePlan(track, REMOTE_PREFILL, decode, prefill, threshold)
     return RoutePlan(track, LOCAL_PREFILL, decode, None, threshold)

@@ -111,12 +111,12 @@ class RoutingTable:
                     raise RoutingTableError(f"pool {pool['name']!r}: role must be one of {ROLES}, got {role!r}")
                 for r in pool["replicas"]:
                     track = by_track.get(r["track"])
-                    version = r.get("model_version") or (track.model_version if track else None)
-                    if version is None:
+                    model_version = r.get("model_version") or (track.model_version if track else None)
+                    if model_version is None:
                         raise RoutingTableError(f"replica {r['name']!r}: unknown track {r['track']!r} and no "
                                                 "model_version")
                     replicas.append(Replica(str(r["name"]), str(r["url"]).rstrip("/"), str(pool["name"]), role,
-                                            str(r["track"]), str(version), str(pool.get("datacenter", ""))))
+                                            str(r["track"]), str(model_version), str(pool.get("datacenter", ""))))
             if len({r.name for r in replicas}) != len(replicas):
                 raise RoutingTableError("replica names must be unique")
             links = tuple(Link(str(x["source"]), str(x["target"]), float(x["bandwidth_gbps"]),

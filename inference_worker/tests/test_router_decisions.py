@@ -96,11 +96,14 @@ def test_no_replica_for_the_version_is_an_error():
         plan_route(RoutingTable.from_dict(data), key=canary_key(), num_prompt_tokens=1, loads=LoadTracker())
 
 
-def test_least_loaded_replica_with_round_robin_ties():
+def test_least_loaded_replica_and_ties_to_the_least_assigned():
     table = RoutingTable.from_dict(table_dict())
     d0, d1 = table.replicas[0], table.replicas[1]
     loads = LoadTracker()
-    assert {loads.pick([d0, d1]).name, loads.pick([d0, d1]).name} == {"d0", "d1"}
+    assert [loads.pick([d0, d1]).name for _ in range(2)] == ["d0", "d0"]  # picking alone changes nothing
+    loads.begin(d0)
+    loads.end(d0)
+    assert loads.pick([d0, d1]).name == "d1"  # equal load: d1 has had fewer requests
     loads.begin(d0)
     assert [loads.pick([d0, d1]).name for _ in range(3)] == ["d1"] * 3
     loads.queue_depth["d1"] = 4.0
