@@ -10,7 +10,8 @@ The token may also come from the ``FERRY_AGENT_TOKEN`` environment variable (kee
 
 * SIGTERM or Ctrl-C: every worker is drained (SIGTERM to its process group, up to its drain
   timeout, then SIGKILL) before the agent exits. With ``--detach-on-exit`` the workers are left
-  running instead (for upgrading the agent itself).
+  running instead (for upgrading the agent itself). The agent then exits by re-raising the signal
+  (uvicorn's behaviour), so its status is "killed by SIGTERM" after a clean shutdown.
 * SIGKILL or a crash: workers keep running (each is in its own session). A new agent started
   with the same ``--state-dir`` reads ``agent.json`` and re-adopts every worker whose pid still
   runs the recorded command line; the others are listed as not alive.
