@@ -1,0 +1,150 @@
+"""The poller streams signals with increasing sequence numbers over the real Redis channel layer,
+and its 15-minute history (and numbering) survives a restart."""
+
+import asyncio
+import io
+import threading
+import uuid
+
+import pytest
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.core.management import call_command
+from prometheus_client import start_http_server
+
+from apps.telemetry.broadcast import FLEET_GROUP, pool_group
+from apps.telemetry.endpoints import ReplicaEndpoint, set_endpoint_provider
+from apps.telemetry.history import SignalHistory
+from apps.telemetry.models import Alert
+from apps.telemetry.poller import TelemetryPoller
+from apps.telemetry.services import alert_rules_load_defaults
+from inference_worker.metrics import WorkerMetrics
+
+
+@pytest.fixture
+def exporter(pool):
+    """A worker's real metrics registry served over HTTP on a free loopback port.
+
+    Loads the default rules again: transactional tests flush what the data migration created.
+    """
+    alert_rules_load_defaults()
+    metrics = WorkerMetrics({"pool": pool.name, "track": "stable", "replica": "r0", "role": "decode"})
+    metrics.set_ready(True)
+    metrics.set_engine_state(num_waiting=2, num_running=1, kv_cache_usage=0.97, busy_ratio=0.5)
+    server, thread = start_http_server(0, addr="127.0.0.1", registry=metrics.registry)
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    yield metrics, ReplicaEndpoint(str(pool.pk), "stable", "r0", url)
+    server.shutdown()
+    server.server_close()
+
+
+class Clock:
+    def __init__(self, t):
+        self.t = t
+
+    def __call__(self):
+        return self.t
+
+
+@pytest.fixture
+def loop():
+    """One event loop for the test's receives, like a consumer's: channels-redis finishes each
+    receive with a clean-up task on the loop, which a per-call loop would cut short."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    yield loop
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(timeout=5)
+    loop.close()
+
+
+def receive(loop, channel, n):
+    layer = get_channel_layer()
+
+    async def collect():
+        return [await asyncio.wait_for(layer.receive(channel), 10) for _ in range(n)]
+
+    return asyncio.run_coroutine_threadsafe(collect(), loop).result(timeout=30)
+
+
+def subscribe(group):
+    """Join ``group`` with a plain (not process-local) channel: read directly from Redis each time."""
+    layer = get_channel_layer()
+    channel = f"telemetry-test-{uuid.uuid4().hex}"
+    async_to_sync(layer.group_add)(group, channel)
+    return channel
+
+
+@pytest.mark.django_db(transaction=True)
+def test_poller_publishes_increasing_seq_and_history_survives_restart(pool, exporter, history, loop):
+    _, endpoint = exporter
+    pool_channel, fleet_channel = subscribe(pool_group(pool.pk)), subscribe(FLEET_GROUP)
+    clock = Clock(1_780_000_000.0)
+    poller = TelemetryPoller(history=history, window_s=10, clock=clock, endpoints=lambda: [endpoint])
+    for _ in range(3):
+        poller.poll_once()
+        clock.t += 1.0
+    # KV usage 0.97 > 0.95: the critical rule fired on the first poll (for_seconds 0) -> an alert
+    # message numbered in the same sequence as the signals.
+    messages = receive(loop, pool_channel, 4)
+    assert [(m["type"], m["seq"]) for m in messages] == [
+        ("telemetry.signals", 1), ("telemetry.alert", 2), ("telemetry.signals", 3), ("telemetry.signals", 4)]
+    first = messages[0]
+    assert first["pool_id"] == pool.pk and first["source"] == "scrape"
+    assert first["signals"]["num_requests_waiting"] == 2.0
+    assert first["signals"]["ready_replicas"] == 1.0
+    assert first["signals"]["request_rate_per_s"] is None  # one scrape: no rate yet, not 0
+    assert first["tracks"]["stable"]["kv_cache_usage"] == 0.97
+    assert messages[1]["alert"]["rule"] == "kv-cache-usage-critical"
+    fleet = receive(loop, fleet_channel, 4)
+    assert [m["seq"] for m in fleet] == [1, 2, 3, 4]
+    # The alert goes out while the pool is processed, before that poll's fleet summary.
+    assert [m["type"] for m in fleet] == ["telemetry.alert", "telemetry.fleet", "telemetry.fleet", "telemetry.fleet"]
+    poller.close()
+
+    # Restart: a new poller (and a new Redis client) continues the numbering and keeps history.
+    restarted = TelemetryPoller(history=SignalHistory(prefix=history.prefix), window_s=10, clock=clock,
+                                endpoints=lambda: [endpoint])
+    assert restarted.evaluator.firing() == {
+        (str(Alert.objects.get().rule_id), str(pool.pk)): 1_780_000_000.0}  # restored, not re-fired
+    restarted.poll_once()
+    (message,) = receive(loop, pool_channel, 1)
+    assert (message["type"], message["seq"]) == ("telemetry.signals", 5)
+    # Scraped samples live in the poller's memory: right after a restart a rate has one sample (no data).
+    assert message["signals"]["request_rate_per_s"] is None
+    stored = history.read(f"pool:{pool.pk}")
+    assert [r["seq"] for r in stored] == [1, 3, 4, 5]
+    assert Alert.objects.count() == 1
+    restarted.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_history_keeps_fifteen_minutes(pool, exporter, history):
+    _, endpoint = exporter
+    clock = Clock(1_780_000_000.0)
+    poller = TelemetryPoller(history=history, window_s=10, clock=clock, endpoints=lambda: [endpoint])
+    for offset in (0.0, 1.0, 450.0, 900.0, 901.5):
+        clock.t = 1_780_000_000.0 + offset
+        poller.poll_once()
+    poller.close()
+    # At t0+901.5 everything older than t0+1.5 is trimmed: t0 and t0+1 are gone.
+    assert [r["at"] - 1_780_000_000.0 for r in history.read(f"pool:{pool.pk}")] == [450.0, 900.0, 901.5]
+    assert [r["at"] - 1_780_000_000.0 for r in history.read("fleet")] == [450.0, 900.0, 901.5]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_telemetry_command_runs_as_a_process_loop_and_resumes_history(pool, exporter, settings):
+    _, endpoint = exporter
+    set_endpoint_provider(lambda: [endpoint])
+    history = SignalHistory()
+    history.clear()
+    try:
+        for _ in range(2):  # two separate runs = a restart in between
+            out = io.StringIO()
+            call_command("telemetry", "--interval", "0.2", "--window", "5", "--polls", "2", stdout=out)
+            assert "stopped after 2 polls" in out.getvalue()
+        assert [r["seq"] for r in history.read(f"pool:{pool.pk}")][-4:] == [1, 3, 4, 5]
+    finally:
+        set_endpoint_provider(None)
+        history.clear()
