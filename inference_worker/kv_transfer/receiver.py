@@ -24,6 +24,8 @@ import ssl as ssl_module
 import time
 from collections import OrderedDict
 
+import numpy as np
+
 from inference_worker.kv_transfer.errors import (
     KVTransferError,
     LatePayload,
@@ -160,7 +162,7 @@ class _FrameProtocol(asyncio.BufferedProtocol):
         self._pre = bytearray(PREAMBLE.size)
         self._target = memoryview(self._pre)
         self._pos = 0
-        self._body: bytearray | None = None
+        self._body: np.ndarray | None = None
         self._covered = 0  # body bytes covered by the HMAC (header + payload)
         self._mac_pos = 0
         self._mac = None
@@ -218,7 +220,8 @@ class _FrameProtocol(asyncio.BufferedProtocol):
             self._discarding = True  # read (and drop) what the sender still writes, so it gets the ack
             return
         self._covered = header_len + payload_len
-        self._body = bytearray(self._covered + TRAILER.size)
+        # np.empty: no zero-fill pass over a buffer the socket is about to overwrite.
+        self._body = np.empty(self._covered + TRAILER.size, dtype=np.uint8)
         self._target, self._pos = memoryview(self._body), 0
         self._mac = hmac.new(self.r.secret, self._pre, hashlib.sha256)
         self._header_len = header_len

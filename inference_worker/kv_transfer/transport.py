@@ -134,9 +134,15 @@ class KVSender:
         reader, writer = await self._connection()
         try:
             sealer = FrameSealer(self._secret)
-            for chunk in frame.iter_chunks(self.chunk_bytes):
-                sealer.update(chunk)
-                await self._write(writer, chunk)
+            chunks = list(frame.iter_chunks(self.chunk_bytes))
+            # The CRC runs in a thread (zlib releases the GIL) while this loop MACs and writes.
+            crc = asyncio.ensure_future(asyncio.to_thread(_feed_crc, sealer, chunks))
+            try:
+                for chunk in chunks:
+                    sealer.update_mac(chunk)
+                    await self._write(writer, chunk)
+            finally:
+                await crc
             await self._write(writer, sealer.trailer())
             length = ACK_LENGTH.unpack(await asyncio.wait_for(reader.readexactly(ACK_LENGTH.size), self.io_timeout_s))[0]
             if length > MAX_ACK_BYTES:
@@ -162,3 +168,8 @@ class KVSender:
             await self.bucket.acquire(len(data))
         writer.write(data)
         await asyncio.wait_for(writer.drain(), self.io_timeout_s)
+
+
+def _feed_crc(sealer: FrameSealer, chunks: list) -> None:
+    for chunk in chunks:
+        sealer.update_crc(chunk)

@@ -70,7 +70,15 @@ class FrameSealer:
 
     def update(self, data) -> None:
         """Feed the next bytes (any buffer; nothing is copied)."""
+        self.update_mac(data)
+        self.update_crc(data)
+
+    def update_mac(self, data) -> None:
+        """Feed the HMAC only (the CRC may be fed separately, e.g. from another thread, in the same order)."""
         self._mac.update(data)
+
+    def update_crc(self, data) -> None:
+        """Feed the CRC only."""
         self._crc = zlib.crc32(data, self._crc)
 
     def trailer(self) -> bytes:

@@ -1,0 +1,182 @@
+"""KV transfer benchmark: bytes vs theory, loopback throughput, compression, emulated WAN links.
+
+For prompts of 1K, 4K and 8K tokens with KV shaped like Gemma 3 270M's (18 layers: 15 sliding
+W=512 + 3 full, 1 KV head, head_dim 256, bf16):
+
+- bytes sent (hybrid: N tokens per full layer, min(N, W-1) per sliding layer) vs the DESIGN planner
+  formula (``inference_worker.config.kv_bytes``: resident KV, min(N, W)) and the all-full equivalent;
+- loopback TCP transfer time and throughput with compression off and on (zstd level 1), with the
+  receiver in its own process; time is measured from the first byte sent to the receiver's ack,
+  so it includes sealing (CRC-32 + HMAC-SHA256), validation and decoding to tensors;
+- the same transfer over an emulated 10 and 1 Gbit/s link (the sender's token bucket), vs the
+  theoretical ``wire_bytes * 8 / bandwidth``.
+
+The KV is ``random`` (normal samples; compresses like noise) unless ``--real-kv``: then Gemma 3 270M
+prefills one 8K-token text once and each N takes the KV of the first N positions (causal: identical
+to a prefill of N tokens). The ``kv`` column says which. Results: a table on stdout and JSON under
+``bench/results/pd_transfer.json``.
+
+    .venv/bin/python bench/pd_transfer.py [--real-kv] [--device cuda] [--repeats 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from inference_worker.config import kv_bytes  # noqa: E402
+from inference_worker.kv_transfer.layout import KVLayout  # noqa: E402
+from inference_worker.kv_transfer.transport import KVReceiver, KVSender  # noqa: E402
+from inference_worker.kv_transfer.wire import encode_kv  # noqa: E402
+
+SECRET = b"bench-link-secret-0123456789"
+WEIGHTS = "0" * 64
+LAYOUT = KVLayout(tuple(None if (i + 1) % 6 == 0 else 512 for i in range(18)), 1, 256, "bfloat16")
+SIZES = (1024, 4096, 8192)
+
+
+def random_kv(max_tokens: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(0)
+    return [tuple(torch.randn(max_tokens, 1, 256, generator=g).to(torch.bfloat16) for _ in range(2))
+            for _ in range(LAYOUT.num_layers)]
+
+
+def real_kv(max_tokens: int, device: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Prefill Gemma 3 270M on ``max_tokens`` tokens of real text; per layer (K, V) ``[N, 1, 256]`` in bf16."""
+    from inference_worker.engine.contiguous_runner import ContiguousModelRunner
+    from inference_worker.model.loader import load_model
+
+    loaded = load_model("gemma-3-270m", device=device)
+    text = ""
+    sources = sorted((ROOT / "inference_worker").rglob("*.py"))
+    for path in sources:
+        text += path.read_text()
+        if len(text) > max_tokens * 8:
+            break
+    ids = loaded.tokenizer.encode(text).ids[:max_tokens]
+    if len(ids) < max_tokens:
+        raise RuntimeError(f"only {len(ids)} tokens of text available")
+    runner = ContiguousModelRunner(loaded.model, max_num_seqs=1, max_model_len=max_tokens)
+    slot = runner.allocate_slot()
+    started = time.perf_counter()
+    runner.prefill(slot, ids)
+    print(f"real KV: prefill of {max_tokens} tokens on {device} took {time.perf_counter() - started:.1f}s")
+    return [(runner.cache.k[i][slot, :max_tokens].to("cpu", torch.bfloat16).contiguous(),
+             runner.cache.v[i][slot, :max_tokens].to("cpu", torch.bfloat16).contiguous())
+            for i in range(LAYOUT.num_layers)]
+
+
+def kv_for(kv_full, n):
+    return [(k[:n], v[:n]) for k, v in kv_full]
+
+
+async def serve_receiver() -> None:
+    """Child process: a receiver that expects bench-0..bench-9999 and prints its port."""
+    receiver = await KVReceiver(link_secret=SECRET, model_version_id="bench", weights_sha256=WEIGHTS,
+                                layout=LAYOUT, read_timeout_s=30).start()
+    for i in range(10000):
+        receiver.expect(f"bench-{i}")
+    print(receiver.port, flush=True)
+    await asyncio.Event().wait()
+
+
+async def measure(port: int, frames, *, bandwidth_gbps=None) -> list[float]:
+    sender = KVSender("127.0.0.1", port, link_secret=SECRET, bandwidth_gbps=bandwidth_gbps, io_timeout_s=60)
+    seconds = [await sender.send(f) for f in frames]
+    await sender.close()
+    return seconds
+
+
+async def run(args) -> dict:
+    torch.set_num_threads(max(1, args.threads))
+    kv_full = real_kv(max(SIZES), args.device) if args.real_kv else random_kv(max(SIZES))
+    child = subprocess.Popen([sys.executable, __file__, "--serve-receiver"], stdout=subprocess.PIPE, text=True)
+    port = int(child.stdout.readline())
+    counter = iter(range(10000))
+    rows = []
+    try:
+        for n in SIZES:
+            kv = kv_for(kv_full, n)
+            row = {"num_tokens": n, "kv": "real" if args.real_kv else "random",
+                   "raw_bytes": LAYOUT.transfer_bytes(n),
+                   "planner_hybrid_bytes": kv_bytes(n, num_full_layers=3, num_sliding_layers=15, sliding_window=512,
+                                                    num_kv_heads=1, head_dim=256, dtype_bytes=2),
+                   "all_full_bytes": LAYOUT.dense_bytes(n)}
+            for compression in ("none", "zstd"):
+                def frames(count, compression=compression, kv=kv, n=n):
+                    return [encode_kv(request_id=f"bench-{next(counter)}", model_version_id="bench",
+                                      weights_sha256=WEIGHTS, layout=LAYOUT, num_tokens=n, kv=kv,
+                                      compression=compression) for _ in range(count)]
+                t0 = time.perf_counter()
+                encoded = frames(1)[0]
+                encode_s = time.perf_counter() - t0
+                wire = encoded.wire_bytes
+                loop_s = statistics.median(await measure(port, frames(args.repeats)))
+                row[compression] = {"wire_bytes": wire, "ratio": row["raw_bytes"] / encoded.payload_bytes,
+                                    "encode_s": encode_s, "loopback_s": loop_s,
+                                    "loopback_raw_GBps": row["raw_bytes"] / loop_s / 1e9}
+                for gbps in (10.0, 1.0):
+                    link_s = statistics.median(await measure(port, frames(max(1, args.repeats // 2)),
+                                                             bandwidth_gbps=gbps))
+                    row[compression][f"link_{gbps:g}gbps_s"] = link_s
+                    row[compression][f"link_{gbps:g}gbps_theory_s"] = wire * 8 / (gbps * 1e9)
+            rows.append(row)
+    finally:
+        child.kill()
+        child.wait()
+    return {"machine": platform.processor() or platform.machine(), "torch": torch.__version__,
+            "repeats": args.repeats, "rows": rows}
+
+
+def print_table(result: dict) -> None:
+    print(f"\nKV transfer, Gemma 3 270M shape (bf16), kv={result['rows'][0]['kv']}, median of "
+          f"{result['repeats']} loopback transfers")
+    head = (f"{'N':>5} {'raw MB':>8} {'planner MB':>10} {'all-full MB':>11} {'x smaller':>9} {'comp':>5} "
+            f"{'wire MB':>8} {'ratio':>6} {'loop ms':>8} {'GB/s':>6} {'10G ms':>7} {'(th)':>6} {'1G ms':>7} {'(th)':>6}")
+    print(head)
+    print("-" * len(head))
+    for r in result["rows"]:
+        for c in ("none", "zstd"):
+            m = r[c]
+            print(f"{r['num_tokens']:>5} {r['raw_bytes'] / 1e6:>8.2f} {r['planner_hybrid_bytes'] / 1e6:>10.2f} "
+                  f"{r['all_full_bytes'] / 1e6:>11.2f} {r['all_full_bytes'] / r['raw_bytes']:>9.2f} {c:>5} "
+                  f"{m['wire_bytes'] / 1e6:>8.2f} {m['ratio']:>6.3f} {m['loopback_s'] * 1e3:>8.1f} "
+                  f"{m['loopback_raw_GBps']:>6.2f} {m['link_10gbps_s'] * 1e3:>7.1f} "
+                  f"{m['link_10gbps_theory_s'] * 1e3:>6.1f} {m['link_1gbps_s'] * 1e3:>7.1f} "
+                  f"{m['link_1gbps_theory_s'] * 1e3:>6.1f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--real-kv", action="store_true", help="KV from a real Gemma 3 270M prefill")
+    parser.add_argument("--device", default="cpu", help="device of the --real-kv prefill")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads")
+    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "pd_transfer.json"))
+    parser.add_argument("--serve-receiver", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve_receiver:
+        asyncio.run(serve_receiver())
+        return
+    result = asyncio.run(run(args))
+    print_table(result)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    print(f"\nwrote {out}")
+
+
+if __name__ == "__main__":
+    main()
