@@ -264,12 +264,12 @@ def router_deployment_manifest(router: RouterSpec) -> dict:
         "image": router.image,
         "command": ["python", "-m", "inference_worker"],
         "args": [
-            "router", "--routing-table-url", router.routing_table_url,
+            "router", "--routing-table", router.routing_table_url,
             *router.extra_args, "--host", "0.0.0.0", "--port", str(router.port),  # noqa: S104 (pod IP)
         ],
         "ports": [{"name": "http", "containerPort": router.port, "protocol": "TCP"}],
         "env": [{
-            "name": "FERRY_ROUTER_TOKEN",
+            "name": "FERRY_SERVICE_TOKEN",  # the router's bearer token for the routing-table pull
             "valueFrom": {"secretKeyRef": {"name": router.token_secret_name, "key": "token"}},
         }],
         "resources": {"requests": requests, "limits": {"memory": router.memory} if router.memory else {}},

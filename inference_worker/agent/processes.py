@@ -1,7 +1,7 @@
 """ProcessManager: the local agent's process table, the way a kubelet owns pods.
 
 * Only ``python -m inference_worker serve|router ...`` is ever run. The agent appends
-  ``--host 127.0.0.1 --port <free port> --replica <name>``; requests may not set those, and the
+  ``--host 127.0.0.1 --port <free port>`` (and ``--replica <name>`` for serve); requests may not set those, and the
   environment may only carry allow-listed variables (``FERRY_*``, thread counts, device masks), so
   no request can run an arbitrary command or inject code through ``PYTHONPATH``/``LD_PRELOAD``.
 * Each worker runs in its own session (so its own process group): a Ctrl-C aimed at the agent's
@@ -197,7 +197,7 @@ class ProcessManager:
 
     def start(self, name: str, args: list[str], env: Mapping[str, str] | None = None,
               labels: Mapping[str, str] | None = None, drain_timeout_s: float = 30.0) -> dict[str, Any]:
-        """Start ``python -m inference_worker <args> --host 127.0.0.1 --port P --replica <name>``.
+        """Start ``python -m inference_worker <args> --host 127.0.0.1 --port P [--replica <name>]``.
 
         Raises:
             InvalidRequest: bad name, args, env, labels or drain timeout.
@@ -220,8 +220,9 @@ class ProcessManager:
     def _spawn(self, name: str, args: list[str], env: dict[str, str], labels: dict[str, str],
                drain_timeout_s: float, restart_count: int) -> ProcessRecord:
         port = free_port({r.port for r in self.state.processes.values()})
-        cmdline = [self.python, "-m", "inference_worker", *args,
-                   "--host", "127.0.0.1", "--port", str(port), "--replica", name]
+        cmdline = [self.python, "-m", "inference_worker", *args, "--host", "127.0.0.1", "--port", str(port)]
+        if args[0] == "serve":
+            cmdline += ["--replica", name]  # the worker's metrics label; the router has no replica name
         log_path = self.log_dir / f"{name}.log"
         with open(log_path, "ab") as log:
             log.write(f"--- ferry agent: starting {name}: {' '.join(cmdline)}\n".encode())

@@ -149,9 +149,9 @@ def test_router_deployment_and_service():
     dep = m.router_deployment_manifest(router)
     assert dep["metadata"]["name"] == "ferry-router" and dep["spec"]["replicas"] == 2
     (container,) = dep["spec"]["template"]["spec"]["containers"]
-    assert container["args"] == ["router", "--routing-table-url", "http://web.ferry.svc:8000/api/v1/routing-table/",
+    assert container["args"] == ["router", "--routing-table", "http://web.ferry.svc:8000/api/v1/routing-table/",
                                  "--host", "0.0.0.0", "--port", "8000"]
-    assert container["env"] == [{"name": "FERRY_ROUTER_TOKEN",
+    assert container["env"] == [{"name": "FERRY_SERVICE_TOKEN",
                                  "valueFrom": {"secretKeyRef": {"name": "router-token", "key": "token"}}}]
     svc = m.router_service_manifest(router)
     assert svc["spec"]["selector"] == {"app.kubernetes.io/name": "ferry-router"}
