@@ -1,0 +1,189 @@
+"""Acceptance: one real worker under load, read through a real Prometheus and by direct scrape,
+gives the same signals within stated tolerances.
+
+Both sources evaluate the same instant and a window covering the whole load. Counter rates
+agree to 10% (the two scrapers sample at different instants, so the extrapolation to the
+window edges differs by up to one scrape interval over the sampled span; seen: within 2%);
+ratios of counters to 0.01 absolute and histogram quantiles to 2% (the extrapolation factor
+cancels out; seen: equal to 1e-15); gauges exactly once the exporter is idle, except the
+engine busy ratio, which may decay between the two scrapes (0.1 absolute).
+"""
+
+import importlib.util
+import random
+import threading
+import time
+
+import httpx
+import pytest
+from prometheus_client import start_http_server
+
+from apps.telemetry.endpoints import ReplicaEndpoint
+from apps.telemetry.signals import SIGNAL_NAMES, Scope
+from apps.telemetry.sources.prometheus import PrometheusSource
+from apps.telemetry.sources.scrape import DirectScrapeSource
+from apps.telemetry.tests.prometheus_process import PrometheusProcess, prometheus_available
+from inference_worker.metrics import WorkerMetrics
+from inference_worker.server.testing import WorkerProcess
+
+pytestmark = pytest.mark.skipif(not prometheus_available(),
+                                reason="needs Debian's prometheus: apt-get install -y prometheus")
+WORKER_ENTRY_POINT = importlib.util.find_spec("inference_worker.__main__") is not None
+
+REL_10 = ("rel", 0.10)
+REL_2 = ("rel", 0.02)
+EXACT = ("abs", 1e-9)
+TOLERANCE = {
+    "request_rate_per_s": REL_10, "prompt_tokens_per_s": REL_10, "generation_tokens_per_s": REL_10,
+    "error_rate": ("abs", 0.01), "kv_transfer_failure_rate": ("abs", 0.01), "kv_transfer_bytes_per_s": REL_10,
+    "ttft_p50_s": REL_2, "ttft_p95_s": REL_2, "ttft_p99_s": REL_2,
+    "tpot_p50_s": REL_2, "tpot_p95_s": REL_2, "tpot_p99_s": REL_2,
+    "num_requests_waiting": EXACT, "num_requests_running": EXACT, "kv_cache_usage": EXACT,
+    "kv_cache_usage_max": EXACT, "engine_busy_ratio": ("abs", 0.1), "gpu_utilization": EXACT,
+    "ready_replicas": EXACT,
+}
+# Signals that must have data after the load (so the comparison cannot pass on two Nones).
+MUST_HAVE_DATA = ("request_rate_per_s", "error_rate", "prompt_tokens_per_s", "generation_tokens_per_s",
+                  "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "num_requests_waiting",
+                  "kv_cache_usage", "engine_busy_ratio", "ready_replicas")
+
+
+@pytest.fixture(scope="module")
+def worker():
+    if not WORKER_ENTRY_POINT:
+        pytest.skip("python -m inference_worker serve is not available yet")
+    args = ["--pool", "parity", "--track", "stable", "--replica", "r0", "--role", "colocated",
+            "--max-num-seqs", "4", "--fault-error-rate", "0.25", "--fault-seed", "3"]
+    with WorkerProcess(*args) as proc:
+        yield proc
+
+
+@pytest.fixture(scope="module")
+def endpoint(worker):
+    return ReplicaEndpoint("parity", "stable", "r0", worker.base_url)
+
+
+@pytest.fixture(scope="module")
+def prometheus(endpoint):
+    with PrometheusProcess([endpoint], interval_s=1.0) as prom:
+        yield prom
+
+
+@pytest.fixture
+def synthetic():
+    """A worker metrics registry (the real ``WorkerMetrics``) over HTTP, without a model."""
+    metrics = WorkerMetrics({"model": "gemma-3-270m", "role": "decode", "pool": "synthetic", "track": "stable",
+                             "replica": "r0"})
+    metrics.set_ready(True)
+    server, _ = start_http_server(0, addr="127.0.0.1", registry=metrics.registry)
+    endpoint = ReplicaEndpoint("synthetic", "stable", "r0", f"http://127.0.0.1:{server.server_address[1]}")
+    with PrometheusProcess([endpoint], interval_s=1.0) as prom:
+        yield metrics, endpoint, prom
+    server.shutdown()
+    server.server_close()
+
+
+def send_load(base_url, num_threads=3, per_thread=5):
+    statuses = []
+
+    def client(i):
+        with httpx.Client(base_url=base_url, timeout=300) as c:
+            for j in range(per_thread):
+                body = {"model": "gemma-3-270m", "prompt": f"Request {i}-{j}: the ferry crosses", "max_tokens": 8,
+                        "temperature": 0.0, "ignore_eos": True}
+                statuses.append(c.post("/v1/completions", json=body).status_code)
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(num_threads)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return statuses
+
+
+def compare(endpoint, prometheus_url, scope, load):
+    """Scrape directly every second while ``load()`` runs; return both sources' signals at one instant."""
+    direct = DirectScrapeSource(retention_s=300)
+    stop = threading.Event()
+
+    def scrape_every_second():
+        while not stop.is_set():
+            direct.refresh([endpoint], time.time())
+            stop.wait(1.0)
+
+    scraper = threading.Thread(target=scrape_every_second, daemon=True)
+    scraper.start()
+    started = time.time()
+    try:
+        time.sleep(3)  # a few idle samples before the load in both stores
+        load()
+        time.sleep(4)  # both have scraped the idle exporter after the last request
+        at = time.time()
+        window = min(290, int(at - started) + 5)  # covers the whole load
+        got_direct = direct.signals(scope, window_s=window, at_s=at).values
+        source = PrometheusSource(prometheus_url)
+        got_prom = source.signals(scope, window_s=window, at_s=at).values
+        source.close()
+    finally:
+        stop.set()
+        scraper.join(timeout=5)
+        direct.close()
+    return got_direct, got_prom
+
+
+def assert_agree(got_direct, got_prom, must_have_data):
+    assert set(got_direct) == set(got_prom) == set(SIGNAL_NAMES)
+    for name in must_have_data:
+        assert got_direct[name] is not None and got_prom[name] is not None, (name, got_direct[name], got_prom[name])
+    mismatches = []
+    for name in SIGNAL_NAMES:
+        a, b = got_direct[name], got_prom[name]
+        print(f"{name:28} direct={a!s:24} prometheus={b!s:24}")  # shown with pytest -s
+        kind, tol = TOLERANCE[name]
+        if a is None or b is None:
+            ok = a is None and b is None
+        elif kind == "rel":
+            ok = abs(a - b) <= tol * max(abs(a), abs(b))
+        else:
+            ok = abs(a - b) <= tol
+        if not ok:
+            mismatches.append((name, a, b))
+    assert not mismatches, f"direct vs prometheus: {mismatches}"
+
+
+def test_prometheus_and_direct_scrape_agree_on_a_synthetic_exporter(synthetic):
+    metrics, endpoint, prom = synthetic
+    rng = random.Random(5)
+
+    for outcome, reason in (("success", "none"), ("failure", "timeout")):  # series exist before the load,
+        metrics.kv_transfer.transfers.labels(**metrics.identity, direction="send", outcome=outcome, reason=reason)
+    metrics.kv_transfer.wire_bytes.labels(**metrics.identity, direction="send")  # as the worker's request series do
+
+    def load():  # 8 s of traffic: ~10 requests/s, 10% server errors, KV transfers with failures
+        for _ in range(80):
+            metrics.request_finished("server_error" if rng.random() < 0.1 else "success")
+            metrics.tokens(num_prompt_tokens=rng.randint(5, 50), num_generation_tokens=16)
+            ttft = rng.uniform(0.02, 0.4)
+            metrics.observe_latency(ttft_s=ttft, e2e_s=ttft + 15 * rng.uniform(0.01, 0.05), num_output_tokens=16)
+            outcome = "failure" if rng.random() < 0.2 else "success"
+            metrics.kv_transfer.transfers.labels(**metrics.identity, direction="send", outcome=outcome,
+                                                 reason="timeout" if outcome == "failure" else "none").inc()
+            metrics.kv_transfer.wire_bytes.labels(**metrics.identity, direction="send").inc(rng.randint(100_000, 1_000_000))
+            metrics.set_engine_state(num_waiting=rng.randint(0, 5), num_running=4, kv_cache_usage=rng.random(),
+                                     busy_ratio=0.8)
+            time.sleep(0.1)
+        metrics.set_engine_state(num_waiting=0, num_running=0, kv_cache_usage=0.125, busy_ratio=0.0)
+
+    got_direct, got_prom = compare(endpoint, prom.url, Scope("synthetic"), load)
+    assert_agree(got_direct, got_prom, (*MUST_HAVE_DATA, "kv_transfer_failure_rate", "kv_transfer_bytes_per_s"))
+    assert got_direct["kv_cache_usage"] == 0.125 and got_direct["gpu_utilization"] is None
+
+
+@pytest.mark.slow
+def test_prometheus_and_direct_scrape_agree_on_one_worker_under_load(worker, endpoint, prometheus):
+    statuses = []
+    got_direct, got_prom = compare(endpoint, prometheus.url, Scope("parity"),
+                                   lambda: statuses.extend(send_load(worker.base_url)))
+    assert 500 in statuses and 200 in statuses, statuses  # injected faults make a non-zero error rate
+    assert_agree(got_direct, got_prom, MUST_HAVE_DATA)
+    assert got_direct["error_rate"] > 0
