@@ -7,6 +7,7 @@ from typing import Any
 from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import ValidationError
+from django.db import models
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
@@ -30,6 +31,7 @@ class ClusterAdmin(admin.ModelAdmin):
     list_filter = ("kind", "status", "datacenter")
     search_fields = ("name", "datacenter")
     readonly_fields = ("status", "created_at", "updated_at")
+    formfield_overrides = {models.URLField: {"assume_scheme": "http"}}  # agents listen on plain HTTP loopback
 
     def save_model(self, request: HttpRequest, obj: Cluster, form: forms.ModelForm, change: bool) -> None:
         if change:

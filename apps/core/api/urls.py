@@ -11,6 +11,7 @@ urlpatterns = [
     path("", include("apps.catalog.api.urls")),
     path("", include("apps.rollouts.api.urls")),
     path("", include("apps.operations.api.urls")),
+    path("", include("apps.telemetry.api.urls")),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
 ]

@@ -1,0 +1,48 @@
+"""List endpoints make the same number of queries for 1 row and for 20 rows (no N+1)."""
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from apps.fleet.services import cluster_create, cluster_link_create, pool_create
+from apps.operations.services import action_create
+from apps.rollouts.services import rollout_plan_create
+
+pytestmark = pytest.mark.django_db
+
+
+def _add_rows(i: int, model_version, target, base_cluster) -> None:
+    cluster = cluster_create(name=f"dc-{i}", kind="local", agent_url="http://127.0.0.1:9300")
+    cluster_link_create(source=base_cluster, destination=cluster, bandwidth_gbps=10, rtt_ms=5)
+    prefill = pool_create(name="prefill", cluster=cluster, role="prefill", model_version=model_version, replicas=1)
+    decode = pool_create(name="decode", cluster=cluster, role="decode", model_version=model_version, replicas=2)
+    rollout_plan_create(name=f"r{i}", pools=[prefill, decode], target_model_version=target, strategy="canary",
+                        steps=[{"set_weight": 10}])
+    action_create(kind="pool.scale", target_type="pool", target_id=str(decode.pk), pool=decode,
+                  params={"replicas": 3})
+
+
+def _count(api, url) -> tuple[int, int]:
+    with CaptureQueriesContext(connection) as ctx:
+        r = api.get(url)
+    assert r.status_code == 200
+    return r.json()["count"], len(ctx.captured_queries)
+
+
+ENDPOINTS = ["/api/v1/clusters/", "/api/v1/cluster-links/", "/api/v1/model-versions/", "/api/v1/pools/",
+             "/api/v1/rollouts/", "/api/v1/actions/"]
+
+
+def test_list_endpoints_make_the_same_number_of_queries_for_1_and_20_rows(viewer_api, make_model_version):
+    v1, v2 = make_model_version("v1"), make_model_version("v2")
+    base = cluster_create(name="hub", kind="local", agent_url="http://127.0.0.1:9300")
+    _add_rows(0, v1, v2, base)
+    one = {url: _count(viewer_api, url) for url in ENDPOINTS}
+    for i in range(1, 20):
+        _add_rows(i, v1, v2, base)
+    for i in range(3, 21):
+        make_model_version(f"v{i}")
+    twenty = {url: _count(viewer_api, url) for url in ENDPOINTS}
+    for url in ENDPOINTS:
+        assert one[url][0] < twenty[url][0] >= 20, url
+        assert one[url][1] == twenty[url][1], f"{url}: {one[url][1]} queries for 1 row, {twenty[url][1]} for 20"
