@@ -34,6 +34,40 @@ def alert_rules_load_defaults() -> int:
     return created
 
 
+@transaction.atomic
+def alert_rule_create(**fields) -> AlertRule:
+    """Create an alert rule (validated with ``full_clean``; ``ValidationError`` names the bad field)."""
+    rule = AlertRule(**fields)
+    rule.full_clean()
+    rule.save()
+    return rule
+
+
+@transaction.atomic
+def alert_rule_update(*, rule: AlertRule, **changes) -> AlertRule:
+    """Change a rule's fields (threshold, for_seconds, ...); the poller reads it on its next tick."""
+    for name, value in changes.items():
+        setattr(rule, name, value)
+    rule.full_clean()
+    rule.save()
+    return rule
+
+
+@transaction.atomic
+def alert_rule_delete(*, rule: AlertRule) -> None:
+    """Delete a rule and its alert history (a firing alert ends with it)."""
+    rule.delete()
+
+
+def alerts_prune(*, older_than_s: float) -> int:
+    """Delete resolved alerts that ended more than ``older_than_s`` seconds ago; returns how many."""
+    if older_than_s <= 0:
+        raise ValueError(f"older_than_s must be positive, got {older_than_s}")
+    cutoff = _dt(datetime.now(tz=UTC).timestamp() - older_than_s)
+    deleted, _ = Alert.objects.filter(state=Alert.State.RESOLVED, ended_at__lt=cutoff).delete()
+    return deleted
+
+
 def alert_payload(alert: Alert) -> dict:
     """The JSON form of an alert used by the channel layer, the webhook and the API."""
     return {

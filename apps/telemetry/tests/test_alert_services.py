@@ -49,10 +49,8 @@ def test_migration_created_the_default_rules_and_loading_again_is_idempotent():
     assert AlertRule.objects.get(name="ttft-p99-high", pool=None).threshold == 0.8  # edits are kept
 
 
-def test_pool_rule_overrides_default_and_disabled_override_silences_it(pool, model_version, cluster):
-    from apps.fleet.services import pool_create
-
-    other = pool_create(replicas=1, model_version=model_version, name="decode-b", cluster=cluster, role="decode")
+def test_pool_rule_overrides_default_and_disabled_override_silences_it(pool, make_pool):
+    other = make_pool("decode-b")
     AlertRule.objects.create(name="ttft-p99-high", pool=pool, signal="ttft_p99_s", comparison=">", threshold=1.0)
     AlertRule.objects.create(name="kv-cache-usage-critical", pool=other, signal="kv_cache_usage_max",
                              comparison=">", threshold=0.95, enabled=False)
@@ -106,9 +104,9 @@ def test_rules_command_prints_prometheus_rules_file(pool, tmp_path):
     assert len(rules) == len(DEFAULT_RULES) + 1
     exprs = [r["expr"] for r in rules if r["labels"]["ferry_rule"] == "ttft-p99-high"]
     assert exprs == [
-        'histogram_quantile(0.99, sum by (pool, le) (rate(ferry_time_to_first_token_seconds_bucket{pool!~"decode-a"}[60s])))'
+        'histogram_quantile(0.99, sum by (pool, le) (rate(ferry_time_to_first_token_seconds_bucket{pool!~"decode"}[60s])))'
         " > 0.5",
-        'histogram_quantile(0.99, sum by (pool, le) (rate(ferry_time_to_first_token_seconds_bucket{pool="decode-a"}[60s])))'
+        'histogram_quantile(0.99, sum by (pool, le) (rate(ferry_time_to_first_token_seconds_bucket{pool="decode"}[60s])))'
         " > 1",
     ]
     promtool = shutil.which("promtool")

@@ -1,0 +1,21 @@
+"""Filters for the telemetry endpoints."""
+
+import django_filters
+
+from apps.telemetry.models import Alert, AlertRule
+
+
+class AlertRuleFilterSet(django_filters.FilterSet):
+    fleet_default = django_filters.BooleanFilter(field_name="pool", lookup_expr="isnull")
+
+    class Meta:
+        model = AlertRule
+        fields = ["name", "pool", "signal", "severity", "enabled"]
+
+
+class AlertFilterSet(django_filters.FilterSet):
+    rule_name = django_filters.CharFilter(field_name="rule__name")
+
+    class Meta:
+        model = Alert
+        fields = ["pool", "state", "severity", "rule"]

@@ -1,0 +1,91 @@
+"""``/api/v1/alert-rules/`` (admin writes), ``/api/v1/alerts/`` (read-only) and
+``/api/v1/signals/`` (the poller's latest signals: fleet, ``{pool_id}/``, ``{pool_id}/history/``).
+
+Views call selectors and services only.
+"""
+
+from __future__ import annotations
+
+from django.core.exceptions import ValidationError as DjangoValidationError
+from django.shortcuts import get_object_or_404
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import serializers, viewsets
+from rest_framework.decorators import action
+from rest_framework.exceptions import ValidationError
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from apps.accounts.roles import ADMIN
+from apps.fleet.models import Pool
+from apps.telemetry import selectors, services
+from apps.telemetry.api.filtersets import AlertFilterSet, AlertRuleFilterSet
+from apps.telemetry.api.serializers import AlertRuleSerializer, AlertSerializer
+from apps.telemetry.models import AlertRule
+
+
+def _service(call, **kwargs):
+    try:
+        return call(**kwargs)
+    except DjangoValidationError as exc:
+        raise ValidationError(exc.message_dict if hasattr(exc, "error_dict") else exc.messages) from exc
+
+
+class AlertRuleViewSet(viewsets.ModelViewSet):
+    serializer_class = AlertRuleSerializer
+    filterset_class = AlertRuleFilterSet
+    ordering_fields = ["name", "severity", "threshold", "created_at"]
+    ordering = ["name", "id"]
+    write_role = ADMIN
+
+    def get_queryset(self):
+        return AlertRule.objects.all()
+
+    def perform_create(self, serializer) -> None:  # noqa: ANN001 - DRF signature
+        serializer.instance = _service(services.alert_rule_create, **serializer.validated_data)
+
+    def perform_update(self, serializer) -> None:  # noqa: ANN001 - DRF signature
+        serializer.instance = _service(services.alert_rule_update, rule=serializer.instance,
+                                       **serializer.validated_data)
+
+    def perform_destroy(self, instance) -> None:  # noqa: ANN001 - DRF signature
+        services.alert_rule_delete(rule=instance)
+
+
+class AlertViewSet(viewsets.ReadOnlyModelViewSet):
+    serializer_class = AlertSerializer
+    filterset_class = AlertFilterSet
+    ordering_fields = ["started_at", "ended_at", "severity"]
+    ordering = ["-started_at"]
+
+    def get_queryset(self):
+        return selectors.alert_list()
+
+
+class SignalsViewSet(viewsets.ViewSet):
+    """Latest signals and their 15-minute history, as the poller stored them in Redis."""
+
+    serializer_class = serializers.Serializer  # free-form JSON documents (see selectors)
+
+    @extend_schema(responses={200: dict}, description="The fleet's latest record: pool id -> signals, with seq.")
+    def list(self, request: Request) -> Response:
+        return Response(selectors.telemetry_snapshot(pool_id=None) or {})
+
+    @extend_schema(responses={200: dict}, description="A pool's latest record: signals, per-track signals, seq.")
+    def retrieve(self, request: Request, pk: str) -> Response:
+        pool = get_object_or_404(Pool, pk=pk)
+        return Response(selectors.telemetry_snapshot(pool_id=pool.pk) or {})
+
+    @extend_schema(
+        responses={200: dict},
+        parameters=[OpenApiParameter("since", float, description="Only records at or after this Unix time (s).")],
+        description="A pool's records of the last 15 minutes, oldest first.",
+    )
+    @action(detail=True, methods=["get"])
+    def history(self, request: Request, pk: str) -> Response:
+        pool = get_object_or_404(Pool, pk=pk)
+        raw = request.query_params.get("since")
+        try:
+            since = float(raw) if raw is not None else None
+        except ValueError as exc:
+            raise ValidationError({"since": f"{raw!r} is not a Unix time in seconds"}) from exc
+        return Response({"pool_id": pool.pk, "records": selectors.telemetry_history(pool_id=pool.pk, since_s=since)})
