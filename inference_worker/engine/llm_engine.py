@@ -161,7 +161,7 @@ class LLMEngine:
             admitted.append(seq)
         for seq in admitted:
             logits = self.runner.prefill(seq.slot, seq.prompt_token_ids)  # type: ignore[arg-type]
-            self._append(seq, self.sampler.sample(logits, [seq.params], [seq.generator])[0])
+            self._append(seq, self.sampler.sample(logits[None], [seq.params], [seq.generator])[0])
         if decoding:
             logits = self.runner.decode([s.slot for s in decoding], [s.output_token_ids[-1] for s in decoding],  # type: ignore[misc]
                                         [s.num_tokens - 1 for s in decoding])

@@ -35,6 +35,7 @@ from inference_worker.registry import ModelSpec, model_cache_dir, resolve_model
 MANIFEST = "ferry_model.json"
 WEIGHTS_FILE = "model.safetensors"
 MANIFEST_VERSION = 1
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json")
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -112,8 +113,9 @@ def prepare_model(model: str, *, dtype: str | None = None, cache_dir: str | Path
         return PreparedModel(spec.artifact_name, target, manifest["sha256"], dtype, created=False)
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{spec.artifact_name}.", dir=root))
+    os.chmod(tmp, 0o755)
     try:
-        sha = _write_artifact(spec, tmp, dtype, source)
+        sha = _write_artifact(spec, tmp, dtype, source, _sibling_with_tokenizer(root, source))
         if target.exists():
             shutil.rmtree(target)
         os.replace(tmp, target)
@@ -128,14 +130,23 @@ def _source_identity(spec: ModelSpec) -> dict:
     return {"path": str(spec.path), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
 
 
-def _write_artifact(spec: ModelSpec, out: Path, dtype: str, source: dict) -> str:
+def _sibling_with_tokenizer(root: Path, source: dict) -> Path | None:
+    """Another prepared artifact (e.g. the fp32 one when preparing bf16) of the same source, to copy its tokenizer."""
+    for candidate in sorted(root.iterdir()) if root.is_dir() else []:
+        manifest = read_manifest(candidate)
+        if manifest and manifest.get("source") == source and (candidate / "tokenizer.json").is_file():
+            return candidate
+    return None
+
+
+def _write_artifact(spec: ModelSpec, out: Path, dtype: str, source: dict, sibling: Path | None) -> str:
     started = time.monotonic()
     config = ModelConfig.from_gguf(spec.path)
     torch_dtype = TORCH_DTYPES[dtype]
     state = {name: t.to(torch_dtype) for name, t in iter_gguf_state_dict(spec.path, config)}
     save_file(state, str(out / WEIGHTS_FILE), metadata={"format": "pt", "source": spec.path.name})
     del state
-    tokenizer_eos = _write_tokenizer(spec.path, out)
+    tokenizer_eos = _write_tokenizer(spec.path, out, sibling)
     eos_ids = list(dict.fromkeys([*config.eos_token_ids, *tokenizer_eos]))
     hf_config = config.to_hf_config()
     hf_config["dtype"] = dtype
@@ -151,14 +162,19 @@ def _write_artifact(spec: ModelSpec, out: Path, dtype: str, source: dict) -> str
     return sha
 
 
-def _write_tokenizer(gguf_file: Path, out: Path) -> list[int]:
-    """Convert the GGUF tokenizer with transformers and save it; return end-of-turn token ids."""
-    from transformers import AutoTokenizer  # prepare-time only dependency
-
+def _write_tokenizer(gguf_file: Path, out: Path, sibling: Path | None) -> list[int]:
+    """Convert the GGUF tokenizer with transformers (or copy a sibling's conversion); return end-of-turn ids."""
     from inference_worker.tokenization import end_of_turn_token_ids, load_tokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(str(gguf_file.parent), gguf_file=gguf_file.name)
-    tokenizer.save_pretrained(str(out))
+    if sibling is not None:
+        for name in TOKENIZER_FILES:
+            if (sibling / name).is_file():
+                shutil.copy2(sibling / name, out / name)
+    else:
+        from transformers import AutoTokenizer  # prepare-time only dependency
+
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf_file.parent), gguf_file=gguf_file.name)
+        tokenizer.save_pretrained(str(out))
     if not (out / "tokenizer.json").is_file():
         raise RuntimeError(f"transformers did not write tokenizer.json for {gguf_file}")
     return end_of_turn_token_ids(load_tokenizer(out))
