@@ -2,13 +2,14 @@
 
 Every module in this package (other than private ``_*`` ones) is a subcommand if it defines:
 
-* ``NAME`` (optional, default: the module name): the subcommand word (e.g. ``"models"``, ``"serve"``);
+* the module name is the subcommand word (``models.py`` -> ``models``); an optional ``NAME`` must equal it;
 * ``HELP`` (optional, default: the first line of the module docstring): one line for ``--help``;
 * ``add_arguments(parser: argparse.ArgumentParser) -> None``;
 * ``run(args: argparse.Namespace) -> int``: the exit status.
 
-Adding a subcommand is adding one module here; nothing else is edited. Modules are imported only to build
-the parser, so they should import heavy dependencies (torch, fastapi) inside ``run``.
+Adding a subcommand is adding one module here; nothing else is edited. Only the chosen subcommand's module
+is imported (``--help`` without a subcommand imports them all), so one subcommand's heavy imports do not
+slow down another.
 """
 
 from __future__ import annotations
@@ -16,27 +17,29 @@ from __future__ import annotations
 import argparse
 import importlib
 import pkgutil
+import sys
 from collections.abc import Sequence
 from types import ModuleType
 
 
-def discover() -> dict[str, ModuleType]:
-    """Subcommand name -> module, for every conforming module of this package (sorted by name).
+def command_names() -> list[str]:
+    """Names of the subcommand modules in this package, without importing them."""
+    return sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_"))
+
+
+def discover(names: Sequence[str] | None = None) -> dict[str, ModuleType]:
+    """Subcommand name -> module for ``names`` (default: all), skipping modules without ``add_arguments``/``run``.
 
     Raises:
-        RuntimeError: two modules claim the same ``NAME``.
+        RuntimeError: a module's ``NAME`` differs from its module name.
     """
     commands: dict[str, ModuleType] = {}
-    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
-        if info.name.startswith("_"):
-            continue
-        module = importlib.import_module(f"{__name__}.{info.name}")
-        name = getattr(module, "NAME", info.name)
-        if not (name and callable(getattr(module, "add_arguments", None)) and callable(getattr(module, "run", None))):
-            continue
-        if name in commands:
-            raise RuntimeError(f"subcommand {name!r} is defined by both {commands[name].__name__} and {module.__name__}")
-        commands[name] = module
+    for name in names if names is not None else command_names():
+        module = importlib.import_module(f"{__name__}.{name}")
+        if getattr(module, "NAME", name) != name:
+            raise RuntimeError(f"{module.__name__}.NAME is {module.NAME!r}; it must equal the module name {name!r}")
+        if callable(getattr(module, "add_arguments", None)) and callable(getattr(module, "run", None)):
+            commands[name] = module
     return commands
 
 
@@ -58,5 +61,7 @@ def build_parser(commands: dict[str, ModuleType] | None = None) -> argparse.Argu
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse ``argv`` and run the chosen subcommand; returns its exit status."""
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    chosen = [argv[0]] if argv and argv[0] in command_names() else None
+    args = build_parser(discover(chosen)).parse_args(argv)
     return int(args._run(args) or 0)
