@@ -8,7 +8,6 @@ sized at construction from ``kv_cache_memory`` and reported (log line + ``kv_cac
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import torch
@@ -19,8 +18,6 @@ from inference_worker.engine.model_runner import ModelRunner, PagedKVCache, Samp
 from inference_worker.engine.request import Request, RequestStatus
 from inference_worker.engine.sched_output import RequestUpdate
 from inference_worker.engine.scheduler import Scheduler
-
-logger = logging.getLogger(__name__)
 
 
 class PagedEngineCore:
@@ -73,7 +70,6 @@ class PagedEngineCore:
             max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens,
         )
-        logger.info(self.kv_plan.log_line())
         self.kv_cache_manager = HybridKVCacheManager(self.kv_plan.group_specs())
         self.scheduler = Scheduler(
             self.kv_cache_manager,
