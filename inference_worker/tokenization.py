@@ -201,11 +201,12 @@ class ChatTemplate:
     is_builtin_fallback: bool = False
 
     @classmethod
-    def for_tokenizer_dir(cls, directory: str | Path) -> ChatTemplate:
+    def for_tokenizer_dir(cls, directory: str | Path) -> ChatTemplate | None:
         """Read the template from a prepared tokenizer directory.
 
-        Looks at ``chat_template.jinja``, then ``tokenizer_config.json``'s ``chat_template``;
-        with neither, falls back to :data:`GEMMA_CHAT_TEMPLATE` (the Gemma 3 GGUF has none).
+        Looks at ``chat_template.jinja``, then ``tokenizer_config.json``'s ``chat_template``. With
+        neither, a Gemma tokenizer (the Gemma 3 GGUF has no template) gets
+        :data:`GEMMA_CHAT_TEMPLATE`; any other model gets None (it has no chat format).
         """
         directory = Path(directory)
         config: dict = {}
@@ -221,7 +222,9 @@ class ChatTemplate:
             template = next((t["template"] for t in template if t.get("name") == "default"), None)
         if isinstance(template, str) and template:
             return cls(template, bos, eos)
-        return cls(GEMMA_CHAT_TEMPLATE, bos or "<bos>", eos or "<eos>", is_builtin_fallback=True)
+        if str(config.get("tokenizer_class", "")).startswith("Gemma"):
+            return cls(GEMMA_CHAT_TEMPLATE, bos or "<bos>", eos or "<eos>", is_builtin_fallback=True)
+        return None
 
     def render(self, messages: Sequence[dict], *, add_generation_prompt: bool = True) -> str:
         """Render OpenAI chat ``messages`` to a prompt string.

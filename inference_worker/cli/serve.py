@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import random
+from typing import TYPE_CHECKING
 
-import torch
-
-from inference_worker.metrics import WorkerMetrics
-from inference_worker.server.lifecycle import run_server
-from inference_worker.server.state import LoadedModel, ServerState
+if TYPE_CHECKING:  # heavy imports (torch, fastapi) happen in run(), not when building the CLI parser
+    from inference_worker.metrics import WorkerMetrics
+    from inference_worker.server.state import LoadedModel
 
 ROLES = ("colocated", "prefill", "decode")
 
@@ -92,18 +92,27 @@ def validate(args: argparse.Namespace) -> None:
         parse_memory(args.kv_cache_memory)
 
 
-def load_model(args: argparse.Namespace) -> LoadedModel:
+def load_model(args: argparse.Namespace, metrics: WorkerMetrics) -> LoadedModel:
     """Build the engine and everything the routes need (runs in the loader thread)."""
     from inference_worker.server.engine_adapter import build_loaded_model
 
     kv_bytes = parse_memory(args.kv_cache_memory) if args.kv_cache_memory else None
-    return build_loaded_model(args.model, max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
-                              kv_cache_memory_bytes=kv_bytes, dtype=args.dtype, device=args.device)
+    return build_loaded_model(args.model, metrics=metrics, max_num_seqs=args.max_num_seqs,
+                              max_model_len=args.max_model_len, kv_cache_memory_bytes=kv_bytes, dtype=args.dtype,
+                              device=args.device)
 
 
 def run(args: argparse.Namespace) -> int:
     """Serve until SIGTERM drains the worker; returns the exit status."""
+    import torch
+
+    from inference_worker.metrics import WorkerMetrics
+    from inference_worker.server.lifecycle import run_server
+    from inference_worker.server.state import ServerState
+
     validate(args)
+    if os.environ.get("TORCH_NUM_THREADS"):
+        torch.set_num_threads(int(os.environ["TORCH_NUM_THREADS"]))
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     identity = {"model": args.served_model_name or args.model, "model_version": args.model_version,
                 "role": args.role, "pool": args.pool, "track": args.track, "replica": args.replica}
@@ -114,4 +123,4 @@ def run(args: argparse.Namespace) -> int:
         fault_rng=random.Random(args.fault_seed),
         drain_timeout_s=args.drain_timeout,
     )
-    return run_server(state, lambda: load_model(args), host=args.host, port=args.port, log_level=args.log_level)
+    return run_server(state, lambda: load_model(args, state.metrics), host=args.host, port=args.port, log_level=args.log_level)

@@ -127,15 +127,16 @@ def _prepare(state: ServerState, model: LoadedModel, raw: bytes, *, chat: bool) 
     if body.model != state.served_model_name:
         raise OpenAIError(404, f"model {body.model!r} does not exist; this worker serves "
                           f"{state.served_model_name!r} (see GET /v1/models)", param="model", code="model_not_found")
-    stop_token_ids: tuple[int, ...] = ()
     if chat:
         sampling = chat_sampling(body)
+        if model.chat_template is None:
+            raise invalid(f"model {state.served_model_name!r} has no chat template; use /v1/completions",
+                          param="messages", code="unsupported_model")
         try:
             text = model.chat_template.render(body.messages)
         except ChatTemplateError as exc:
             raise invalid(str(exc), param="messages") from None
         prompts = [model.tokenizer.encode(text, add_special_tokens=False).ids]
-        stop_token_ids = model.chat_stop_token_ids
     else:
         sampling = completion_sampling(body)
         prompts = []
@@ -167,13 +168,12 @@ def _prepare(state: ServerState, model: LoadedModel, raw: bytes, *, chat: bool) 
         seed = None if sampling.seed is None else sampling.seed + index
         return model.make_sampling_params(
             max_tokens=max_tokens, temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
-            seed=seed, stop=list(sampling.stop), stop_token_ids=list(stop_token_ids),
-            ignore_eos=sampling.ignore_eos,
+            seed=seed, stop=list(sampling.stop), ignore_eos=sampling.ignore_eos,
         )
 
     prefix = "chatcmpl" if chat else "cmpl"
-    generation = Generation(model.engine_loop, model.tokenizer, f"{prefix}-{uuid.uuid4().hex}", prompts,
-                            sampling.n, sampling.stop, make_params, state.metrics)
+    generation = Generation(model.engine_loop, f"{prefix}-{uuid.uuid4().hex}", prompts, sampling.n, make_params,
+                            state.metrics)
     generation.start()
     return generation, sampling
 

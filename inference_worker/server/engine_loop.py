@@ -38,6 +38,8 @@ class SeqUpdate:
     Attributes:
         request_id: the engine request this update belongs to.
         new_token_ids: token ids generated since the last update (may be empty).
+        new_text: text that became safe to send with them (the engine's incremental detokenizer
+            holds back partial UTF-8 characters and possible stop-string prefixes).
         num_prompt_tokens: the request's prompt length.
         finished: the request is done; no further updates follow.
         finish_reason: "stop" (EOS, stop token or stop string), "length", "abort" or "error".
@@ -46,6 +48,7 @@ class SeqUpdate:
 
     request_id: str
     new_token_ids: tuple[int, ...]
+    new_text: str
     num_prompt_tokens: int
     finished: bool
     finish_reason: str | None = None
@@ -56,7 +59,6 @@ class SeqUpdate:
 class _Stream:
     loop: asyncio.AbstractEventLoop
     queue: asyncio.Queue
-    num_sent: int = 0  # tokens already forwarded (engine outputs are cumulative)
 
 
 @dataclass
@@ -155,7 +157,7 @@ class EngineLoop:
             logger.exception("engine loop failed")
             self._fatal = f"{type(exc).__name__}: {exc}"
             for request_id in list(self._streams):
-                self._send(request_id, SeqUpdate(request_id, (), 0, True, "error", f"engine failed: {self._fatal}"))
+                self._send(request_id, SeqUpdate(request_id, (), "", 0, True, "error", f"engine failed: {self._fatal}"))
 
     def _drain_commands(self, *, block: bool) -> None:
         try:
@@ -173,23 +175,21 @@ class EngineLoop:
         if isinstance(command, _Abort):
             if command.request_id in self._streams:
                 self._engine.abort_request(command.request_id)
-                self._send(command.request_id, SeqUpdate(command.request_id, (), 0, True, "abort"))
+                self._send(command.request_id, SeqUpdate(command.request_id, (), "", 0, True, "abort"))
             return
         self._streams[command.request_id] = command.stream
         try:
             self._engine.add_request(command.request_id, command.prompt_token_ids, command.params)
         except ValueError as exc:  # the engine refused the request (too long, bad params)
-            self._send(command.request_id, SeqUpdate(command.request_id, (), len(command.prompt_token_ids), True, "error", str(exc)))
+            self._send(command.request_id, SeqUpdate(command.request_id, (), "", len(command.prompt_token_ids), True, "error", str(exc)))
 
     def _deliver(self, output: Any) -> None:
-        stream = self._streams.get(output.request_id)
-        if stream is None:  # aborted earlier; the engine may still report it once
+        """Forward one ``RequestOutput`` (its single completion's per-step delta)."""
+        if output.request_id not in self._streams:  # aborted earlier; the engine reports it once more
             return
-        token_ids = list(output.token_ids)
-        new = tuple(token_ids[stream.num_sent :])
-        stream.num_sent = len(token_ids)
-        update = SeqUpdate(output.request_id, new, len(output.prompt_token_ids), bool(output.finished),
-                           output.finish_reason if output.finished else None)
+        completion = output.outputs[0]
+        update = SeqUpdate(output.request_id, tuple(completion.new_token_ids), completion.new_text,
+                           len(output.prompt_token_ids), bool(output.finished), completion.finish_reason)
         self._send(output.request_id, update)
 
     def _send(self, request_id: str, update: SeqUpdate) -> None:
@@ -221,6 +221,13 @@ class EngineLoop:
 
 
 def engine_queue_stats(engine: Any) -> tuple[int, int, float | None]:
-    """(num_waiting, num_running, KV cache usage 0..1 or None) read from the engine's accessors."""
-    stats = engine.get_stats()
-    return int(stats.num_waiting), int(stats.num_running), stats.kv_cache_usage
+    """(num_waiting, num_running, KV cache usage 0..1) from the engine's read-only accessors.
+
+    KV usage is ``engine.kv_cache_usage`` when the engine has it (paged cache: blocks in use);
+    otherwise, for the contiguous cache, the fraction of per-sequence KV slots in use.
+    """
+    usage = getattr(engine, "kv_cache_usage", None)
+    if usage is None:
+        runner = engine.runner
+        usage = 1.0 - runner.num_free_slots / runner.max_num_seqs
+    return int(engine.num_waiting), int(engine.num_running), float(usage)

@@ -28,21 +28,20 @@ class LoadedModel:
     Attributes:
         engine_loop: the running engine thread.
         tokenizer: the model's tokenizer.
-        chat_template: renders chat messages.
+        chat_template: renders chat messages; None when the model has no chat format.
         max_model_len: context length in tokens (prompt + generated).
         vocab_size: token ids must be below this.
         make_sampling_params: builds the engine's SamplingParams from keyword options
-            (max_tokens, temperature, top_p, top_k, seed, stop, stop_token_ids, ignore_eos).
-        chat_stop_token_ids: extra stop token ids for chat requests (end of turn).
+            (max_tokens, temperature, top_p, top_k, seed, stop, ignore_eos). The engine's EOS set
+            already includes the chat format's end-of-turn token.
     """
 
     engine_loop: EngineLoop
     tokenizer: Tokenizer
-    chat_template: ChatTemplate
+    chat_template: ChatTemplate | None
     max_model_len: int
     vocab_size: int
     make_sampling_params: Callable[..., Any]
-    chat_stop_token_ids: tuple[int, ...] = ()
 
 
 @dataclass

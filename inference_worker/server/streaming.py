@@ -1,15 +1,14 @@
 """One API request's generation: its engine requests, detokenization, events and SSE framing.
 
 An API request with P prompts and ``n`` choices becomes P*n engine requests
-(``{id}-{index}``, choice ``index = prompt_index * n + i``) sharing one update queue. Each choice
-has its own :class:`IncrementalDetokenizer`; :meth:`Generation.events` yields text deltas that are
-already safe to send (no partial UTF-8 character, nothing that could still become a stop string),
-so a non-streamed response is exactly the join of the streamed deltas.
+(``{id}-{index}``, choice ``index = prompt_index * n + i``) sharing one update queue.
+:meth:`Generation.events` yields the engine's text deltas, which its incremental detokenizer
+(:class:`~inference_worker.tokenization.IncrementalDetokenizer`) has already made safe to send: no
+partial UTF-8 character, nothing that could still become a stop string, text cut right before a
+stop string. A non-streamed response is exactly the join of the same deltas.
 
-A stop string found by the detokenizer finishes its choice with ``finish_reason="stop"`` and
-aborts the engine request at once (freeing its KV); ``completion_tokens`` counts tokens up to and
-including the one that completed the stop string, plus an EOS/stop token when the engine ended
-the sequence with one.
+``completion_tokens`` counts every token the engine generated for the choice, including the
+EOS/stop token or the token that completed a stop string (as vLLM counts them).
 """
 
 from __future__ import annotations
@@ -21,11 +20,8 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tokenizers import Tokenizer
-
 from inference_worker.metrics import WorkerMetrics
 from inference_worker.server.engine_loop import EngineLoop, SeqUpdate
-from inference_worker.tokenization import IncrementalDetokenizer
 
 
 @dataclass(frozen=True)
@@ -45,7 +41,6 @@ class GenerationError(Exception):
 class _Choice:
     index: int
     request_id: str
-    detokenizer: IncrementalDetokenizer
     num_prompt_tokens: int
     num_output_tokens: int = 0
     first_token_at: float | None = None
@@ -58,21 +53,17 @@ class Generation:
 
     Args:
         engine_loop: the worker's :class:`EngineLoop`.
-        tokenizer: used for detokenization.
         request_id: the API request id (``cmpl-...`` / ``chatcmpl-...``).
         prompts: token ids per prompt.
         n: choices per prompt.
-        stop: stop strings.
         make_params: ``choice_index -> engine SamplingParams`` (seeds differ per choice).
         metrics: the worker's metrics (TTFT, TPOT, e2e and token counters per sequence).
     """
 
     engine_loop: EngineLoop
-    tokenizer: Tokenizer
     request_id: str
     prompts: list[list[int]]
     n: int
-    stop: tuple[str, ...]
     make_params: Callable[[int], Any]
     metrics: WorkerMetrics | None = None
     arrival: float = field(default_factory=time.monotonic)
@@ -104,8 +95,7 @@ class Generation:
             for i in range(self.n):
                 index = p * self.n + i
                 rid = f"{self.request_id}-{index}"
-                self._choices[rid] = _Choice(index, rid, IncrementalDetokenizer(self.tokenizer, self.stop),
-                                             len(prompt))
+                self._choices[rid] = _Choice(index, rid, len(prompt))
                 self.engine_loop.submit(rid, prompt, self.make_params(index), self._updates)
         if self.metrics is not None:
             self.metrics.tokens(num_prompt_tokens=sum(len(p) for p in self.prompts) * self.n)
@@ -128,10 +118,7 @@ class Generation:
         """
         while not self.finished:
             update = await self._updates.get()
-            choice = self._choices[update.request_id]
-            if choice.finish_reason is not None:
-                continue  # a late update for a choice we already finished on a stop string
-            event = self._apply(choice, update)
+            event = self._apply(self._choices[update.request_id], update)
             if event is not None:
                 yield event
 
@@ -141,32 +128,20 @@ class Generation:
             choice.finish_reason = "error"
             self.abort()
             raise GenerationError(update.error or "the engine failed the request")
-        text_parts: list[str] = []
-        for token_id in update.new_token_ids:
+        if update.new_token_ids:
             if choice.first_token_at is None:
                 choice.first_token_at = now
-            choice.num_output_tokens += 1
-            text_parts.append(choice.detokenizer.push([token_id]))
-            if choice.detokenizer.stopped:
-                break
-        if self.metrics is not None and update.new_token_ids:
-            self.metrics.tokens(num_generation_tokens=len(update.new_token_ids))
-        if choice.detokenizer.stopped:
-            finish_reason = "stop"
-            if not update.finished:
-                self.engine_loop.abort(choice.request_id)
-        elif update.finished:
-            finish_reason = update.finish_reason or "stop"
-            text_parts.append(choice.detokenizer.finish())
-        else:
-            text = "".join(text_parts)
-            return ChoiceEvent(choice.index, text) if text else None
-        choice.finish_reason = finish_reason
-        if self.metrics is not None and finish_reason != "abort":
+            choice.num_output_tokens += len(update.new_token_ids)
+            if self.metrics is not None:
+                self.metrics.tokens(num_generation_tokens=len(update.new_token_ids))
+        if not update.finished:
+            return ChoiceEvent(choice.index, update.new_text) if update.new_text else None
+        choice.finish_reason = update.finish_reason or "stop"
+        if self.metrics is not None and choice.finish_reason != "abort":
             ttft = None if choice.first_token_at is None else choice.first_token_at - self.arrival
             self.metrics.observe_latency(ttft_s=ttft, e2e_s=now - self.arrival,
                                          num_output_tokens=choice.num_output_tokens)
-        return ChoiceEvent(choice.index, "".join(text_parts), finish_reason)
+        return ChoiceEvent(choice.index, update.new_text, choice.finish_reason)
 
 
 def sse(data: dict | str) -> bytes:

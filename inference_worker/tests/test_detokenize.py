@@ -132,6 +132,11 @@ def test_model_template_from_tokenizer_config_is_used(tmp_path):
     )
 
 
+def test_a_non_gemma_model_without_a_template_has_no_chat_format(tmp_path):
+    (tmp_path / "tokenizer_config.json").write_text('{"tokenizer_class": "GPT2Tokenizer"}')
+    assert ChatTemplate.for_tokenizer_dir(tmp_path) is None
+
+
 @pytest.mark.parametrize(
     ("messages", "message"),
     [

@@ -1,0 +1,62 @@
+"""Builds what the server needs from the engine package: the engine, its thread, tokenizer and chat template.
+
+The only module of the server that imports ``inference_worker.engine``; the routes see a
+:class:`~inference_worker.server.state.LoadedModel`.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+
+from inference_worker.engine.llm_engine import LLMEngine
+from inference_worker.engine.sampling_params import SamplingParams
+from inference_worker.metrics import WorkerMetrics
+from inference_worker.server.engine_loop import EngineLoop
+from inference_worker.server.state import LoadedModel
+from inference_worker.tokenization import ChatTemplate
+
+
+def build_loaded_model(model: str, *, metrics: WorkerMetrics | None = None, max_num_seqs: int | None = None,
+                       max_model_len: int | None = None, kv_cache_memory_bytes: int | None = None,
+                       dtype: str | None = None, device: str | None = None) -> LoadedModel:
+    """Load ``model`` into an ``LLMEngine`` and wrap it for the server (the engine thread is not started).
+
+    Args:
+        model: built-in name, ``.gguf`` path or prepared HF directory (see ``load_model``).
+        metrics: where the engine loop publishes queue depth, KV usage and busy ratio.
+        max_num_seqs / max_model_len: engine limits (engine defaults when None).
+        kv_cache_memory_bytes: KV cache budget, for engines that size a paged cache.
+        dtype / device: compute dtype and torch device (default: cuda when available, else cpu).
+
+    Raises:
+        ValueError: the engine cannot honour an option (e.g. a KV budget on an engine without a
+            paged cache), or the model cannot be loaded.
+    """
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    engine_kwargs: dict = {}
+    if max_num_seqs is not None:
+        engine_kwargs["max_num_seqs"] = max_num_seqs
+    if max_model_len is not None:
+        engine_kwargs["max_model_len"] = max_model_len
+    if kv_cache_memory_bytes is not None:
+        if "kv_cache_memory" not in inspect.signature(LLMEngine.__init__).parameters:
+            raise ValueError("--kv-cache-memory needs the paged engine; this LLMEngine sizes no KV cache budget")
+        engine_kwargs["kv_cache_memory"] = kv_cache_memory_bytes
+    engine = LLMEngine.from_model(model, dtype=dtype, device=device, **engine_kwargs)
+    loaded = engine.loaded
+    tokenizer = engine.tokenizer
+    chat_template = ChatTemplate.for_tokenizer_dir(loaded.path) if loaded.path.is_dir() else None
+
+    def make_sampling_params(**options: object) -> SamplingParams:
+        return SamplingParams(**options).validate()  # type: ignore[arg-type]
+
+    return LoadedModel(
+        engine_loop=EngineLoop(engine, metrics),
+        tokenizer=tokenizer,
+        chat_template=chat_template,
+        max_model_len=engine.max_model_len,
+        vocab_size=loaded.config.vocab_size,
+        make_sampling_params=make_sampling_params,
+    )
