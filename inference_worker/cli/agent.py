@@ -24,8 +24,6 @@ import logging
 import os
 from pathlib import Path
 
-import uvicorn
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Define the ``agent`` options on ``parser``."""
@@ -48,6 +46,8 @@ def run(args: argparse.Namespace) -> int:
     Raises:
         ValueError: no token, a token shorter than 16 characters, or a port outside 1..65535.
     """
+    import uvicorn
+
     from inference_worker.agent.app import create_app
     from inference_worker.agent.processes import ProcessManager
 
@@ -64,13 +64,3 @@ def run(args: argparse.Namespace) -> int:
     uvicorn.Server(config).run()
     return 0
 
-
-def main(argv: list[str] | None = None) -> int:
-    """Standalone entry point (``python -m inference_worker.cli.agent``)."""
-    parser = argparse.ArgumentParser(prog="inference_worker agent", description=__doc__.split("\n")[0])
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -34,7 +34,7 @@ SPEC = PoolTrackSpec(
     pool=POOL, role="colocated", track="stable", replicas=0,
     model=ModelRef(name="gemma-3-270m", version="v1"),
     env={"TORCH_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"},
-    extra_args=("--max-num-seqs", "2", "--kv-cache-memory", "64MiB"),
+    extra_args=("--max-num-seqs", "2"),
     drain_timeout_s=60,
 )
 
