@@ -170,14 +170,15 @@ class KubernetesBackend(OrchestratorBackend):
 
     def _retry_conflicts(self, op: Callable[[], Any]) -> Any:
         """Run ``op`` (which must re-read before writing) until it wins or the conflict budget runs out."""
-        for attempt in range(self.max_conflict_retries + 1):
+        attempt = 0
+        while True:
             try:
                 return op()
             except Conflict:
-                if attempt == self.max_conflict_retries:
+                if attempt >= self.max_conflict_retries:
                     raise
-                logger.info("kubernetes write conflicted; re-reading (retry %d)", attempt + 1)
-        raise AssertionError("unreachable")  # pragma: no cover
+                attempt += 1
+                logger.info("kubernetes write conflicted; re-reading (retry %d)", attempt)
 
     # -- create or patch --------------------------------------------------------------------------
 

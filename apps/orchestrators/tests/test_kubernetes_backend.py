@@ -51,6 +51,7 @@ def controller(mock):
     c.start()
     yield c
     c.stop()
+    assert c.errors == []  # the controller's own API calls never failed
 
 
 @pytest.fixture
