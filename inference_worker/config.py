@@ -33,8 +33,6 @@ GEMMA3_SLIDING_WINDOW_PATTERN = 6
 GEMMA3_DEFAULT_ROPE_LOCAL_BASE_FREQ = 10_000.0
 
 _HF_MODEL_TYPES = {"gemma3_text": "gemma3", "gemma3": "gemma3", "llama": "llama"}
-_HF_MODEL_TYPE_OUT = {"gemma3": "gemma3_text", "llama": "llama"}
-_HF_ARCH_CLASS = {"gemma3": "Gemma3ForCausalLM", "llama": "LlamaForCausalLM"}
 
 
 def kv_bytes_per_token(*, num_kv_heads: int, head_dim: int, dtype_bytes: int = 2) -> int:
@@ -283,7 +281,9 @@ class ModelConfig:
         layer_types = data.get("layer_types") or derive_layer_types(architecture, num_layers, sliding_window)
         if SLIDING_ATTENTION not in layer_types:
             sliding_window = None
-        rope_theta, rope_local, scaling = _hf_rope(data, gemma)
+        from inference_worker.model.hf_config import hf_rope_parameters
+
+        rope_theta, rope_local, scaling = hf_rope_parameters(data, gemma)
         eos = data.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list | tuple) else (() if eos is None else (eos,))
         dtype = data.get("dtype") or data.get("torch_dtype") or ("bfloat16" if gemma else "float32")
@@ -327,50 +327,9 @@ class ModelConfig:
             ValueError: the file is not GGUF, or its ``general.architecture`` is unsupported (named).
             FileNotFoundError: the path does not exist.
         """
-        meta = read_gguf_metadata(path)
-        arch = meta.get("general.architecture")
-        if arch not in SUPPORTED_ARCHITECTURES:
-            raise ValueError(
-                f"unsupported GGUF architecture {arch!r} in {path}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
-            )
+        from inference_worker.model.gguf_config import gguf_config_kwargs
 
-        def get(key: str, default: Any = None) -> Any:
-            return meta.get(f"{arch}.{key}", default)
-
-        heads = int(get("attention.head_count"))
-        hidden = int(get("embedding_length"))
-        num_layers = int(get("block_count"))
-        head_dim = int(get("attention.key_length") or get("rope.dimension_count") or hidden // heads)
-        vocab = int(get("vocab_size") or meta.get("tokenizer.ggml.tokens_count") or 0)
-        gemma = arch == "gemma3"
-        sliding_window = get("attention.sliding_window") if gemma else None
-        eos = meta.get("tokenizer.ggml.eos_token_id")
-        return cls(
-            architecture=arch,
-            num_hidden_layers=num_layers,
-            hidden_size=hidden,
-            intermediate_size=int(get("feed_forward_length")),
-            num_attention_heads=heads,
-            num_key_value_heads=int(get("attention.head_count_kv") or heads),
-            head_dim=head_dim,
-            vocab_size=vocab,
-            max_position_embeddings=int(get("context_length")),
-            layer_types=derive_layer_types(arch, num_layers, sliding_window),
-            sliding_window=int(sliding_window) if sliding_window is not None else None,
-            rope_theta=float(get("rope.freq_base", 10_000.0)),
-            rope_local_base_freq=GEMMA3_DEFAULT_ROPE_LOCAL_BASE_FREQ if gemma else None,
-            rms_norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-6)),
-            dtype="float32",
-            tie_word_embeddings=not meta.get("_has_output_weight", False),
-            hidden_activation="gelu_pytorch_tanh" if gemma else "silu",
-            query_pre_attn_scalar=float(head_dim) if gemma else None,
-            rope_scaling_factor=float(get("rope.scaling.factor", 1.0) or 1.0),
-            final_logit_softcapping=get("final_logit_softcapping") if gemma else None,
-            attn_logit_softcapping=get("attn_logit_softcapping") if gemma else None,
-            bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
-            eos_token_ids=() if eos is None else (int(eos),),
-            pad_token_id=meta.get("tokenizer.ggml.padding_token_id"),
-        )
+        return cls(**gguf_config_kwargs(path))
 
     @classmethod
     def from_path(cls, path: str | Path) -> ModelConfig:
@@ -404,86 +363,9 @@ class ModelConfig:
 
     def to_hf_config(self) -> dict[str, Any]:
         """An HF ``config.json`` dict (transformers 5 names) that :meth:`from_hf_config` parses back."""
-        gemma = self.architecture == "gemma3"
-        full = {"rope_type": "default", "rope_theta": self.rope_theta}
-        if self.rope_scaling_factor != 1.0:
-            full = {"rope_type": "linear", "rope_theta": self.rope_theta, "factor": self.rope_scaling_factor}
-        out: dict[str, Any] = {
-            "architectures": [_HF_ARCH_CLASS[self.architecture]],
-            "model_type": _HF_MODEL_TYPE_OUT[self.architecture],
-            "num_hidden_layers": self.num_hidden_layers,
-            "hidden_size": self.hidden_size,
-            "intermediate_size": self.intermediate_size,
-            "num_attention_heads": self.num_attention_heads,
-            "num_key_value_heads": self.num_key_value_heads,
-            "head_dim": self.head_dim,
-            "vocab_size": self.vocab_size,
-            "max_position_embeddings": self.max_position_embeddings,
-            "layer_types": list(self.layer_types),
-            "sliding_window": self.sliding_window,
-            "rms_norm_eps": self.rms_norm_eps,
-            "dtype": self.dtype,
-            "tie_word_embeddings": self.tie_word_embeddings,
-            "attention_bias": self.attention_bias,
-            "bos_token_id": self.bos_token_id,
-            "eos_token_id": list(self.eos_token_ids) if len(self.eos_token_ids) != 1 else self.eos_token_ids[0],
-            "pad_token_id": self.pad_token_id,
-        }
-        if gemma:
-            local = {"rope_type": "default", "rope_theta": self.rope_local_base_freq or self.rope_theta}
-            out["rope_parameters"] = {FULL_ATTENTION: full, SLIDING_ATTENTION: local}
-            out.update(hidden_activation=self.hidden_activation, query_pre_attn_scalar=self.query_pre_attn_scalar,
-                       attn_logit_softcapping=self.attn_logit_softcapping,
-                       final_logit_softcapping=self.final_logit_softcapping)
-        else:
-            out["rope_parameters"] = full
-            out["hidden_act"] = self.hidden_activation
-        return out
+        from inference_worker.model.hf_config import model_config_to_hf
 
-
-def read_gguf_metadata(path: str | Path) -> dict[str, Any]:
-    """Scalar/string metadata of a GGUF file as a dict, without reading tensor data (milliseconds).
-
-    Adds ``tokenizer.ggml.tokens_count`` (vocabulary size) and ``_has_output_weight`` (an untied
-    ``output.weight`` tensor exists).
-
-    Raises:
-        FileNotFoundError: the file does not exist.
-        ValueError: the file is not a readable GGUF file.
-    """
-    from inference_worker.model.gguf_header import read_gguf_header
-
-    header = read_gguf_header(path)
-    meta = dict(header.metadata)
-    meta["tokenizer.ggml.tokens_count"] = header.array_lengths.get("tokenizer.ggml.tokens", 0)
-    meta["_has_output_weight"] = any(t.name == "output.weight" for t in header.tensors)
-    return meta
-
-
-def _hf_rope(data: dict[str, Any], gemma: bool) -> tuple[float, float | None, float]:
-    """(rope_theta of full layers, rope base of sliding layers or None, linear scaling factor of full layers)."""
-    params = data.get("rope_parameters")
-    if isinstance(params, dict) and FULL_ATTENTION in params:
-        full, local = params[FULL_ATTENTION], params.get(SLIDING_ATTENTION)
-    elif isinstance(params, dict) and params:
-        full, local = params, None
-    else:
-        full = {"rope_theta": data.get("rope_theta", 10_000.0), **(data.get("rope_scaling") or {})}
-        local = {"rope_theta": data["rope_local_base_freq"]} if "rope_local_base_freq" in data else None
-    if local is not None and local.get("rope_type", "default") != "default":
-        raise ValueError(f"unsupported rope_type {local.get('rope_type')!r} for sliding layers")
-    rope_type = full.get("rope_type") or full.get("type") or "default"
-    if rope_type not in ("default", "linear"):
-        raise ValueError(f"unsupported rope_type {rope_type!r}; supported: default, linear")
-    factor = float(full.get("factor", 1.0)) if rope_type == "linear" else 1.0
-    theta = float(full.get("rope_theta", data.get("rope_theta", 10_000.0)))
-    if local is not None:
-        local_base: float | None = float(local["rope_theta"])
-    elif gemma:
-        local_base = float(data.get("rope_local_base_freq", GEMMA3_DEFAULT_ROPE_LOCAL_BASE_FREQ))
-    else:
-        local_base = None
-    return theta, local_base, factor
+        return model_config_to_hf(self)
 
 
 def _require_positive_int(name: str, value: Any) -> None:

@@ -1,0 +1,151 @@
+"""Exact parity with transformers on the real models, both loaded from the same GGUF file (fp32, SDPA).
+
+For Gemma 3 270M (hybrid: 15 sliding layers with W=512, 3 full) and SmolLM2-135M (Llama, all full) and 12
+prompts each - including prompts of exactly 511, 512, 513 and 1500 tokens around Gemma's window - we compare:
+
+* the last-position logits after prefill: max |diff| <= 1e-2;
+* 32 greedy tokens: identical, except that a divergence is accepted at a step where the reference's top-2
+  logit gap is below 1e-2 (a near-tie that float reduction order may flip); every such case is reported.
+
+Our side runs the prepared artifact (safetensors written by ``models prepare`` from the GGUF) through the
+contiguous runner with the SDPA kernel: all 12 prompts are prefilled into their own slots and then decoded
+together in ragged batches. The reference is transformers' own model class with a DynamicCache greedy loop.
+"""
+
+import warnings
+
+import pytest
+import torch
+
+from inference_worker.engine.contiguous_runner import ContiguousModelRunner
+from inference_worker.registry import gguf_path
+from inference_worker.testing import GEMMA, SMOLLM2, load_prepared
+
+pytestmark = pytest.mark.slow
+torch.set_num_threads(1)
+
+NUM_NEW_TOKENS = 32
+LOGIT_TOLERANCE = 1e-2
+NEAR_TIE_GAP = 1e-2
+EXACT_LENGTHS = (511, 512, 513, 1500)
+SHORT_PROMPTS = (
+    "The capital of France is",
+    "def quicksort(items):\n",
+    "Translate to German: The weather is nice today.",
+    "1, 1, 2, 3, 5, 8, 13,",
+    "Q: Why is the sky blue?\nA:",
+    "In 1969, the Apollo 11 mission",
+    "The three primary colors are",
+)
+CORPUS = (
+    "Disaggregated inference splits the prefill of a prompt from the decoding of its answer. Prefill is "
+    "compute-bound: every prompt token passes through every layer at once. Decode is memory-bound: each new "
+    "token reads the whole key-value cache. Sliding-window attention layers keep only the most recent tokens, "
+    "so a hybrid model's cache grows slowly, and shipping it between datacenters becomes practical. "
+    "Operators roll new model versions out gradually, watching time to first token and error rates. "
+)
+
+
+def _prompts(tokenizer, chat_prompt):
+    prompts = [tokenizer.encode(text).ids for text in SHORT_PROMPTS]
+    prompts.append(tokenizer.encode(chat_prompt).ids)
+    corpus_ids = tokenizer.encode(CORPUS * 60).ids
+    prompts += [corpus_ids[:n] for n in EXACT_LENGTHS]
+    return prompts
+
+
+@torch.inference_mode()
+def _reference(hf_model, prompt):
+    """(prefill last logits [vocab], greedy tokens, per-step logits) from transformers."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=hf_model.config)
+    out = hf_model(torch.tensor([prompt]), past_key_values=cache, use_cache=True, logits_to_keep=1)
+    step_logits = [out.logits[0, -1].float()]
+    tokens = []
+    for _ in range(NUM_NEW_TOKENS):
+        token = int(step_logits[-1].argmax())
+        tokens.append(token)
+        if len(tokens) == NUM_NEW_TOKENS:
+            break
+        out = hf_model(torch.tensor([[token]]), past_key_values=out.past_key_values, use_cache=True, logits_to_keep=1)
+        step_logits.append(out.logits[0, -1].float())
+    return step_logits[0], tokens, step_logits
+
+
+@torch.inference_mode()
+def _ours(loaded, prompts):
+    runner = ContiguousModelRunner(loaded.model, max_num_seqs=len(prompts), max_model_len=2048)
+    prefill_logits, tokens = [], []
+    for slot, prompt in enumerate(prompts):
+        logits = runner.prefill(slot, prompt)
+        prefill_logits.append(logits)
+        tokens.append([int(logits.argmax())])
+    slots = list(range(len(prompts)))
+    for _ in range(NUM_NEW_TOKENS - 1):  # every sequence decodes in one ragged batch
+        lens = [len(p) + len(t) - 1 for p, t in zip(prompts, tokens, strict=True)]
+        logits = runner.decode(slots, [t[-1] for t in tokens], lens)
+        for seq, row in zip(tokens, logits, strict=True):
+            seq.append(int(row.argmax()))
+    return prefill_logits, tokens
+
+
+def _top2_gap(logits):
+    top = torch.topk(logits, 2).values
+    return float(top[0] - top[1])
+
+
+@pytest.fixture(scope="module", params=[GEMMA, SMOLLM2])
+def parity_run(request):
+    from transformers import AutoModelForCausalLM
+
+    name = request.param
+    loaded = load_prepared(name)
+    chat = {
+        GEMMA: "<start_of_turn>user\nWrite a haiku about ferries.<end_of_turn>\n<start_of_turn>model\n",
+        SMOLLM2: "<|im_start|>user\nWrite a haiku about ferries.<|im_end|>\n<|im_start|>assistant\n",
+    }[name]
+    prompts = _prompts(loaded.tokenizer, chat)
+    path = gguf_path(name)
+    hf_model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32,
+                                                    attn_implementation="sdpa").eval()
+    ours = _ours(loaded, prompts)
+    reference = [_reference(hf_model, p) for p in prompts]
+    del hf_model
+    return name, prompts, ours, reference
+
+
+def test_twelve_prompts_including_the_window_edges(parity_run):
+    name, prompts, _, _ = parity_run
+    lengths = [len(p) for p in prompts]
+    assert len(prompts) == 12
+    assert lengths[-4:] == [511, 512, 513, 1500]
+    if name == GEMMA:
+        assert all(p[0] == 2 for p in prompts)  # <bos> added by the prepared tokenizer
+
+
+def test_last_position_logits_match_transformers(parity_run):
+    name, prompts, (our_logits, _), reference = parity_run
+    diffs = [float((ours - ref[0]).abs().max()) for ours, ref in zip(our_logits, reference, strict=True)]
+    print(f"\n{name}: max |logit diff| per prompt (lengths {[len(p) for p in prompts]}): "
+          + ", ".join(f"{d:.2e}" for d in diffs))
+    assert max(diffs) <= LOGIT_TOLERANCE
+
+
+def test_32_greedy_tokens_match_transformers(parity_run):
+    name, prompts, (_, our_tokens), reference = parity_run
+    accepted = []
+    for i, (ours, (_, ref_tokens, ref_logits)) in enumerate(zip(our_tokens, reference, strict=True)):
+        assert len(ours) == len(ref_tokens) == NUM_NEW_TOKENS
+        mismatch = next((s for s in range(NUM_NEW_TOKENS) if ours[s] != ref_tokens[s]), None)
+        if mismatch is None:
+            continue
+        gap = _top2_gap(ref_logits[mismatch])
+        case = (f"{name} prompt {i} ({len(prompts[i])} tokens): diverged at step {mismatch} "
+                f"(ours {ours[mismatch]}, reference {ref_tokens[mismatch]}, reference top-2 gap {gap:.2e})")
+        assert gap < NEAR_TIE_GAP, case
+        accepted.append(case)
+    for case in accepted:
+        warnings.warn(f"accepted near-tie divergence: {case}", stacklevel=1)
+    print(f"\n{name}: {len(prompts) - len(accepted)}/{len(prompts)} prompts identical over {NUM_NEW_TOKENS} tokens; "
+          f"accepted near-tie divergences: {accepted or 'none'}")
