@@ -9,13 +9,18 @@ Superusers count as admin.
 
 from __future__ import annotations
 
+from django.apps import apps as django_apps
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser, Group, Permission
 
 VIEWER, OPERATOR, ADMIN = "viewer", "operator", "admin"
 ROLES = (VIEWER, OPERATOR, ADMIN)
 ROLE_LEVEL = {VIEWER: 1, OPERATOR: 2, ADMIN: 3}
-FERRY_APP_LABELS = ("catalog", "fleet", "rollouts", "operations")
 ADMIN_EXTRA_APP_LABELS = ("auth", "authtoken")
+
+
+def ferry_app_labels() -> tuple[str, ...]:
+    """Labels of Ferry's own Django apps (modules under ``apps.``), including ones added later."""
+    return tuple(cfg.label for cfg in django_apps.get_app_configs() if cfg.name.startswith("apps."))
 
 
 def user_role(user: AbstractBaseUser | AnonymousUser | None) -> str | None:
@@ -49,13 +54,14 @@ def role_at_least(user: AbstractBaseUser | AnonymousUser | None, required: str) 
 def roles_ensure(*, using: str = "default") -> dict[str, Group]:
     """Create the three role groups if missing and (re)assign their model permissions.
 
-    viewer and operator get the ``view_*`` permissions of Ferry's apps; admin gets every permission
-    of Ferry's apps plus users, groups and tokens. Idempotent; runs after every ``migrate``.
+    viewer and operator get the ``view_*`` permissions of Ferry's apps (every app under ``apps.``);
+    admin gets every permission of Ferry's apps plus users, groups and tokens. Idempotent; runs after every ``migrate``.
     """
     groups = {name: Group.objects.using(using).get_or_create(name=name)[0] for name in ROLES}
+    labels = ferry_app_labels()
     perms = Permission.objects.using(using).select_related("content_type")
-    view_perms = [p for p in perms if p.content_type.app_label in FERRY_APP_LABELS and p.codename.startswith("view_")]
-    admin_perms = [p for p in perms if p.content_type.app_label in FERRY_APP_LABELS + ADMIN_EXTRA_APP_LABELS]
+    view_perms = [p for p in perms if p.content_type.app_label in labels and p.codename.startswith("view_")]
+    admin_perms = [p for p in perms if p.content_type.app_label in labels + ADMIN_EXTRA_APP_LABELS]
     groups[VIEWER].permissions.set(view_perms)
     groups[OPERATOR].permissions.set(view_perms)
     groups[ADMIN].permissions.set(admin_perms)

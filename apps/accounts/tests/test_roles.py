@@ -18,8 +18,9 @@ def test_role_groups_exist_after_migrate_with_admin_permissions():
     admin_perms = set(Group.objects.get(name="admin").permissions.values_list("codename", flat=True))
     assert {"add_pool", "delete_cluster", "change_modelversion", "view_action", "add_user"} <= admin_perms
     viewer_perms = set(Group.objects.get(name="viewer").permissions.values_list("codename", flat=True))
-    assert viewer_perms == {"view_action", "view_cluster", "view_clusterlink", "view_modelversion", "view_pool",
-                            "view_pooltrack", "view_rolloutplan"}
+    assert {"view_action", "view_cluster", "view_clusterlink", "view_modelversion", "view_pool", "view_pooltrack",
+            "view_rolloutplan"} <= viewer_perms
+    assert all(codename.startswith("view_") for codename in viewer_perms)
 
 
 def test_ferry_user_command_prints_password_and_a_working_token():
