@@ -2,9 +2,10 @@
 PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
-export TORCH_NUM_THREADS ?=
+HOST ?= 127.0.0.1
+PORT ?= 8000
 
-.PHONY: setup run test lint models clean
+.PHONY: setup run test lint models worker clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -20,9 +21,18 @@ setup: $(VENV)/.installed
 models: setup
 	$(BIN)/python -m inference_worker models prepare gemma-3-270m smollm2-135m-instruct
 
+# Development server (DEBUG on unless set): migrate, create the admin and operator users once
+# (their password and API token are printed the first time), then serve ASGI (daphne runserver).
+run: export DEBUG ?= 1
 run: models
 	$(BIN)/python manage.py migrate --noinput
-	$(BIN)/python manage.py runserver 0.0.0.0:8000
+	$(BIN)/python manage.py ferry_user --role admin --if-missing admin
+	$(BIN)/python manage.py ferry_user --role operator --if-missing operator
+	$(BIN)/python manage.py runserver $(HOST):$(PORT)
+
+# A Celery worker for Actions and periodic work (uses REDIS_URL as broker).
+worker: setup
+	$(BIN)/celery -A controlplane worker -Q default,operations --loglevel INFO
 
 test: models
 	$(BIN)/pytest
