@@ -8,6 +8,9 @@ W=512 + 3 full, 1 KV head, head_dim 256, bf16):
 - loopback TCP transfer time and throughput with compression off and on (zstd level 1), with the
   receiver in its own process; time is measured from the first byte sent to the receiver's ack,
   so it includes sealing (CRC-32 + HMAC-SHA256), validation and decoding to tensors;
+- a reference in the same run: the same raw bytes over plain loopback TCP (no framing, no HMAC);
+- CPU seconds per transfer on each side (``/proc``), and the throughput the busier side's CPU allows:
+  on a shared, loaded machine wall time mostly measures waiting for a core;
 - the same transfer over an emulated 10 and 1 Gbit/s link (the sender's token bucket), vs the
   theoretical ``wire_bytes * 8 / bandwidth``.
 
@@ -24,13 +27,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import platform
+import socket
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -82,28 +89,69 @@ def kv_for(kv_full, n):
     return [(k[:n], v[:n]) for k, v in kv_full]
 
 
+def raw_sink(server: socket.socket) -> None:
+    """Reference receiver: plain TCP, u64 length then bytes read into one buffer, 1-byte reply; no framing."""
+    while True:
+        conn, _ = server.accept()
+        with conn:
+            while True:
+                head = conn.recv(8, socket.MSG_WAITALL)
+                if len(head) < 8:
+                    break
+                n = int.from_bytes(head, "big")
+                view, got = memoryview(np.empty(n, dtype=np.uint8)), 0
+                while got < n:
+                    got += conn.recv_into(view[got:])
+                conn.sendall(b"k")
+
+
+def raw_send(port: int, data: bytes, repeats: int) -> list[float]:
+    """Reference sender: wall seconds per plain-TCP transfer of ``data`` (until the 1-byte reply)."""
+    out = []
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        for _ in range(repeats):
+            started = time.perf_counter()
+            sock.sendall(len(data).to_bytes(8, "big"))
+            sock.sendall(data)
+            sock.recv(1)
+            out.append(time.perf_counter() - started)
+    return out
+
+
 async def serve_receiver() -> None:
-    """Child process: a receiver that expects bench-0..bench-9999 and prints its port."""
+    """Child process: a receiver that expects bench-0..bench-9999, plus the raw TCP sink; prints both ports."""
     receiver = await KVReceiver(link_secret=SECRET, model_version_id="bench", weights_sha256=WEIGHTS,
                                 layout=LAYOUT, read_timeout_s=30).start()
     for i in range(10000):
         receiver.expect(f"bench-{i}")
-    print(receiver.port, flush=True)
+    sink = socket.create_server(("127.0.0.1", 0))
+    threading.Thread(target=raw_sink, args=(sink,), daemon=True).start()
+    print(receiver.port, sink.getsockname()[1], flush=True)
     await asyncio.Event().wait()
 
 
-async def measure(port: int, frames, *, bandwidth_gbps=None) -> list[float]:
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` (Linux /proc; all threads)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def measure(port: int, frames, *, bandwidth_gbps=None, receiver_pid=None) -> tuple[list[float], float, float]:
+    """Wall seconds per transfer, and CPU seconds per transfer of the sender and the receiver process."""
     sender = KVSender("127.0.0.1", port, link_secret=SECRET, bandwidth_gbps=bandwidth_gbps, io_timeout_s=60)
+    cpu0, rcpu0 = time.process_time(), process_cpu_s(receiver_pid) if receiver_pid else 0.0
     seconds = [await sender.send(f) for f in frames]
+    send_cpu = (time.process_time() - cpu0) / len(frames)
+    recv_cpu = ((process_cpu_s(receiver_pid) - rcpu0) / len(frames)) if receiver_pid else float("nan")
     await sender.close()
-    return seconds
+    return seconds, send_cpu, recv_cpu
 
 
 async def run(args) -> dict:
     torch.set_num_threads(max(1, args.threads))
     kv_full = real_kv(max(SIZES), args.device) if args.real_kv else random_kv(max(SIZES))
     child = subprocess.Popen([sys.executable, __file__, "--serve-receiver"], stdout=subprocess.PIPE, text=True)
-    port = int(child.stdout.readline())
+    port, sink_port = (int(x) for x in child.stdout.readline().split())
     counter = iter(range(10000))
     rows = []
     try:
@@ -114,6 +162,10 @@ async def run(args) -> dict:
                    "planner_hybrid_bytes": kv_bytes(n, num_full_layers=3, num_sliding_layers=15, sliding_window=512,
                                                     num_kv_heads=1, head_dim=256, dtype_bytes=2),
                    "all_full_bytes": LAYOUT.dense_bytes(n)}
+            raw = b"".join(bytes(memoryview(t[t.shape[0] - r:].contiguous().view(-1).view(torch.uint8).numpy()))
+                           for (k, v), r in zip(kv, LAYOUT.layer_tokens(n), strict=True) for t in (k, v))
+            row["plain_tcp_s"] = statistics.median(await asyncio.to_thread(raw_send, sink_port, raw, args.repeats))
+            row["plain_tcp_GBps"] = len(raw) / row["plain_tcp_s"] / 1e9
             for compression in ("none", "zstd"):
                 def frames(count, compression=compression, kv=kv, n=n):
                     return [encode_kv(request_id=f"bench-{next(counter)}", model_version_id="bench",
@@ -123,28 +175,38 @@ async def run(args) -> dict:
                 encoded = frames(1)[0]
                 encode_s = time.perf_counter() - t0
                 wire = encoded.wire_bytes
-                loop_s = statistics.median(await measure(port, frames(args.repeats)))
+                batch = frames(args.repeats)
+                seconds, send_cpu, recv_cpu = await measure(port, batch, receiver_pid=child.pid)
+                loop_s = statistics.median(seconds)
                 row[compression] = {"wire_bytes": wire, "ratio": row["raw_bytes"] / encoded.payload_bytes,
                                     "encode_s": encode_s, "loopback_s": loop_s,
-                                    "loopback_raw_GBps": row["raw_bytes"] / loop_s / 1e9}
+                                    "loopback_raw_GBps": row["raw_bytes"] / loop_s / 1e9,
+                                    "vs_plain_tcp": row["plain_tcp_s"] / loop_s,
+                                    "send_cpu_s": send_cpu, "receive_cpu_s": recv_cpu,
+                                    "cpu_bound_raw_GBps": row["raw_bytes"] / max(send_cpu, recv_cpu) / 1e9}
                 for gbps in (10.0, 1.0):
-                    link_s = statistics.median(await measure(port, frames(max(1, args.repeats // 2)),
-                                                             bandwidth_gbps=gbps))
+                    link_s = statistics.median((await measure(port, frames(max(1, args.repeats // 2)),
+                                                              bandwidth_gbps=gbps))[0])
                     row[compression][f"link_{gbps:g}gbps_s"] = link_s
                     row[compression][f"link_{gbps:g}gbps_theory_s"] = wire * 8 / (gbps * 1e9)
             rows.append(row)
     finally:
         child.kill()
         child.wait()
-    return {"machine": platform.processor() or platform.machine(), "torch": torch.__version__,
+    return {"machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
+            "load_average": os.getloadavg(), "torch": torch.__version__,
             "repeats": args.repeats, "rows": rows}
 
 
 def print_table(result: dict) -> None:
     print(f"\nKV transfer, Gemma 3 270M shape (bf16), kv={result['rows'][0]['kv']}, median of "
-          f"{result['repeats']} loopback transfers")
+          f"{result['repeats']} loopback transfers; {result['cpus']} CPUs, load average "
+          f"{result['load_average'][0]:.1f}")
+    print("GB/s: raw KV bytes / wall time (first byte sent .. ack). tcp GB/s: the same bytes over plain loopback "
+          "TCP (reference, same run); x tcp: plain TCP time / Ferry transfer time. cpuGB/s: raw bytes / the busier side's CPU "
+          "seconds per transfer (what the pipelined link sustains when each side has its cores).")
     head = (f"{'N':>5} {'raw MB':>8} {'planner MB':>10} {'all-full MB':>11} {'x smaller':>9} {'comp':>5} "
-            f"{'wire MB':>8} {'ratio':>6} {'loop ms':>8} {'GB/s':>6} {'10G ms':>7} {'(th)':>6} {'1G ms':>7} {'(th)':>6}")
+            f"{'wire MB':>8} {'ratio':>6} {'loop ms':>8} {'GB/s':>6} {'tcp GB/s':>8} {'x tcp':>5} {'cpuGB/s':>7} {'10G ms':>7} {'(th)':>6} {'1G ms':>7} {'(th)':>6}")
     print(head)
     print("-" * len(head))
     for r in result["rows"]:
@@ -153,7 +215,8 @@ def print_table(result: dict) -> None:
             print(f"{r['num_tokens']:>5} {r['raw_bytes'] / 1e6:>8.2f} {r['planner_hybrid_bytes'] / 1e6:>10.2f} "
                   f"{r['all_full_bytes'] / 1e6:>11.2f} {r['all_full_bytes'] / r['raw_bytes']:>9.2f} {c:>5} "
                   f"{m['wire_bytes'] / 1e6:>8.2f} {m['ratio']:>6.3f} {m['loopback_s'] * 1e3:>8.1f} "
-                  f"{m['loopback_raw_GBps']:>6.2f} {m['link_10gbps_s'] * 1e3:>7.1f} "
+                  f"{m['loopback_raw_GBps']:>6.2f} {r['plain_tcp_GBps']:>8.2f} {m['vs_plain_tcp']:>5.2f} "
+                  f"{m['cpu_bound_raw_GBps']:>7.2f} {m['link_10gbps_s'] * 1e3:>7.1f} "
                   f"{m['link_10gbps_theory_s'] * 1e3:>6.1f} {m['link_1gbps_s'] * 1e3:>7.1f} "
                   f"{m['link_1gbps_theory_s'] * 1e3:>6.1f}")
 

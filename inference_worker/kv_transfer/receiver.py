@@ -9,7 +9,7 @@ expects is rejected as ``unexpected``. The decode side never blocks past its dea
 
 Frames are read with a :class:`asyncio.BufferedProtocol` straight into one preallocated buffer per
 frame (no intermediate copies; tensors of the payload are views of it), the HMAC is computed as bytes
-arrive, and a frame that makes no progress for ``read_timeout_s`` is dropped as ``timeout``; a
+arrive (on a per-connection hashing thread, in order), and a frame that makes no progress for ``read_timeout_s`` is dropped as ``timeout``; a
 connection that ends mid-frame (e.g. a killed prefill worker) is counted as ``truncated``.
 Every frame gets an ack with its outcome. Counting: each frame is one transfer (direction
 ``receive``); a ``wait`` that reaches its deadline counts one more ``timeout``.
@@ -23,6 +23,7 @@ import hmac
 import ssl as ssl_module
 import time
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -166,11 +167,15 @@ class _FrameProtocol(asyncio.BufferedProtocol):
         self._covered = 0  # body bytes covered by the HMAC (header + payload)
         self._mac_pos = 0
         self._mac = None
+        self._mac_done = None
         self._discarding = False
         self._started: float | None = None
 
     def connection_made(self, transport) -> None:
         self.transport = transport
+        # HMAC updates run in order on one thread per connection (hashlib releases the GIL), overlapping
+        # the hashing of what arrived with the receiving of what follows.
+        self._hasher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kv-hmac")
         self._last_progress = time.monotonic()
         self._schedule_check()
 
@@ -207,10 +212,13 @@ class _FrameProtocol(asyncio.BufferedProtocol):
             return
         if self._mac_pos < self._covered:
             end = min(self._pos, self._covered)
-            self._mac.update(self._target[self._mac_pos:end])
+            self._mac_done = self._hasher.submit(self._mac.update, self._target[self._mac_pos:end])
             self._mac_pos = end
         if self._pos == len(self._body):
-            self._finish_frame()
+            frame = (self._mac, self._pre, self._target, self._header_len, self._covered, self._started)
+            done = asyncio.wrap_future(self._mac_done)
+            self._reset()  # the next frame may start arriving while this one is verified
+            done.add_done_callback(lambda _: self._finish_frame(*frame))
 
     def _begin_body(self) -> None:
         try:
@@ -226,11 +234,10 @@ class _FrameProtocol(asyncio.BufferedProtocol):
         self._mac = hmac.new(self.r.secret, self._pre, hashlib.sha256)
         self._header_len = header_len
 
-    def _finish_frame(self) -> None:
-        body, hl, end = self._target, self._header_len, self._covered
+    def _finish_frame(self, mac, pre, body, hl: int, end: int, started: float) -> None:
         request_id = None
         try:
-            verify_trailer(self._mac.digest(), body[end:], [self._pre, body[:end]])
+            verify_trailer(mac.digest(), body[end:], [pre, body[:end]])
             header = parse_header(body[:hl])
             request_id = str(header.get("request_id"))
             check_identity(header, model_version_id=self.r.model_version_id, weights_sha256=self.r.weights_sha256)
@@ -240,12 +247,11 @@ class _FrameProtocol(asyncio.BufferedProtocol):
             if request_id is not None:
                 self.r._reject_authentic(request_id, exc)
             self._fail(exc)
-            self._reset()
             return
         self.r.recorder.success(RECEIVE, raw_bytes=payload.raw_bytes, wire_bytes=payload.wire_bytes,
-                                seconds=time.perf_counter() - self._started)
-        self.transport.write(encode_ack(None))
-        self._reset()
+                                seconds=time.perf_counter() - started)
+        if not self.transport.is_closing():
+            self.transport.write(encode_ack(None))
 
     def _fail(self, exc: KVTransferError) -> None:
         self.r.recorder.failure(RECEIVE, exc.reason)
@@ -261,6 +267,7 @@ class _FrameProtocol(asyncio.BufferedProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if self._timer is not None:
             self._timer.cancel()
+        self._hasher.shutdown(wait=False)
         if (self._pos > 0 or self._body is not None) and not self._discarding:
             self._fail(TruncatedPayload(f"the connection was lost mid-frame: {exc!r}"))
             self._reset()

@@ -6,8 +6,8 @@ an ack (``wire.encode_ack``): success or the failure reason.
 
 Sender behaviour: connect with ``connect_timeout_s``; stream the frame in chunks (each taken from the
 link's :class:`~inference_worker.kv_transfer.bucket.TokenBucket` when a bandwidth cap is set, so a
-loopback link can emulate a WAN) while the CRC and HMAC are computed on the same views (no copy of
-the KV); every write drain and the ack read are bounded by ``io_timeout_s``. A failure whose error
+loopback link can emulate a WAN) while the CRC and HMAC are computed on the same views in two
+threads (no copy of the KV); every write drain and the ack read are bounded by ``io_timeout_s``. A failure whose error
 class is ``retryable`` (connection, timeout, checksum, truncated) is retried up to ``max_attempts``
 times with exponential backoff ``backoff_s * 2**attempt`` capped at ``backoff_max_s``; others
 (auth, version mismatch, late, unexpected, capacity) are raised at once. TLS: pass an
@@ -135,14 +135,15 @@ class KVSender:
         try:
             sealer = FrameSealer(self._secret)
             chunks = list(frame.iter_chunks(self.chunk_bytes))
-            # The CRC runs in a thread (zlib releases the GIL) while this loop MACs and writes.
-            crc = asyncio.ensure_future(asyncio.to_thread(_feed_crc, sealer, chunks))
+            # HMAC and CRC run in two threads (hashlib and zlib release the GIL) while this loop writes;
+            # only the trailer waits for them.
+            seal = asyncio.gather(asyncio.to_thread(_feed, sealer.update_mac, chunks),
+                                  asyncio.to_thread(_feed, sealer.update_crc, chunks))
             try:
                 for chunk in chunks:
-                    sealer.update_mac(chunk)
                     await self._write(writer, chunk)
             finally:
-                await crc
+                await seal
             await self._write(writer, sealer.trailer())
             length = ACK_LENGTH.unpack(await asyncio.wait_for(reader.readexactly(ACK_LENGTH.size), self.io_timeout_s))[0]
             if length > MAX_ACK_BYTES:
@@ -170,6 +171,6 @@ class KVSender:
         await asyncio.wait_for(writer.drain(), self.io_timeout_s)
 
 
-def _feed_crc(sealer: FrameSealer, chunks: list) -> None:
+def _feed(update, chunks: list) -> None:
     for chunk in chunks:
-        sealer.update_crc(chunk)
+        update(chunk)

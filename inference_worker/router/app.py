@@ -171,9 +171,13 @@ class Router:
     async def _forward(self, method: str, path: str, content: bytes | None, headers: dict, plan: RoutePlan,
                        *, stream: bool) -> Response:
         tried: set[str] = set()
-        last_error = "no replica available"
+        last_error, status = "no replica available", 502
+        c = self.config
+        deadline = asyncio.get_running_loop().time() + c.request_timeout_s
         try:
-            async with asyncio.timeout(None if stream else self.config.request_timeout_s):
+            # Each attempt gets the remaining budget as its httpx timeout (so a slow replica is counted as
+            # an upstream timeout); this outer bound is a backstop for non-streamed requests.
+            async with asyncio.timeout(None if stream else c.request_timeout_s + 1.0):
                 while len(tried) < self.config.max_attempts:
                     replica = self.loads.pick(plan.decode_candidates, exclude=tried)
                     if replica is None:
@@ -183,28 +187,36 @@ class Router:
                     elif plan.decision:
                         self.metrics.decisions.labels(pool=replica.pool, decision=plan.decision).inc()
                     tried.add(replica.name)
-                    outcome = await self._attempt(method, path, content, headers, replica, plan, stream)
+                    remaining = deadline - asyncio.get_running_loop().time()
+                    if remaining <= 0 and not stream:
+                        raise TimeoutError
+                    timeout = httpx.Timeout(c.request_timeout_s if stream else remaining,
+                                            connect=min(c.connect_timeout_s, max(remaining, 0.001)))
+                    outcome = await self._attempt(method, path, content, headers, replica, plan, stream, timeout)
                     if isinstance(outcome, Response):
                         return outcome
-                    last_error = outcome
+                    last_error, status = outcome
         except TimeoutError:
             return _error(504, f"request timed out after {self.config.request_timeout_s}s", "timeout")
-        return _error(502, f"no replica answered ({len(tried)} tried): {last_error}", "upstream_error")
+        kind = "timeout" if status == 504 else "upstream_error"
+        return _error(status, f"no replica answered ({len(tried)} tried): {last_error}", kind)
 
     async def _attempt(self, method: str, path: str, content: bytes | None, headers: dict, replica: Replica,
-                       plan: RoutePlan, stream: bool) -> Response | str:
-        """One try on ``replica``: a Response to return, or a description of the failure to retry on."""
+                       plan: RoutePlan, stream: bool, timeout: httpx.Timeout) -> Response | tuple[str, int]:
+        """One try on ``replica``: a Response to return, or (failure description, status to report if it is
+        the last failure: 504 for a timeout, else 502)."""
         if self.client is None:
             raise RuntimeError("the router's HTTP client is created by the app lifespan; start the app first")
         self.loads.begin(replica)
         released = False
         response = None
         try:
-            upstream = self.client.build_request(method, replica.url + path, content=content, headers=headers)
+            upstream = self.client.build_request(method, replica.url + path, content=content, headers=headers,
+                                                 timeout=timeout)
             response = await self.client.send(upstream, stream=True)
             if response.status_code >= 500:
                 self.metrics.upstream_errors.labels(pool=replica.pool, replica=replica.name, kind="status").inc()
-                return f"{replica.name} answered {response.status_code}"
+                return f"{replica.name} answered {response.status_code}", 502
             chunks = response.aiter_raw()
             first = await anext(chunks, b"")
             out_headers = {k: v for k, v in response.headers.items() if k.lower() in PASS_HEADERS}
@@ -218,10 +230,10 @@ class Router:
                                      headers=out_headers)
         except httpx.TimeoutException as exc:
             self.metrics.upstream_errors.labels(pool=replica.pool, replica=replica.name, kind="timeout").inc()
-            return f"{replica.name} timed out: {exc!r}"
+            return f"{replica.name} timed out: {exc!r}", 504
         except httpx.TransportError as exc:
             self.metrics.upstream_errors.labels(pool=replica.pool, replica=replica.name, kind="connect").inc()
-            return f"{replica.name} unreachable: {exc!r}"
+            return f"{replica.name} unreachable: {exc!r}", 502
         finally:
             if not released:
                 self.loads.end(replica)

@@ -34,6 +34,9 @@ ECHO_APP = textwrap.dedent('''
     async def complete(request: Request):
         if mode == "draining":
             return JSONResponse({"error": {"message": "draining"}}, 503)
+        if mode == "slow":
+            import asyncio
+            await asyncio.sleep(30)
         body = await request.json()
         seen = {k: v for k, v in request.headers.items() if k.startswith("x-")}
         if body.get("stream"):
@@ -300,3 +303,23 @@ def test_file_table_changes_are_applied_and_exported(fleet):
     while metric(fleet.url, "ferry_router_routing_table_version") != 2 and time.monotonic() < deadline:
         time.sleep(0.1)
     assert metric(fleet.url, "ferry_router_routing_table_version") == 2
+
+
+def test_request_timeout_answers_504(tmp_path):
+    f = Fleet(tmp_path)
+    (tmp_path / "keys.json").write_text(json.dumps({"keys": [{"name": "good", "key": "good-key"}]}))
+    try:
+        urls = {n: f.upstream(n, mode="slow") for n in ("d0",)}
+        urls.update(d1=urls["d0"], d2=urls["d0"], p0=urls["d0"])
+        table = routing_table(urls, canary_weight=0)
+        table["pools"][0]["replicas"] = table["pools"][0]["replicas"][:1]
+        (tmp_path / "table.json").write_text(json.dumps(table))
+        f.router(str(tmp_path / "table.json"), "--request-timeout", "0.5", "--scrape-interval", "0")
+        started = time.monotonic()
+        r = httpx.post(f.url + "/v1/completions", headers=GOOD, json={"prompt": "hi"}, timeout=20)
+        assert r.status_code == 504 and r.json()["error"]["type"] == "timeout"
+        assert time.monotonic() - started < 20
+        assert metric(f.url, "ferry_router_upstream_errors_total", {"replica": "d0", "kind": "timeout"}) == 1
+        assert metric(f.url, "ferry_router_requests_total", {"status": "504"}) == 1
+    finally:
+        f.close()
