@@ -61,23 +61,31 @@ class AlertViewSet(viewsets.ReadOnlyModelViewSet):
         return selectors.alert_list()
 
 
+POOL_ID = OpenApiParameter("id", int, OpenApiParameter.PATH, description="The pool's id.")
+
+
 class SignalsViewSet(viewsets.ViewSet):
     """Latest signals and their 15-minute history, as the poller stored them in Redis."""
 
     serializer_class = serializers.Serializer  # free-form JSON documents (see selectors)
+    lookup_value_regex = r"[0-9]+"
 
-    @extend_schema(responses={200: dict}, description="The fleet's latest record: pool id -> signals, with seq.")
+    @extend_schema(operation_id="signals_fleet", responses={200: dict},
+                   description="The fleet's latest record: pool id -> signals, with seq.")
     def list(self, request: Request) -> Response:
         return Response(selectors.telemetry_snapshot(pool_id=None) or {})
 
-    @extend_schema(responses={200: dict}, description="A pool's latest record: signals, per-track signals, seq.")
+    @extend_schema(operation_id="signals_pool", responses={200: dict}, parameters=[POOL_ID],
+                   description="A pool's latest record: signals, per-track signals, seq.")
     def retrieve(self, request: Request, pk: str) -> Response:
         pool = get_object_or_404(Pool, pk=pk)
         return Response(selectors.telemetry_snapshot(pool_id=pool.pk) or {})
 
     @extend_schema(
+        operation_id="signals_pool_history",
         responses={200: dict},
-        parameters=[OpenApiParameter("since", float, description="Only records at or after this Unix time (s).")],
+        parameters=[POOL_ID,
+                    OpenApiParameter("since", float, description="Only records at or after this Unix time (s).")],
         description="A pool's records of the last 15 minutes, oldest first.",
     )
     @action(detail=True, methods=["get"])
