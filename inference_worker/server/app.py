@@ -174,7 +174,11 @@ def _prepare(state: ServerState, model: LoadedModel, raw: bytes, *, chat: bool) 
     prefix = "chatcmpl" if chat else "cmpl"
     generation = Generation(model.engine_loop, f"{prefix}-{uuid.uuid4().hex}", prompts, sampling.n, make_params,
                             state.metrics)
-    generation.start()
+    try:
+        generation.start()
+    except RuntimeError as exc:  # the engine loop stopped between the readiness check and now
+        generation.abort()
+        raise OpenAIError(503, f"the worker is not ready: {exc}", type="server_error", code="not_ready") from None
     return generation, sampling
 
 
