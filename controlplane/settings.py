@@ -10,6 +10,7 @@ Environment variables (all optional; safe development defaults, production-safe 
 - ``DEBUG`` (default off), ``ALLOWED_HOSTS`` and ``CSRF_TRUSTED_ORIGINS`` (comma separated).
 - ``SECURE_SSL_REDIRECT`` (default on when DEBUG is off), ``SECURE_HSTS_SECONDS`` (default one
   year when DEBUG is off), ``TRUST_X_FORWARDED_PROTO`` (behind a TLS-terminating proxy).
+- ``DATABASE_CONN_MAX_AGE`` (default 0): seconds to keep database connections open.
 - ``FERRY_MODEL_ROOTS``: colon-separated directories from which GGUF files may be registered.
 """
 
@@ -119,8 +120,12 @@ TEMPLATES = [
 # --------------------------------------------------------------------------- database
 SQLITE_PATH = VAR_DIR / "ferry.sqlite3"
 if os.environ.get("DATABASE_URL"):
-    DATABASES = {"default": dj_database_url.parse(os.environ["DATABASE_URL"], conn_max_age=60,
-                                                  conn_health_checks=True)}
+    # Persistent connections stay off by default: under ASGI each request may run in another thread
+    # (Django's deployment docs); set DATABASE_CONN_MAX_AGE for WSGI/Celery processes if wanted.
+    DATABASES = {"default": dj_database_url.parse(
+        os.environ["DATABASE_URL"], conn_max_age=int(os.environ.get("DATABASE_CONN_MAX_AGE", "0")),
+        conn_health_checks=True,
+    )}
 else:
     DATABASES = {
         "default": {
