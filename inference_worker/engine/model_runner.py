@@ -98,7 +98,7 @@ class CachedRequestState:
     output_token_ids: list[int] = field(default_factory=list)
 
 
-Sampler = Callable[[torch.Tensor, list[CachedRequestState]], list[int]]
+SampleFn = Callable[[torch.Tensor, list[CachedRequestState]], list[int]]
 
 
 def greedy_sampler(logits: torch.Tensor, states: list[CachedRequestState]) -> list[int]:
@@ -117,7 +117,7 @@ class ModelRunner:
         device: where inputs are built.
     """
 
-    def __init__(self, model: torch.nn.Module, kv_cache: PagedKVCache, *, sampler: Sampler = greedy_sampler,
+    def __init__(self, model: torch.nn.Module, kv_cache: PagedKVCache, *, sampler: SampleFn = greedy_sampler,
                  device: torch.device | str = "cpu") -> None:
         self.model = model
         self.kv_cache = kv_cache
