@@ -14,11 +14,13 @@ import sys
 import textwrap
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import pytest
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 ECHO_APP = textwrap.dedent('''
     import json, os, sys
@@ -57,9 +59,6 @@ ECHO_APP = textwrap.dedent('''
 
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
 ''')
-
-ROUTER = ("import argparse, sys; from inference_worker.cli import router as r; p = argparse.ArgumentParser(); "
-          "r.add_arguments(p); sys.exit(r.run(p.parse_args(sys.argv[1:])))")
 
 
 def free_port():
@@ -102,9 +101,10 @@ class Fleet:
     def router(self, table_location, *extra):
         self.port = free_port()
         env = {**os.environ, "FERRY_SERVICE_TOKEN": "service-token-123"}
-        proc = subprocess.Popen([sys.executable, "-c", ROUTER, "--port", str(self.port), "--routing-table",
+        proc = subprocess.Popen([sys.executable, "-m", "inference_worker", "router", "--port", str(self.port),
+                                 "--routing-table",
                                  table_location, "--api-keys", str(self.tmp / "keys.json"), "--table-interval", "0.2",
-                                 "--scrape-interval", "0.5", "--log-level", "warning", *extra], env=env)
+                                 "--scrape-interval", "0.5", "--log-level", "warning", *extra], env=env, cwd=REPO_ROOT)
         self.procs.append(proc)
         self.url = f"http://127.0.0.1:{self.port}"
         wait_http(self.url + "/health", proc)
