@@ -1,8 +1,11 @@
-"""LLMEngine: the engine API (add_request / step / abort_request / generate) over a model runner.
+"""LLMEngine: the engine API (add_request / step / abort_request / generate).
 
-Today the runner is :class:`~inference_worker.engine.contiguous_runner.ContiguousModelRunner` (one contiguous
-KV row per sequence, at most ``max_num_seqs`` running); the paged runner and scheduler will replace it
-behind this same API. Each :meth:`LLMEngine.step` prefills newly admitted requests (FIFO, while slots
+``LLMEngine`` is the paged engine (:class:`~inference_worker.engine.paged_engine.PagedLLMEngine`:
+scheduler with continuous batching, chunked prefill and preemption over a paged, hybrid-attention KV
+cache). :class:`ContiguousLLMEngine` below is the original simple engine over
+:class:`~inference_worker.engine.contiguous_runner.ContiguousModelRunner` (one contiguous KV row per
+sequence, at most ``max_num_seqs`` running), kept as a reference with the same API. Each of its
+:meth:`ContiguousLLMEngine.step` calls prefills newly admitted requests (FIFO, while slots
 are free) and runs one decode step for the others, then samples, detokenizes incrementally and applies the
 stop rules: stop token ids, EOS (unless ``ignore_eos``), stop strings (text cut before the string),
 ``max_tokens`` and ``max_model_len``.
@@ -20,6 +23,7 @@ from tokenizers import Tokenizer
 
 from inference_worker.engine.contiguous_runner import ContiguousModelRunner
 from inference_worker.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from inference_worker.engine.paged_engine import PagedLLMEngine
 from inference_worker.engine.sampler import Sampler
 from inference_worker.engine.sampling_params import SamplingParams
 from inference_worker.model.loader import LoadedModel, load_model
@@ -48,7 +52,7 @@ class _Sequence:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
 
 
-class LLMEngine:
+class ContiguousLLMEngine:
     """Continuous batching over a contiguous KV cache.
 
     Args:
@@ -72,7 +76,7 @@ class LLMEngine:
 
     @classmethod
     def from_model(cls, name_or_path: str, *, dtype: str | None = None, device: str = "cpu",
-                   sha256: str | None = None, **engine_kwargs: object) -> LLMEngine:
+                   sha256: str | None = None, **engine_kwargs: object) -> ContiguousLLMEngine:
         """Load a model (built-in name, HF directory or ``.gguf``; see ``load_model``) and build an engine."""
         return cls(load_model(name_or_path, dtype=dtype, device=device, sha256=sha256), **engine_kwargs)  # type: ignore[arg-type]
 
@@ -240,3 +244,7 @@ class LLMEngine:
                                       seq.new_text, seq.finish_reason, seq.stop_reason)
         return RequestOutput(seq.request_id, seq.prompt, list(seq.prompt_token_ids), [completion],
                              seq.finish_reason is not None, seq.metrics)
+
+
+LLMEngine = PagedLLMEngine
+"""The engine the worker serves with: the paged engine (same API as :class:`ContiguousLLMEngine`)."""
