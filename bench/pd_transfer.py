@@ -149,13 +149,14 @@ async def measure(port: int, frames, *, bandwidth_gbps=None, receiver_pid=None) 
 
 async def run(args) -> dict:
     torch.set_num_threads(max(1, args.threads))
-    kv_full = real_kv(max(SIZES), args.device) if args.real_kv else random_kv(max(SIZES))
+    sizes = tuple(int(x) for x in args.sizes.split(","))
+    kv_full = real_kv(max(sizes), args.device) if args.real_kv else random_kv(max(sizes))
     child = subprocess.Popen([sys.executable, __file__, "--serve-receiver"], stdout=subprocess.PIPE, text=True)
     port, sink_port = (int(x) for x in child.stdout.readline().split())
     counter = iter(range(10000))
     rows = []
     try:
-        for n in SIZES:
+        for n in sizes:
             kv = kv_for(kv_full, n)
             row = {"num_tokens": n, "kv": "real" if args.real_kv else "random",
                    "raw_bytes": LAYOUT.transfer_bytes(n),
@@ -226,6 +227,7 @@ def main() -> None:
     parser.add_argument("--real-kv", action="store_true", help="KV from a real Gemma 3 270M prefill")
     parser.add_argument("--device", default="cpu", help="device of the --real-kv prefill")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--sizes", default=",".join(map(str, SIZES)), help="prompt lengths, comma-separated")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "pd_transfer.json"))
     parser.add_argument("--serve-receiver", action="store_true", help=argparse.SUPPRESS)
