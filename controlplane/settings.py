@@ -78,6 +78,7 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "channels",
+    "django_celery_beat",
     "apps.core",
     "apps.accounts",
     "apps.catalog",
@@ -148,14 +149,25 @@ CELERY_BROKER_URL = REDIS_URL
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
 CELERY_TASK_DEFAULT_QUEUE = "default"
-CELERY_TASK_ROUTES = {"operations.*": {"queue": "operations"}}
+# Explicit queues: Actions (long backend calls) never delay the periodic reconcile/autoscale ticks.
+# Workers: ``celery -A controlplane worker -Q default,operations,reconcile``.
+CELERY_TASK_ROUTES = {
+    "operations.execute_action": {"queue": "operations"},
+    "operations.reconcile": {"queue": "reconcile"},
+    "operations.autoscale": {"queue": "reconcile"},
+    "operations.*": {"queue": "operations"},
+}
 CELERY_TASK_SOFT_TIME_LIMIT = 300
 CELERY_TASK_TIME_LIMIT = 360
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
-# Redis redelivers unacknowledged messages after this; tasks are idempotent (conditional claims).
+# Redis redelivers unacknowledged messages after this; tasks are idempotent (conditional claims), and
+# reconcile re-enqueues pending Actions and takes over expired leases long before it matters.
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
 CELERY_TIMEZONE = "UTC"
+# Periodic tasks live in the database (django-celery-beat, editable in the admin); ``manage.py
+# ferry_beat_setup`` creates them. Run beat with ``celery -A controlplane beat`` (this scheduler).
+CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 CELERY_BEAT_SCHEDULE: dict[str, dict] = {}
 
 CHANNEL_LAYERS = {
@@ -237,6 +249,21 @@ FERRY_MODEL_ROOTS = [
     ).split(":") if p
 ]
 FERRY_ACTION_LEASE_S = int(os.environ.get("FERRY_ACTION_LEASE_S", "60"))
+# Pending Actions older than this are re-enqueued by reconcile (a lost message or a broker outage).
+FERRY_ACTION_REQUEUE_S = int(os.environ.get("FERRY_ACTION_REQUEUE_S", "30"))
+# How long a scale/apply Action waits for the backend's ready replicas to match before failing (retryable).
+FERRY_ACTION_READY_TIMEOUT_S = int(os.environ.get("FERRY_ACTION_READY_TIMEOUT_S", "240"))
+FERRY_RECONCILE_INTERVAL_S = float(os.environ.get("FERRY_RECONCILE_INTERVAL_S", "5"))
+FERRY_AUTOSCALE_INTERVAL_S = float(os.environ.get("FERRY_AUTOSCALE_INTERVAL_S", "15"))
+# Bearer token of the local agent (kind=local clusters) and the router's service token for
+# GET /api/v1/routing-table/ (users in the "service" group may also use their API token).
+FERRY_AGENT_TOKEN = os.environ.get("FERRY_AGENT_TOKEN", "")
+FERRY_SERVICE_TOKEN = os.environ.get("FERRY_SERVICE_TOKEN", "")
+# Router: fixed remote-prefill threshold in prompt tokens (unset: derived by the router or never remote).
+FERRY_REMOTE_PREFILL_THRESHOLD_TOKENS = (
+    int(os.environ["FERRY_REMOTE_PREFILL_THRESHOLD_TOKENS"])
+    if os.environ.get("FERRY_REMOTE_PREFILL_THRESHOLD_TOKENS") else None
+)
 
 LOGGING = {
     "version": 1,

@@ -5,6 +5,9 @@ from django.urls import include, path
 
 from apps.core.views import healthz
 
+admin.site.site_header = "Ferry control plane"
+admin.site.site_title = "Ferry admin"
+
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("healthz", healthz, name="healthz"),

@@ -10,7 +10,7 @@ from django.contrib import admin
 from django.core.exceptions import ValidationError
 
 from apps.catalog import services
-from apps.catalog.models import ModelVersion
+from apps.catalog.models import KV_REPORT_TOKENS, ModelVersion
 from apps.core.forms import form_errors
 from inference_worker.registry import BUILTIN_MODELS
 
@@ -65,7 +65,15 @@ class ModelVersionAdmin(admin.ModelAdmin):
                     "sliding_window", "num_key_value_heads", "head_dim", "created_at")
     list_filter = ("model_type", "num_key_value_heads", "created_at")
     search_fields = ("name", "version", "sha256", "weights_uri", "container_image")
-    readonly_fields = ("weights_uri", "sha256", *ARCHITECTURE_FIELDS, "created_at", "updated_at")
+    readonly_fields = ("weights_uri", "sha256", *ARCHITECTURE_FIELDS, "kv_cache", "created_at", "updated_at")
+
+    @admin.display(description="KV cache (fp16, hybrid vs all-full)")
+    def kv_cache(self, obj: ModelVersion) -> str:
+        rows = [f"{obj.kv_bytes_per_token('full_attention')} B/token/layer"]
+        for n in KV_REPORT_TOKENS:
+            hybrid, full = obj.kv_bytes(n), obj.kv_bytes(n, hybrid=False)
+            rows.append(f"{n} tokens: {hybrid / 2**20:.1f} MiB vs {full / 2**20:.1f} MiB ({full / hybrid:.2f}x)")
+        return "; ".join(rows)
 
     def get_form(self, request, obj=None, change=False, **kwargs):  # noqa: ANN001, ANN201 - Django signature
         if obj is None:

@@ -1,4 +1,4 @@
-"""Desired state of the fleet: ``Cluster``, ``ClusterLink``, ``Pool`` and its ``PoolTrack`` rows.
+"""The fleet: desired ``Cluster``, ``ClusterLink``, ``Pool``, ``PoolTrack``; observed ``Replica``; ``RoutingTable``.
 
 A pool's desired replicas are kept per track (DESIGN.md, "Desired state"): a ``PoolTrack`` row per
 track name (``stable``; during a rollout also ``canary`` or ``blue``/``green``) with its replica
@@ -166,6 +166,12 @@ class Pool(models.Model):
                                           default=AutoscalingSignal.NUM_REQUESTS_WAITING)
     autoscaling_target = models.FloatField(default=4.0, validators=[validate_positive_finite],
                                            help_text="Target per replica, in the signal's unit.")
+    scale_up_stabilization_s = models.PositiveIntegerField(
+        default=0, validators=[MaxValueValidator(3600)],
+        help_text="Scale up to the lowest recommendation of this many seconds (Kubernetes HPA's window).")
+    scale_down_stabilization_s = models.PositiveIntegerField(
+        default=300, validators=[MaxValueValidator(3600)],
+        help_text="Scale down to the highest recommendation of this many seconds (HPA default 300).")
     schedule_overrides = models.JSONField(default=list, blank=True, validators=[validate_schedule_overrides])
     schedule_time_zone = models.CharField(max_length=64, default="UTC", validators=[validate_time_zone])
     drain_timeout_s = models.PositiveIntegerField(default=300, validators=[MaxValueValidator(86_400)])
@@ -222,3 +228,38 @@ class PoolTrack(models.Model):
 
     def __str__(self) -> str:
         return f"{self.pool_id}:{self.name}"
+
+
+class Replica(models.Model):
+    """An observed worker replica (read from the backend by reconcile; never the source of intent)."""
+
+    pool = models.ForeignKey(Pool, on_delete=models.CASCADE, related_name="observed_replicas")
+    track = models.CharField(max_length=16)
+    name = models.CharField(max_length=253, help_text="Backend id: pod name or local agent process name.")
+    endpoint = models.CharField(max_length=300, blank=True, help_text="http://host:port of the worker.")
+    ready = models.BooleanField(default=False)
+    alive = models.BooleanField(default=True)
+    version = models.CharField(max_length=100, blank=True, help_text="Model version label of the replica.")
+    restart_count = models.PositiveIntegerField(default=0)
+    exit_code = models.IntegerField(null=True, blank=True)
+    first_seen = models.DateTimeField(auto_now_add=True)
+    last_seen = models.DateTimeField()
+
+    class Meta:
+        ordering = ["pool_id", "track", "name"]
+        constraints = [models.UniqueConstraint(fields=["pool", "name"], name="fleet_replica_unique_name")]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class RoutingTable(models.Model):
+    """The published routing table (one row): its version increases only when ``content`` changes."""
+
+    version = models.PositiveBigIntegerField(default=0)
+    digest = models.CharField(max_length=64, help_text="sha256 of the canonical JSON of content.")
+    content = models.JSONField(help_text="The table without its version (inference_worker.router.table shape).")
+    published_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"routing table v{self.version}"

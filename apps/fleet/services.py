@@ -1,20 +1,26 @@
-"""Writes for the fleet: clusters, links, pools (with their stable track) and pool scaling."""
+"""Writes for the fleet: clusters, links, pools (with their stable track), pool scaling, observed
+replicas and the published routing table."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.exceptions import ValidationError
 from django.db import transaction
+from django.utils import timezone
 
 from apps.catalog.models import ModelVersion
 from apps.core.errors import ConflictError
-from apps.fleet.models import MAX_REPLICAS, Cluster, ClusterLink, Pool, PoolTrack
+from apps.fleet import selectors
+from apps.fleet.models import MAX_REPLICAS, Cluster, ClusterLink, Pool, PoolTrack, Replica, RoutingTable
+from apps.fleet.routing import content_digest, routing_table_content
 from apps.operations.models import Action
 from apps.operations.services import action_create
 
 POOL_SCALE = "pool.scale"
+POOL_DELETE = "pool.delete"
 
 
 def _save(instance: Any, changes: dict[str, Any]) -> Any:
@@ -103,8 +109,11 @@ def pool_update(*, pool: Pool, **changes: Any) -> Pool:
     return pool
 
 
-def pool_delete(*, pool: Pool) -> None:
-    """Delete a pool and its tracks.
+def pool_delete(*, pool: Pool) -> Action | None:
+    """Delete a pool and its tracks, and request a ``pool.delete`` Action that stops its workers.
+
+    The Action carries what the backend needs (cluster, pool id and name, namespace, tracks) because
+    the row is gone when it runs. Returns that Action (None when the pool never had replicas).
 
     Raises:
         ConflictError: an Action is pending/running for it, or a rollout involving it is active.
@@ -115,7 +124,17 @@ def pool_delete(*, pool: Pool) -> None:
             raise ConflictError(f"Pool {pool} has action #{busy.pk} ({busy.status}); wait or cancel it first.")
         if _in_active_rollout(pool):
             raise ConflictError(f"Pool {pool} is part of an active rollout; finish or abort it first.")
+        tracks = sorted(pool.tracks.values_list("name", flat=True))
+        ever_ran = pool.actions.exists() or pool.observed_replicas.exists()
+        params = {"cluster_id": pool.cluster_id, "pool_id": pool.pk, "pool_name": pool.name,
+                  "namespace": pool.cluster.namespace or "default", "tracks": tracks}
+        target = (str(pool.pk), str(pool))
         pool.delete()
+        if not ever_ran:
+            return None
+        action, _ = action_create(kind=POOL_DELETE, target_type="pool", target_id=target[0], target_repr=target[1],
+                                  params=params)
+    return action
 
 
 def pool_scale(
@@ -139,3 +158,60 @@ def pool_scale(
         kind=POOL_SCALE, target_type="pool", target_id=str(pool.pk), target_repr=str(pool), pool=pool,
         params={"replicas": replicas}, requested_by=requested_by, idempotency_key=idempotency_key,
     )
+
+
+def pool_scale_by_system(*, pool: Pool, replicas: int, reason: str, idempotency_key: str) -> tuple[Action, bool]:
+    """A ``pool.scale`` Action requested by the autoscaler or a schedule window, with its reason.
+
+    Unlike :func:`pool_scale` it does not check min/max (the autoscaler clamps, and a schedule
+    window may set any total); the reason is stored in ``params.reason``.
+
+    Raises:
+        ValidationError: replicas outside 0..10000. ConflictError: the pool is busy.
+    """
+    _check_replicas(replicas)
+    return action_create(
+        kind=POOL_SCALE, target_type="pool", target_id=str(pool.pk), target_repr=str(pool), pool=pool,
+        params={"replicas": replicas, "reason": reason}, idempotency_key=idempotency_key,
+    )
+
+
+def replicas_refresh(*, pool: Pool, observed: Any) -> tuple[int, int]:
+    """Make the pool's ``Replica`` rows match an ``ObservedState``; returns (upserted, deleted).
+
+    ``last_seen`` is now for every observed replica; rows no longer observed are deleted.
+    """
+    now = timezone.now()
+    seen = []
+    with transaction.atomic():
+        for track in observed.tracks.values():
+            for r in track.replicas:
+                Replica.objects.update_or_create(pool=pool, name=r.name, defaults={
+                    "track": r.track or track.track, "endpoint": r.endpoint, "ready": r.ready and r.alive,
+                    "alive": r.alive, "version": r.version, "restart_count": r.restart_count,
+                    "exit_code": r.exit_code, "last_seen": now,
+                })
+                seen.append(r.name)
+        deleted, _ = Replica.objects.filter(pool=pool).exclude(name__in=seen).delete()
+    return len(seen), deleted
+
+
+def routing_table_publish() -> tuple[RoutingTable, bool]:
+    """Rebuild the routing table; bump its version only if the content changed. Returns (table, changed).
+
+    Concurrent publishers serialize on the row (``select_for_update``), so one change is one version.
+    """
+    content = routing_table_content(list(selectors.routing_pools()), selectors.cluster_link_list(),
+                                    threshold_tokens=settings.FERRY_REMOTE_PREFILL_THRESHOLD_TOKENS)
+    digest = content_digest(content)
+    with transaction.atomic():
+        table, created = RoutingTable.objects.select_for_update().get_or_create(
+            pk=1, defaults={"version": 1, "digest": digest, "content": content})
+        if created:
+            return table, True
+        if table.digest == digest:
+            return table, False
+        table.version += 1
+        table.digest, table.content = digest, content
+        table.save()
+    return table, True

@@ -44,6 +44,8 @@ def test_change_pages_render(admin_browser, pool):
     for obj in (pool, pool.cluster, pool.model_version):
         url = reverse(f"admin:{obj._meta.app_label}_{obj._meta.model_name}_change", args=[obj.pk])
         assert admin_browser.get(url).status_code == 200
+    page = admin_browser.get(reverse("admin:catalog_modelversion_change", args=[pool.model_version.pk]))
+    assert "8192 tokens: 31.5 MiB vs 144.0 MiB (4.57x)" in page.content.decode()
 
 
 def test_admin_add_cluster_validates_per_kind_and_saves(admin_browser):

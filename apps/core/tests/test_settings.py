@@ -60,6 +60,35 @@ def test_sqlite_default_uses_wal_busy_timeout_and_immediate_transactions(tmp_pat
     assert r.stdout.split() == ["wal", "20000", "IMMEDIATE", str(tmp_path / "ferry.sqlite3")]
 
 
+CONCURRENT_WRITER = """
+import sys, time, django
+django.setup()
+from django.db import connection, transaction
+with connection.cursor() as c:
+    c.execute("CREATE TABLE IF NOT EXISTS t (writer TEXT, n INTEGER)")
+for n in range(25):
+    with transaction.atomic():  # read, then write: deferred transactions would fail with SQLITE_BUSY here
+        with connection.cursor() as c:
+            c.execute("SELECT count(*) FROM t")
+            time.sleep(0.005)
+            c.execute("INSERT INTO t VALUES (%s, %s)", [sys.argv[1], n])
+print("ok")
+"""
+
+
+def test_sqlite_default_lets_concurrent_writers_wait_instead_of_failing(tmp_path):
+    env = _env(tmp_path, DJANGO_SETTINGS_MODULE="controlplane.settings")
+    writers = [subprocess.Popen([sys.executable, "-c", CONCURRENT_WRITER, name], cwd=ROOT, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for name in "ab"]
+    results = [w.communicate(timeout=120) for w in writers]
+    assert [w.returncode for w in writers] == [0, 0], [err[-2000:] for _, err in results]
+    import sqlite3
+
+    with sqlite3.connect(tmp_path / "ferry.sqlite3") as db:
+        assert db.execute("SELECT writer, count(*) FROM t GROUP BY writer ORDER BY writer").fetchall() == [
+            ("a", 25), ("b", 25)]
+
+
 @pytest.mark.slow
 def test_core_suite_passes_on_sqlite_with_database_url_unset(tmp_path):
     r = _run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *SQLITE_CORE], _env(tmp_path),

@@ -80,3 +80,38 @@ def test_pool_with_pending_action_cannot_be_deleted(admin_api, operator_api, poo
     r = admin_api.delete(f"/api/v1/pools/{pool.pk}/")
     assert r.status_code == 409
     assert "wait or cancel it first" in r.json()["detail"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_scale_requests_create_exactly_one_action(pool):
+    """Two writers racing on one pool: the row lock / partial unique index lets exactly one through."""
+    import threading
+
+    from django.db import connection
+
+    if connection.vendor == "sqlite":
+        pytest.skip("the in-memory shared-cache SQLite test database uses table locks that ignore busy_timeout; "
+                    "concurrent writers on the file database are tested in apps/core/tests/test_settings.py")
+
+    from apps.core.errors import ConflictError
+    from apps.fleet.services import pool_scale
+
+    barrier, outcomes = threading.Barrier(2), []
+
+    def scale(replicas):
+        try:
+            barrier.wait()
+            pool_scale(pool=pool, replicas=replicas)
+            outcomes.append("created")
+        except ConflictError:
+            outcomes.append("conflict")
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=scale, args=(n,)) for n in (3, 4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(outcomes) == ["conflict", "created"]
+    assert Action.objects.filter(pool=pool, status="pending").count() == 1

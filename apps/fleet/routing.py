@@ -1,0 +1,114 @@
+"""The routing table's content, built from pools, tracks, observed ready replicas, links and model versions.
+
+The shape is the router's (``inference_worker.router.table``, module docstring); this module builds it
+without the ``version`` (the publish service numbers it). Rules:
+
+* ``tracks`` (the traffic split): the tracks of the first decode/colocated pool (lowest id), each with
+  its model version and its weight (0 when a blue-green track is not active). Weights that do not
+  sum to 100 are rescaled by the largest remainder method; all zero gives ``stable`` (or the first
+  track) 100. With no pools: ``stable`` at 100 with an empty model version.
+* ``pools``: every pool with its role, its cluster's datacenter (or the cluster name) and its
+  replicas that are alive, ready and have an endpoint (the router must not pick a starting one).
+* ``links``: cluster links by datacenter; ``models``: the KV layout of each model version in use;
+  ``length_routing``: ``FERRY_REMOTE_PREFILL_THRESHOLD_TOKENS`` when set.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Sequence
+
+from apps.catalog.models import ModelVersion
+from apps.fleet.models import ClusterLink, Pool, PoolTrack
+from inference_worker.config import DTYPE_BYTES
+
+ROUTING_ROLES = ("decode", "colocated")
+
+
+def normalize_weights(weights: Sequence[tuple[str, int]]) -> dict[str, int]:
+    """Integer percents summing to exactly 100, proportional to ``weights`` (largest remainder).
+
+    All-zero weights give 100 to ``stable`` if present, else to the first track.
+
+    Raises:
+        ValueError: no tracks, or a negative weight.
+    """
+    if not weights:
+        raise ValueError("at least one track is needed")
+    if any(w < 0 for _, w in weights):
+        raise ValueError(f"weights must be >= 0, got {list(weights)}")
+    total = sum(w for _, w in weights)
+    if total == 0:
+        names = [n for n, _ in weights]
+        winner = "stable" if "stable" in names else names[0]
+        return {n: (100 if n == winner else 0) for n in names}
+    exact = [(n, 100 * w / total) for n, w in weights]
+    parts = {n: int(x) for n, x in exact}
+    order = sorted(exact, key=lambda item: (-(item[1] - int(item[1])), item[0]))
+    for name, _ in order[: 100 - sum(parts.values())]:
+        parts[name] += 1
+    return parts
+
+
+def datacenter_of(cluster) -> str:  # noqa: ANN001 - a Cluster
+    return cluster.datacenter or cluster.name
+
+
+def kv_layout(version: ModelVersion) -> dict:
+    """``KVLayout.from_dict`` input for a model version (the cache dtype: the model's, else float16)."""
+    return {
+        "layer_types": list(version.layer_types),
+        "sliding_window": version.sliding_window or 0,
+        "num_kv_heads": version.num_key_value_heads,
+        "head_dim": version.head_dim,
+        "dtype": version.dtype if version.dtype in DTYPE_BYTES else "float16",
+    }
+
+
+def _traffic_tracks(pools: Sequence[Pool]) -> list[dict]:
+    reference = next((p for p in pools if p.role in ROUTING_ROLES and p.tracks.all()), None)
+    if reference is None:
+        reference = next((p for p in pools if p.tracks.all()), None)
+    if reference is None:
+        return [{"name": PoolTrack.Name.STABLE.value, "model_version": "", "weight": 100}]
+    tracks = list(reference.tracks.all())
+    weights = normalize_weights([(t.name, t.weight if t.active else 0) for t in tracks])
+    return [{"name": t.name, "model_version": t.model_version.version, "weight": weights[t.name]} for t in tracks]
+
+
+def routing_table_content(pools: Sequence[Pool], links: Iterable[ClusterLink], *,
+                          threshold_tokens: int | None = None) -> dict:
+    """The routing table without ``version`` (see the module docstring).
+
+    ``pools`` come from ``selectors.routing_pools()`` (tracks and ``ready_replicas`` prefetched).
+    """
+    models: dict[str, dict] = {}
+    table_pools = []
+    for pool in pools:
+        track_versions = {}
+        for track in pool.tracks.all():
+            track_versions[track.name] = track.model_version.version
+            models.setdefault(track.model_version.version, kv_layout(track.model_version))
+        replicas = [
+            {"name": r.name, "url": r.endpoint.rstrip("/"), "track": r.track,
+             "model_version": r.version or track_versions.get(r.track, "")}
+            for r in getattr(pool, "ready_replicas", [])
+        ]
+        table_pools.append({"name": pool.name, "role": pool.role, "datacenter": datacenter_of(pool.cluster),
+                            "replicas": replicas})
+    content = {
+        "tracks": _traffic_tracks(pools),
+        "pools": table_pools,
+        "links": [{"source": datacenter_of(link.source), "target": datacenter_of(link.destination),
+                   "bandwidth_gbps": link.bandwidth_gbps, "rtt_ms": link.rtt_ms} for link in links],
+        "models": models,
+    }
+    if threshold_tokens is not None:
+        content["length_routing"] = {"threshold_tokens": threshold_tokens}
+    return content
+
+
+def content_digest(content: dict) -> str:
+    """sha256 (hex) of the canonical JSON of ``content`` (sorted keys, no spaces)."""
+    return hashlib.sha256(json.dumps(content, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
