@@ -11,7 +11,7 @@ from django.db.models import Prefetch
 from apps.fleet.models import Cluster, Pool, PoolTrack
 from apps.telemetry.history import SignalHistory
 from apps.telemetry.models import Alert, AlertRule, MetricSourceConfig
-from apps.telemetry.signals import Scope
+from apps.telemetry.signals import SIGNAL_SPECS, Scope
 
 
 @dataclass(frozen=True)
@@ -117,3 +117,21 @@ def telemetry_snapshot(*, pool_id: int | None = None, history: SignalHistory | N
     """The newest record of a pool (or the fleet), with its ``seq``; ``None`` before the first poll."""
     history = history or SignalHistory()
     return history.latest(history_scope(pool_id))
+
+
+def telemetry_signal(*, pool_id: int, name: str, track: str | None = None, max_age_s: float = 10.0,
+                     history: SignalHistory | None = None, now_s: float | None = None) -> float | None:
+    """The latest value of signal ``name`` for a pool (or one of its tracks), for the autoscaler and gates.
+
+    ``None`` when there is no data: no record yet, a record older than ``max_age_s`` (the poller
+    stopped), an unknown track, or the signal itself had no data. Raises ``KeyError`` for an
+    unknown signal name.
+    """
+    if name not in SIGNAL_SPECS:
+        raise KeyError(f"unknown signal {name!r}; known: {', '.join(SIGNAL_SPECS)}")
+    record = telemetry_snapshot(pool_id=pool_id, history=history)
+    now_s = time.time() if now_s is None else now_s
+    if record is None or now_s - record["at"] > max_age_s:
+        return None
+    values = record["signals"] if track is None else record.get("tracks", {}).get(track)
+    return None if values is None else values.get(name)

@@ -70,3 +70,18 @@ def test_signals_snapshot_and_history_come_from_redis(viewer_api, pool, redis_hi
     assert viewer_api.get(f"/api/v1/signals/{pool.pk}/history/?since=yesterday").status_code == 400
     assert viewer_api.get("/api/v1/signals/999999/").status_code == 404
     assert viewer_api.get("/api/v1/signals/").json() == {}  # no fleet record yet
+
+
+def test_latest_signal_for_autoscaler_is_none_when_stale_or_missing(pool, history):
+    from apps.telemetry.selectors import telemetry_signal
+
+    assert telemetry_signal(pool_id=pool.pk, name="num_requests_waiting", history=history) is None
+    history.append(f"pool:{pool.pk}", 1000.0, {"seq": 1, "at": 1000.0, "signals": {"num_requests_waiting": 4.0},
+                                               "tracks": {"canary": {"num_requests_waiting": 1.0}}})
+    get = lambda **kw: telemetry_signal(pool_id=pool.pk, history=history, **kw)  # noqa: E731
+    assert get(name="num_requests_waiting", now_s=1005.0) == 4.0
+    assert get(name="num_requests_waiting", track="canary", now_s=1005.0) == 1.0
+    assert get(name="num_requests_waiting", track="blue", now_s=1005.0) is None
+    assert get(name="num_requests_waiting", now_s=1011.0) is None  # poller stopped: stale is no data
+    with pytest.raises(KeyError, match="unknown signal"):
+        get(name="queue_depth", now_s=1005.0)
