@@ -51,6 +51,8 @@ from inference_worker.kv_transfer.wire import (
     verify_trailer,
 )
 
+_HASH_BATCH_BYTES = 1 << 20  # hand the hashing thread at least this much at a time (fewer thread wake-ups)
+
 
 class KVReceiver:
     """TCP server for KV frames of one model version.
@@ -210,8 +212,8 @@ class _FrameProtocol(asyncio.BufferedProtocol):
             if self._pos == PREAMBLE.size:
                 self._begin_body()
             return
-        if self._mac_pos < self._covered:
-            end = min(self._pos, self._covered)
+        end = min(self._pos, self._covered)
+        if end - self._mac_pos >= _HASH_BATCH_BYTES or (end == self._covered and self._mac_pos < end):
             self._mac_done = self._hasher.submit(self._mac.update, self._target[self._mac_pos:end])
             self._mac_pos = end
         if self._pos == len(self._body):

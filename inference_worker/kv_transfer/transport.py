@@ -21,6 +21,7 @@ import ssl as ssl_module
 import time
 
 from inference_worker.kv_transfer.bucket import TokenBucket
+from inference_worker.kv_transfer.connection import SocketConnection, StreamConnection, open_connection
 from inference_worker.kv_transfer.errors import (
     ERRORS_BY_REASON,
     ConnectionFailed,
@@ -76,7 +77,7 @@ class KVSender:
         self.recorder = recorder if recorder is not None else TransferRecorder()
         self.num_attempts = 0
         """Attempts made over this sender's life (retries included)."""
-        self._idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+        self._idle: list[SocketConnection | StreamConnection] = []
 
     async def send(self, frame: KVFrame) -> float:
         """Deliver ``frame``; return the seconds it took (all attempts).
@@ -105,24 +106,18 @@ class KVSender:
     async def close(self) -> None:
         """Close idle connections."""
         while self._idle:
-            _, writer = self._idle.pop()
-            writer.close()
-            try:
-                await writer.wait_closed()
-            except (OSError, ssl_module.SSLError):
-                pass
+            self._idle.pop().close()
 
-    async def _connection(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    async def _connection(self) -> SocketConnection | StreamConnection:
         while self._idle:
-            reader, writer = self._idle.pop()
-            if not reader.at_eof() and not writer.is_closing():
-                return reader, writer
-            writer.close()
+            conn = self._idle.pop()
+            if conn.usable():
+                return conn
+            conn.close()
         try:
             return await asyncio.wait_for(
-                asyncio.open_connection(self.host, self.port, ssl=self._ssl,
-                                        server_hostname=self._server_hostname if self._ssl else None,
-                                        limit=MAX_ACK_BYTES * 2),
+                open_connection(self.host, self.port, ssl=self._ssl,
+                                server_hostname=self._server_hostname if self._ssl else None),
                 self.connect_timeout_s)
         except TimeoutError as exc:
             raise Timeout(f"connect to {self.host}:{self.port} timed out after {self.connect_timeout_s}s") from exc
@@ -131,7 +126,7 @@ class KVSender:
 
     async def _send_once(self, frame: KVFrame) -> None:
         self.num_attempts += 1
-        reader, writer = await self._connection()
+        conn = await self._connection()
         try:
             sealer = FrameSealer(self._secret)
             chunks = list(frame.iter_chunks(self.chunk_bytes))
@@ -141,34 +136,32 @@ class KVSender:
                                   asyncio.to_thread(_feed, sealer.update_crc, chunks))
             try:
                 for chunk in chunks:
-                    await self._write(writer, chunk)
+                    await self._write(conn, chunk)
             finally:
                 await seal
-            await self._write(writer, sealer.trailer())
-            length = ACK_LENGTH.unpack(await asyncio.wait_for(reader.readexactly(ACK_LENGTH.size), self.io_timeout_s))[0]
+            await self._write(conn, sealer.trailer())
+            length = ACK_LENGTH.unpack(await asyncio.wait_for(conn.recv_exactly(ACK_LENGTH.size), self.io_timeout_s))[0]
             if length > MAX_ACK_BYTES:
                 raise CorruptPayload(f"ack of {length} bytes")
-            reason, detail = parse_ack(await asyncio.wait_for(reader.readexactly(length), self.io_timeout_s))
+            reason, detail = parse_ack(await asyncio.wait_for(conn.recv_exactly(length), self.io_timeout_s))
         except TimeoutError as exc:
-            writer.close()
+            conn.close()
             raise Timeout(f"no progress sending to {self.host}:{self.port} within {self.io_timeout_s}s") from exc
         except (OSError, asyncio.IncompleteReadError, ssl_module.SSLError) as exc:
-            writer.close()
+            conn.close()
             raise ConnectionFailed(f"connection to {self.host}:{self.port} broke: {exc!r}") from exc
-        except KVTransferError:
-            writer.close()
+        except BaseException:
+            conn.close()
             raise
+        # The receiver keeps the connection after a complete frame, accepted or rejected.
+        self._idle.append(conn)
         if reason is not None:
-            # The receiver keeps the connection after a rejected (complete) frame.
-            self._idle.append((reader, writer))
             raise ERRORS_BY_REASON.get(reason, KVTransferError)(f"receiver rejected the KV: {detail}")
-        self._idle.append((reader, writer))
 
-    async def _write(self, writer: asyncio.StreamWriter, data) -> None:
+    async def _write(self, conn: SocketConnection | StreamConnection, data) -> None:
         if self.bucket is not None:
             await self.bucket.acquire(len(data))
-        writer.write(data)
-        await asyncio.wait_for(writer.drain(), self.io_timeout_s)
+        await asyncio.wait_for(conn.send(data), self.io_timeout_s)
 
 
 def _feed(update, chunks: list) -> None:
