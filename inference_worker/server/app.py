@@ -111,8 +111,7 @@ async def _serve(state: ServerState, request: Request, *, chat: bool) -> Respons
         generation, sampling = _prepare(state, model, await request.body(), chat=chat)
         if sampling.stream:
             handed_over = True
-            return StreamingResponse(_stream(state, generation, sampling, chat=chat),
-                                     media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+            return _GenerationStream(state, generation, sampling, chat=chat)
         return await _complete(state, request, generation, chat=chat)
     except OpenAIError as exc:
         state.metrics.request_finished("client_error" if exc.status_code < 500 else "server_error")
@@ -225,27 +224,44 @@ async def _wait_disconnect(request: Request) -> None:
         pass
 
 
-async def _stream(state: ServerState, generation: Generation, sampling: SamplingRequest, *,
-                  chat: bool) -> AsyncIterator[bytes]:
-    """SSE body; aborts the generation if the client disconnects (the iterator is cancelled/closed)."""
-    created, outcome = int(time.time()), "aborted"
-    obj = "chat.completion.chunk" if chat else "text_completion"
+class _GenerationStream(StreamingResponse):
+    """SSE response that always settles its request: abort if unfinished, count the outcome, leave in-flight.
 
-    def chunk(choices: list[dict], usage: dict | None = None) -> bytes:
-        data = {"id": generation.request_id, "object": obj, "created": created, "model": state.served_model_name,
-                "choices": choices}
-        if sampling.include_usage:
-            data["usage"] = usage
-        return sse(data)
+    The settling runs after the ASGI call returns, also when the body iterator never started
+    (client gone before the first byte) or was cancelled (client disconnected mid-stream).
+    """
 
-    def choice(event: ChoiceEvent, *, role: bool = False) -> dict:
-        if chat:
-            delta = {"role": "assistant", "content": event.text} if role else (
-                {"content": event.text} if event.text else {})
-            return {"index": event.index, "delta": delta, "logprobs": None, "finish_reason": event.finish_reason}
-        return {"index": event.index, "text": event.text, "logprobs": None, "finish_reason": event.finish_reason}
+    def __init__(self, state: ServerState, generation: Generation, sampling: SamplingRequest, *, chat: bool):
+        self.worker_state, self.generation, self.outcome = state, generation, "aborted"
+        super().__init__(self._body(sampling, chat), media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache"})
 
-    try:
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            if not self.generation.finished:
+                self.generation.abort()
+            self.worker_state.metrics.request_finished(self.outcome)
+            self.worker_state.request_finished()
+
+    async def _body(self, sampling: SamplingRequest, chat: bool) -> AsyncIterator[bytes]:
+        generation, name = self.generation, self.worker_state.served_model_name
+        created, obj = int(time.time()), "chat.completion.chunk" if chat else "text_completion"
+
+        def chunk(choices: list[dict], usage: dict | None = None) -> bytes:
+            data = {"id": generation.request_id, "object": obj, "created": created, "model": name, "choices": choices}
+            if sampling.include_usage:
+                data["usage"] = usage
+            return sse(data)
+
+        def choice(event: ChoiceEvent, *, role: bool = False) -> dict:
+            if chat:
+                delta = {"role": "assistant", "content": event.text} if role else (
+                    {"content": event.text} if event.text else {})
+                return {"index": event.index, "delta": delta, "logprobs": None, "finish_reason": event.finish_reason}
+            return {"index": event.index, "text": event.text, "logprobs": None, "finish_reason": event.finish_reason}
+
         if chat:  # OpenAI sends the role first, with empty content
             num_choices = len(generation.prompts) * generation.n
             yield chunk([choice(ChoiceEvent(i, ""), role=True) for i in range(num_choices)])
@@ -253,16 +269,11 @@ async def _stream(state: ServerState, generation: Generation, sampling: Sampling
             async for event in generation.events():
                 yield chunk([choice(event)])
         except GenerationError as exc:
-            outcome = "server_error"
+            self.outcome = "server_error"
             yield sse(OpenAIError(500, str(exc), type="server_error", code="engine_error").body())
             yield SSE_DONE
             return
         if sampling.include_usage:
             yield chunk([], generation.usage())
         yield SSE_DONE
-        outcome = "success"
-    finally:
-        if not generation.finished:
-            generation.abort()
-        state.metrics.request_finished(outcome)
-        state.request_finished()
+        self.outcome = "success"

@@ -221,13 +221,14 @@ class EngineLoop:
 
 
 def engine_queue_stats(engine: Any) -> tuple[int, int, float | None]:
-    """(num_waiting, num_running, KV cache usage 0..1) from the engine's read-only accessors.
+    """(num_waiting, num_running, KV cache usage 0..1 or None) from the engine's read-only accessors.
 
-    KV usage is ``engine.kv_cache_usage`` when the engine has it (paged cache: blocks in use);
-    otherwise, for the contiguous cache, the fraction of per-sequence KV slots in use.
+    Queue depth comes from ``engine.num_waiting`` / ``engine.num_running``. KV usage is
+    ``engine.kv_cache_usage`` when the engine has it (paged cache: blocks in use); for the
+    contiguous cache it is the fraction of per-sequence KV slots in use; None if neither exists.
     """
     usage = getattr(engine, "kv_cache_usage", None)
-    if usage is None:
-        runner = engine.runner
+    runner = getattr(engine, "runner", None)
+    if usage is None and hasattr(runner, "num_free_slots") and hasattr(runner, "max_num_seqs"):
         usage = 1.0 - runner.num_free_slots / runner.max_num_seqs
-    return int(engine.num_waiting), int(engine.num_running), float(usage)
+    return int(engine.num_waiting), int(engine.num_running), None if usage is None else float(usage)
