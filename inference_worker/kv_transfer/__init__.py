@@ -2,6 +2,7 @@
 
 Modules: ``layout`` (which KV is sent, torch-free), ``errors`` (typed failures with their metric
 reason), ``wire`` (frame encode/decode), ``bucket`` (token-bucket bandwidth cap), ``transport``
-(asyncio TCP sender and receiver). Import submodules directly; this package imports nothing so that
+(sender, re-exports the receiver), ``receiver`` (decode-side server), ``connection`` (plain socket
+or TLS stream), ``recorder`` (transfer metrics). Import submodules directly; this package imports nothing so that
 the torch-free parts stay torch-free.
 """
