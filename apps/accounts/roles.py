@@ -3,7 +3,7 @@
 - viewer: read everything through the API.
 - operator: also scale pools, create/change rollout plans, retry/cancel Actions.
 - admin: also create/change/delete clusters, links, pools and model versions; Django staff
-  (the admin site), with every model permission of Ferry's apps.
+  (the admin site) with every model permission (Ferry's apps, users, tokens, beat schedules...).
 Superusers count as admin.
 """
 
@@ -15,9 +15,6 @@ from django.contrib.auth.models import AbstractBaseUser, AnonymousUser, Group, P
 VIEWER, OPERATOR, ADMIN = "viewer", "operator", "admin"
 ROLES = (VIEWER, OPERATOR, ADMIN)
 ROLE_LEVEL = {VIEWER: 1, OPERATOR: 2, ADMIN: 3}
-ADMIN_EXTRA_APP_LABELS = ("auth", "authtoken")
-
-
 def ferry_app_labels() -> tuple[str, ...]:
     """Labels of Ferry's own Django apps (modules under ``apps.``), including ones added later."""
     return tuple(cfg.label for cfg in django_apps.get_app_configs() if cfg.name.startswith("apps."))
@@ -55,13 +52,13 @@ def roles_ensure(*, using: str = "default") -> dict[str, Group]:
     """Create the three role groups if missing and (re)assign their model permissions.
 
     viewer and operator get the ``view_*`` permissions of Ferry's apps (every app under ``apps.``);
-    admin gets every permission of Ferry's apps plus users, groups and tokens. Idempotent; runs after every ``migrate``.
+    admin gets every permission of every installed app. Idempotent; runs after every ``migrate``.
     """
     groups = {name: Group.objects.using(using).get_or_create(name=name)[0] for name in ROLES}
     labels = ferry_app_labels()
     perms = Permission.objects.using(using).select_related("content_type")
     view_perms = [p for p in perms if p.content_type.app_label in labels and p.codename.startswith("view_")]
-    admin_perms = [p for p in perms if p.content_type.app_label in labels + ADMIN_EXTRA_APP_LABELS]
+    admin_perms = list(perms)
     groups[VIEWER].permissions.set(view_perms)
     groups[OPERATOR].permissions.set(view_perms)
     groups[ADMIN].permissions.set(admin_perms)
