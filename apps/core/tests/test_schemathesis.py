@@ -23,7 +23,7 @@ from apps.rollouts.services import rollout_plan_create
 
 pytestmark = pytest.mark.django_db
 
-MAX_EXAMPLES = 6
+MAX_EXAMPLES = 5
 
 
 @pytest.fixture

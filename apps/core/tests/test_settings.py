@@ -11,9 +11,10 @@ from django.conf import settings
 from django.core.management import call_command
 
 ROOT = Path(settings.BASE_DIR)
-# A small core of the suite, run again on SQLite: models, services, API, roles.
-SQLITE_CORE = ["apps/fleet/tests/test_scale.py", "apps/rollouts/tests/test_api.py",
-               "apps/operations/tests/test_actions.py", "apps/accounts/tests/test_roles.py"]
+# A small core of the suite, run again on SQLite: models, services, API, roles, idempotency, Actions.
+SQLITE_CORE = ["apps/fleet/tests/test_scale.py", "apps/operations/tests/test_actions.py",
+               "apps/catalog/tests/test_model_versions.py::test_register_from_config_json_and_filter",
+               "apps/catalog/tests/test_model_versions.py::test_version_in_use_cannot_be_deleted_409"]
 
 
 def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
