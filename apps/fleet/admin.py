@@ -13,7 +13,7 @@ from django.http import HttpRequest
 
 from apps.core.errors import ConflictError
 from apps.fleet import selectors, services
-from apps.fleet.models import MAX_REPLICAS, Cluster, ClusterLink, Pool, PoolTrack
+from apps.fleet.models import MAX_REPLICAS, Cluster, ClusterLink, Pool, PoolTrack, Replica, RoutingTable
 from apps.operations.models import Action
 from apps.rollouts.selectors import rollout_active_for_pool
 
@@ -150,3 +150,31 @@ class PoolAdmin(admin.ModelAdmin):
     @admin.action(description="Scale selected pools down by one replica (creates Actions)")
     def scale_down_one(self, request: HttpRequest, queryset: QuerySet[Pool]) -> None:
         self._scale(request, queryset, -1)
+
+
+class _ReadOnlyAdmin(admin.ModelAdmin):
+    """Observed state: written by reconcile, never by hand."""
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+
+@admin.register(Replica)
+class ReplicaAdmin(_ReadOnlyAdmin):
+    list_display = ("name", "pool", "track", "endpoint", "ready", "alive", "version", "restart_count", "last_seen")
+    list_filter = ("ready", "alive", "track", "pool__cluster")
+    search_fields = ("name", "endpoint", "pool__name")
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Replica]:
+        return selectors.replica_list()
+
+
+@admin.register(RoutingTable)
+class RoutingTableAdmin(_ReadOnlyAdmin):
+    list_display = ("version", "digest", "published_at")

@@ -1,4 +1,4 @@
-"""App config for :mod:`apps.operations`."""
+"""App config for :mod:`apps.operations`: registers the pool Action handlers at startup."""
 
 from django.apps import AppConfig
 
@@ -7,3 +7,6 @@ class OperationsConfig(AppConfig):
     name = "apps.operations"
     label = "operations"
     verbose_name = "Operations"
+
+    def ready(self) -> None:
+        from apps.operations import pool_actions  # noqa: F401 - registers the pool.* handlers

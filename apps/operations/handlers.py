@@ -15,7 +15,14 @@ HANDLERS: dict[str, Handler] = {}
 
 
 class ActionError(Exception):
-    """The action could not be carried out; the message is stored as the Action's error."""
+    """The action could not be carried out; the message is stored as the Action's error.
+
+    ``retryable`` is recorded on the Action: whether retrying it as is may succeed later.
+    """
+
+    def __init__(self, message: str, *, retryable: bool = False) -> None:
+        super().__init__(message)
+        self.retryable = retryable
 
 
 def register(kind: str) -> Callable[[Handler], Handler]:

@@ -1,14 +1,15 @@
-"""Writes for Actions: create (idempotent, one active per pool), retry, cancel, claim, finish, log."""
+"""Writes for Actions: create (idempotent, one active per pool), retry, cancel, claim, lease, finish, log."""
 
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
+from django.db.models import F, Q, QuerySet
 from django.utils import timezone
 from kombu.exceptions import OperationalError
 
@@ -30,6 +31,7 @@ def action_enqueue(*, action_id: int) -> None:
     """
     from apps.operations.tasks import execute_action
 
+    Action.objects.filter(pk=action_id).update(queued_at=timezone.now())
     try:
         execute_action.apply_async(args=[action_id], retry=True, retry_policy={"max_retries": 1, "interval_start": 0})
     except OperationalError:
@@ -139,23 +141,91 @@ def action_log_append(*, action_id: int, message: str) -> None:
         action.save(update_fields=["log"])
 
 
-def action_claim(*, action_id: int, lease_s: int | None = None) -> bool:
-    """Move a pending Action to running with a lease; False if someone else claimed or cancelled it."""
+def action_claim(*, action_id: int, lease_s: int | None = None, owner: str = "") -> bool:
+    """Move a pending Action to running with a lease held by ``owner``; False if it was not pending.
+
+    The conditional update is the claim: of two deliveries of the same message only one sees
+    ``pending``. ``attempts`` counts claims (a takeover or a retry claims again).
+    """
     now = timezone.now()
     lease = timedelta(seconds=lease_s if lease_s is not None else settings.FERRY_ACTION_LEASE_S)
     with transaction.atomic():
         return Action.objects.filter(pk=action_id, status=Action.Status.PENDING).update(
-            status=Action.Status.RUNNING, started_at=now, lease_expires_at=now + lease
+            status=Action.Status.RUNNING, started_at=now, lease_expires_at=now + lease, lease_owner=owner,
+            attempts=F("attempts") + 1, error="", retryable=None,
         ) == 1
 
 
-def action_finish(*, action_id: int, succeeded: bool, error: str = "") -> bool:
-    """Move a running Action to succeeded or failed; False if it was not running."""
+def action_lease_renew(*, action_id: int, owner: str, lease_s: int | None = None) -> bool:
+    """Extend the lease of a running Action held by ``owner``; False once it lost the lease."""
+    lease = timedelta(seconds=lease_s if lease_s is not None else settings.FERRY_ACTION_LEASE_S)
+    return Action.objects.filter(pk=action_id, status=Action.Status.RUNNING, lease_owner=owner).update(
+        lease_expires_at=timezone.now() + lease
+    ) == 1
+
+
+def _running(action_id: int, owner: str | None) -> QuerySet[Action]:
+    qs = Action.objects.filter(pk=action_id, status=Action.Status.RUNNING)
+    return qs if owner is None else qs.filter(lease_owner=owner)
+
+
+def action_finish(*, action_id: int, succeeded: bool, error: str = "", retryable: bool | None = None,
+                  owner: str | None = None) -> bool:
+    """Move a running Action to succeeded or failed (with its reason and whether a retry may help).
+
+    With ``owner``, only the lease holder can finish it. Returns False if it was not running (or
+    someone else holds the lease).
+    """
     status = Action.Status.SUCCEEDED if succeeded else Action.Status.FAILED
     with transaction.atomic():
-        done = Action.objects.filter(pk=action_id, status=Action.Status.RUNNING).update(
-            status=status, finished_at=timezone.now(), lease_expires_at=None, error=error
+        done = _running(action_id, owner).update(
+            status=status, finished_at=timezone.now(), lease_expires_at=None, error=error,
+            retryable=None if succeeded else bool(retryable),
         ) == 1
         if done:
-            action_log_append(action_id=action_id, message=status if not error else f"{status}: {error}")
+            suffix = "" if succeeded else f" ({'retryable' if retryable else 'not retryable'})"
+            action_log_append(action_id=action_id, message=(status if not error else f"{status}: {error}") + suffix)
     return done
+
+
+def action_release(*, action_id: int, owner: str, reason: str) -> bool:
+    """Give a running Action back to pending (a retryable failure about to be retried by Celery)."""
+    with transaction.atomic():
+        done = _running(action_id, owner).update(
+            status=Action.Status.PENDING, lease_expires_at=None, lease_owner="", queued_at=timezone.now(),
+        ) == 1
+        if done:
+            action_log_append(action_id=action_id, message=reason)
+    return done
+
+
+def action_leases_take_over(*, now: datetime | None = None) -> list[int]:
+    """Running Actions whose lease expired (their worker died): back to pending, logged; returns ids.
+
+    Each row moves with a conditional update on the expired lease and its owner, so two reconcile
+    ticks cannot both take one over, and a worker that renews in between keeps it. The caller
+    enqueues the returned ids; the handler runs again and converges (handlers are idempotent).
+    """
+    now = now or timezone.now()
+    taken: list[int] = []
+    expired = Action.objects.filter(status=Action.Status.RUNNING, lease_expires_at__lt=now)
+    for action_id, owner, expires in expired.values_list("pk", "lease_owner", "lease_expires_at"):
+        with transaction.atomic():
+            moved = Action.objects.filter(pk=action_id, status=Action.Status.RUNNING, lease_owner=owner,
+                                          lease_expires_at=expires).update(
+                status=Action.Status.PENDING, lease_expires_at=None, lease_owner="", queued_at=now,
+            ) == 1
+            if moved:
+                action_log_append(action_id=action_id, message=f"lease of {owner or 'unknown'} expired at "
+                                  f"{expires.isoformat()}; taken over by reconcile")
+        if moved:
+            taken.append(action_id)
+    return taken
+
+
+def action_pending_stale(*, older_than_s: float, now: datetime | None = None) -> list[int]:
+    """Pending Actions last queued more than ``older_than_s`` ago (lost message, broker outage)."""
+    cutoff = (now or timezone.now()) - timedelta(seconds=older_than_s)
+    stale = Action.objects.filter(status=Action.Status.PENDING).filter(
+        Q(queued_at__lt=cutoff) | Q(queued_at__isnull=True, created_at__lt=cutoff))
+    return list(stale.values_list("pk", flat=True))

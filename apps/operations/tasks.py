@@ -1,37 +1,44 @@
-"""Celery task ``operations.execute_action``: claim an Action, run its handler, record the outcome.
+"""Celery tasks of operations (thin: ids in, services/execution do the work).
 
-Routed to the ``operations`` queue by ``CELERY_TASK_ROUTES``. Idempotent: the claim is a conditional update (pending -> running), so a duplicate delivery
-(Redis redelivers after its visibility timeout) finds the row no longer pending and does nothing.
+* ``operations.execute_action`` (queue ``operations``): claim an Action and run its handler. Idempotent
+  (the claim is a conditional update, so a redelivery does nothing), hence ``acks_late``. Retryable
+  backend failures are retried with exponential backoff (:func:`execution.retry_countdown_s`).
+* ``operations.reconcile`` (queue ``reconcile``, beat every few seconds): take over expired leases,
+  re-enqueue lost Actions, observe every pool, refresh ``Replica`` rows, converge desired vs observed
+  through Actions, publish the routing table. Not ``acks_late``: a lost tick is replaced by the next.
+* ``operations.autoscale`` (queue ``reconcile``, beat): one autoscaler evaluation of every pool.
 """
 
 from __future__ import annotations
 
 from celery import shared_task
 
-from apps.operations import services
-from apps.operations.handlers import HANDLERS, ActionError
-from apps.operations.models import Action
+from apps.operations.execution import RetryLater, action_execute
+
+MAX_RETRIES = 5
 
 
-@shared_task(name="operations.execute_action", acks_late=True, ignore_result=True,
-             soft_time_limit=300, time_limit=360)
-def execute_action(action_id: int) -> str:
-    """Run Action ``action_id``; returns ``"skipped"``, ``"succeeded"`` or ``"failed"``."""
-    if not services.action_claim(action_id=action_id):
-        return "skipped"
-    action = Action.objects.get(pk=action_id)
-    handler = HANDLERS.get(action.kind)
-    if handler is None:
-        services.action_finish(action_id=action_id, succeeded=False,
-                               error=f"no handler is registered for action kind {action.kind!r}")
-        return "failed"
+@shared_task(bind=True, name="operations.execute_action", acks_late=True, ignore_result=True,
+             max_retries=MAX_RETRIES, soft_time_limit=300, time_limit=360)
+def execute_action(self, action_id: int) -> str:
+    """Run Action ``action_id``; returns ``"skipped"``, ``"succeeded"``, ``"failed"`` or ``"lost-lease"``."""
     try:
-        handler(action)
-    except ActionError as exc:
-        services.action_finish(action_id=action_id, succeeded=False, error=str(exc))
-        return "failed"
-    except Exception as exc:
-        services.action_finish(action_id=action_id, succeeded=False, error=f"{type(exc).__name__}: {exc}")
-        raise
-    services.action_finish(action_id=action_id, succeeded=True)
-    return "succeeded"
+        return action_execute(action_id=action_id, retries=self.request.retries, max_retries=self.max_retries)
+    except RetryLater as exc:
+        raise self.retry(countdown=exc.countdown_s, exc=exc) from exc
+
+
+@shared_task(name="operations.reconcile", ignore_result=True, soft_time_limit=60, time_limit=90)
+def reconcile() -> dict:
+    """One reconcile tick over every pool; returns counts (see :func:`reconcile.reconcile_all`)."""
+    from apps.operations.reconcile import reconcile_all
+
+    return reconcile_all().as_dict()
+
+
+@shared_task(name="operations.autoscale", ignore_result=True, soft_time_limit=60, time_limit=90)
+def autoscale() -> dict:
+    """One autoscaler evaluation of every pool with autoscaling or schedule windows."""
+    from apps.operations.autoscaling import autoscale_all
+
+    return autoscale_all()

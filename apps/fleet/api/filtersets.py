@@ -2,7 +2,7 @@
 
 import django_filters
 
-from apps.fleet.models import Cluster, ClusterLink, Pool
+from apps.fleet.models import Cluster, ClusterLink, Pool, Replica
 
 
 class ClusterFilterSet(django_filters.FilterSet):
@@ -25,3 +25,12 @@ class PoolFilterSet(django_filters.FilterSet):
     class Meta:
         model = Pool
         fields = ["name", "cluster", "role", "model_version", "autoscaling_enabled"]
+
+
+class ReplicaFilterSet(django_filters.FilterSet):
+    cluster = django_filters.NumberFilter(field_name="pool__cluster")
+    pool_name = django_filters.CharFilter(field_name="pool__name")
+
+    class Meta:
+        model = Replica
+        fields = ["pool", "track", "ready", "alive", "version"]

@@ -6,7 +6,7 @@ from typing import Any
 
 from rest_framework import serializers
 
-from apps.fleet.models import MAX_REPLICAS, Cluster, ClusterLink, Pool, PoolTrack
+from apps.fleet.models import MAX_REPLICAS, Cluster, ClusterLink, Pool, PoolTrack, Replica
 
 
 class ClusterSerializer(serializers.ModelSerializer):
@@ -53,7 +53,8 @@ class PoolSerializer(serializers.ModelSerializer):
         model = Pool
         fields = ["id", "name", "cluster", "role", "model_version", "replicas", "tracks", "gpu_kind", "gpu_count",
                   "cpu", "memory", "node_selector", "tolerations", "autoscaling_enabled", "min_replicas",
-                  "max_replicas", "autoscaling_signal", "autoscaling_target", "schedule_overrides",
+                  "max_replicas", "autoscaling_signal", "autoscaling_target", "scale_up_stabilization_s",
+                  "scale_down_stabilization_s", "schedule_overrides",
                   "schedule_time_zone", "drain_timeout_s", "created_at", "updated_at"]
         read_only_fields = ["created_at", "updated_at"]
 
@@ -67,3 +68,14 @@ class PoolSerializer(serializers.ModelSerializer):
 
 class PoolScaleSerializer(serializers.Serializer):
     replicas = serializers.IntegerField(min_value=0, max_value=MAX_REPLICAS, help_text="New total desired replicas.")
+
+
+class ReplicaSerializer(serializers.ModelSerializer):
+    pool_name = serializers.CharField(source="pool.name", read_only=True)
+    cluster = serializers.IntegerField(source="pool.cluster_id", read_only=True)
+
+    class Meta:
+        model = Replica
+        fields = ["id", "pool", "pool_name", "cluster", "track", "name", "endpoint", "ready", "alive", "version",
+                  "restart_count", "exit_code", "first_seen", "last_seen"]
+        read_only_fields = fields

@@ -1,25 +1,31 @@
-"""``/api/v1/clusters/``, ``/api/v1/cluster-links/``, ``/api/v1/pools/`` (+ ``POST pools/{id}/scale/``).
+"""``/api/v1/clusters/``, ``/api/v1/cluster-links/``, ``/api/v1/pools/`` (+ ``POST pools/{id}/scale/``),
+``/api/v1/replicas/`` (observed, read-only) and ``GET /api/v1/routing-table/`` (router, service token, ETag).
 
-Writes need the admin role except ``scale`` (operator). Views call services only.
+Writes need the admin role except ``scale`` (operator). Views call services and selectors only.
 """
 
 from __future__ import annotations
 
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import status, viewsets
+from rest_framework.authentication import SessionAuthentication, TokenAuthentication
 from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.views import APIView
 
 from apps.accounts.roles import ADMIN, OPERATOR
 from apps.core.idempotency import HEADER, idempotency_key_from_request
 from apps.fleet import selectors, services
-from apps.fleet.api.filtersets import ClusterFilterSet, ClusterLinkFilterSet, PoolFilterSet
+from apps.fleet.api.auth import IsServiceOrViewer, ServiceTokenAuthentication
+from apps.fleet.api.filtersets import ClusterFilterSet, ClusterLinkFilterSet, PoolFilterSet, ReplicaFilterSet
 from apps.fleet.api.serializers import (
     ClusterLinkSerializer,
     ClusterSerializer,
     PoolScaleSerializer,
     PoolSerializer,
+    ReplicaSerializer,
 )
 from apps.operations.api.serializers import ActionSerializer
 
@@ -104,3 +110,42 @@ class PoolViewSet(viewsets.ModelViewSet):
             idempotency_key=idempotency_key_from_request(request),
         )
         return Response(ActionSerializer(act).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+
+
+class ReplicaViewSet(viewsets.ReadOnlyModelViewSet):
+    """Observed replicas, refreshed by reconcile from the backends (read-only)."""
+
+    serializer_class = ReplicaSerializer
+    filterset_class = ReplicaFilterSet
+    ordering_fields = ["name", "last_seen", "track"]
+    ordering = ["pool_id", "track", "name"]
+
+    def get_queryset(self):
+        return selectors.replica_list()
+
+
+class RoutingTableView(APIView):
+    """``GET /api/v1/routing-table/``: the published table for the router, with ``ETag`` / ``If-None-Match``.
+
+    Authenticated by the service token (``Authorization: Bearer``), a ``service`` user's token or a
+    viewer. Before the first reconcile tick the table is published on demand.
+    """
+
+    authentication_classes = [ServiceTokenAuthentication, TokenAuthentication, SessionAuthentication]
+    permission_classes = [IsServiceOrViewer]
+
+    @staticmethod
+    def etag(version: int, digest: str) -> str:
+        return f'"{version}-{digest[:16]}"'
+
+    @extend_schema(responses={200: OpenApiTypes.OBJECT, 304: OpenApiResponse(description="Not modified")},
+                   parameters=[OpenApiParameter("If-None-Match", str, OpenApiParameter.HEADER, required=False)])
+    def get(self, request: Request) -> Response:
+        table = selectors.routing_table_current()
+        if table is None:
+            table, _ = services.routing_table_publish()
+        etag = self.etag(table.version, table.digest)
+        candidates = [tag.strip() for tag in request.headers.get("If-None-Match", "").split(",")]
+        if etag in candidates or "*" in candidates:
+            return Response(status=status.HTTP_304_NOT_MODIFIED, headers={"ETag": etag})
+        return Response({"version": table.version, **table.content}, headers={"ETag": etag})

@@ -11,6 +11,6 @@ class ActionSerializer(serializers.ModelSerializer):
     class Meta:
         model = Action
         fields = ["id", "kind", "target_type", "target_id", "target_repr", "pool", "params", "requested_by",
-                  "idempotency_key", "status", "lease_expires_at", "created_at", "started_at", "finished_at",
-                  "error", "log", "retry_of"]
+                  "idempotency_key", "status", "lease_expires_at", "attempts", "created_at", "started_at",
+                  "finished_at", "error", "retryable", "log", "retry_of"]
         read_only_fields = fields

@@ -39,7 +39,7 @@ def test_execute_action_claims_runs_and_a_duplicate_delivery_does_nothing(test_h
     action.refresh_from_db()
     assert action.status == "succeeded"
     assert action.started_at is not None and action.finished_at is not None and action.lease_expires_at is None
-    assert [line["message"] for line in action.log] == ["requested by system", "succeeded"]
+    assert [line["message"] for line in action.log] == ["requested by system", "attempt 1 started", "succeeded"]
     assert execute_action.apply(args=[action.pk]).get() == "skipped"
     assert test_handlers == [action.pk]
 

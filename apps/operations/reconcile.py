@@ -1,0 +1,173 @@
+"""The reconcile tick: repair stuck Actions, observe every pool, converge desired vs observed, publish.
+
+One tick (``operations.reconcile``, every ``FERRY_RECONCILE_INTERVAL_S`` from beat):
+
+1. Running Actions whose lease expired go back to pending and are enqueued again (takeover: the
+   handler re-runs and converges; handlers are idempotent, so what was applied is not applied
+   twice). Pending Actions not queued for ``FERRY_ACTION_REQUEUE_S`` are enqueued again.
+2. Each pool's backend is observed (one backend session per cluster); the cluster's ``status``
+   becomes ``ready`` or ``unreachable``; the pool's ``Replica`` rows are refreshed.
+3. For a pool with no active Action: a track whose backend replica count or model version differs
+   from the desired one (or a backend track that is not desired) -> a ``pool.apply`` Action; else a
+   replica that is not alive (a crashed worker) -> a ``pool.restart_replica`` Action. Their
+   idempotency keys name the pool, the drift and the pool's latest Action id, so a repeated tick
+   returns the same Action instead of creating another, while a later drift gets a new key.
+4. The routing table is published (its version changes only with its content).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import asdict, dataclass
+
+from django.conf import settings
+
+from apps.core.errors import ConflictError
+from apps.fleet.models import Cluster, Pool
+from apps.fleet.services import replicas_refresh, routing_table_publish
+from apps.operations import services
+from apps.operations.backends import backend_for_cluster, close_backend, pool_ref
+from apps.operations.models import Action
+from apps.operations.pool_actions import POOL_APPLY, POOL_RESTART_REPLICA
+from apps.orchestrators.base import BackendError, BackendUnavailable, ObservedState
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ReconcileResult:
+    """Counts of one tick."""
+
+    taken_over: int = 0
+    requeued: int = 0
+    pools_observed: int = 0
+    pools_unreachable: int = 0
+    applies: int = 0
+    restarts: int = 0
+    routing_table_version: int = 0
+    routing_table_changed: bool = False
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def pool_drift(pool: Pool, observed: ObservedState) -> dict[str, str]:
+    """Tracks whose observed state differs from the desired one: track -> what differs ("" = none).
+
+    Differences: backend replica count != desired, a replica running another model version, a
+    backend track that is not desired, a desired track with replicas that the backend lacks.
+    """
+    drift: dict[str, str] = {}
+    desired = {t.name: t for t in pool.tracks.all()}
+    for name, track in desired.items():
+        seen = observed.tracks.get(name)
+        if seen is None:
+            if track.replicas:
+                drift[name] = f"missing in the backend (desired {track.replicas})"
+            continue
+        if seen.desired_replicas != track.replicas:
+            drift[name] = f"backend replicas {seen.desired_replicas} != desired {track.replicas}"
+            continue
+        wrong = sorted(r.name for r in seen.replicas if r.version and r.version != track.model_version.version)
+        if wrong:
+            drift[name] = f"replicas {wrong} run another version than {track.model_version.version}"
+    for name, seen in observed.tracks.items():
+        if name not in desired and (seen.desired_replicas or seen.replicas):
+            drift[name] = "not desired"
+    return drift
+
+
+def _latest_action_id(pool: Pool) -> int:
+    return Action.objects.filter(pool=pool).order_by("-id").values_list("id", flat=True).first() or 0
+
+
+def _key(pool: Pool, what: str, payload: object) -> str:
+    digest = hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+    return f"reconcile:pool-{pool.pk}:{what}:{digest}:after-{_latest_action_id(pool)}"
+
+
+def _create(pool: Pool, kind: str, params: dict, key: str, reason: str) -> bool:
+    try:
+        action, created = services.action_create(kind=kind, target_type="pool", target_id=str(pool.pk),
+                                                 target_repr=str(pool), pool=pool, params=params,
+                                                 idempotency_key=key)
+    except ConflictError:
+        return False  # someone else locked the pool since we looked: next tick
+    if created:
+        services.action_log_append(action_id=action.pk, message=f"reconcile: {reason}")
+    return created
+
+
+def pool_converge(pool: Pool, observed: ObservedState) -> str | None:
+    """Request the Action that moves ``pool`` toward its desired state; returns its kind or None."""
+    if Action.objects.filter(pool=pool, status__in=Action.ACTIVE_STATUSES).exists():
+        return None
+    drift = pool_drift(pool, observed)
+    if drift:
+        desired = {t.name: [t.replicas, t.model_version.version] for t in pool.tracks.all()}
+        reason = "; ".join(f"{name}: {why}" for name, why in sorted(drift.items()))
+        created = _create(pool, POOL_APPLY, {"reason": reason}, _key(pool, "apply", desired), reason)
+        return POOL_APPLY if created else None
+    dead = sorted((r for t in observed.tracks.values() for r in t.replicas if not r.alive), key=lambda r: r.name)
+    if dead:
+        replica = dead[0]
+        reason = f"replica {replica.name} is not running (exit code {replica.exit_code})"
+        key = _key(pool, "restart", [replica.name, replica.restart_count])
+        created = _create(pool, POOL_RESTART_REPLICA, {"replica": replica.name, "reason": reason}, key, reason)
+        return POOL_RESTART_REPLICA if created else None
+    return None
+
+
+def _set_cluster_status(cluster: Cluster, status: str) -> None:
+    if cluster.status != status:
+        Cluster.objects.filter(pk=cluster.pk).update(status=status)
+
+
+def reconcile_all() -> ReconcileResult:
+    """One reconcile tick over every pool (see the module docstring)."""
+    result = ReconcileResult()
+    taken = services.action_leases_take_over()
+    stale = [i for i in services.action_pending_stale(older_than_s=settings.FERRY_ACTION_REQUEUE_S) if i not in taken]
+    for action_id in [*taken, *stale]:
+        services.action_enqueue(action_id=action_id)
+    result.taken_over, result.requeued = len(taken), len(stale)
+
+    pools = Pool.objects.select_related("cluster").prefetch_related("tracks__model_version").order_by("cluster_id", "id")
+    by_cluster: dict[int, list[Pool]] = {}
+    for pool in pools:
+        by_cluster.setdefault(pool.cluster_id, []).append(pool)
+    for cluster_pools in by_cluster.values():
+        cluster = cluster_pools[0].cluster
+        try:
+            backend = backend_for_cluster(cluster)
+        except BackendError as exc:
+            logger.warning("cluster %s: no backend: %s", cluster, exc)
+            result.pools_unreachable += len(cluster_pools)
+            continue
+        try:
+            reachable = True
+            for pool in cluster_pools:
+                try:
+                    observed = backend.observe(pool_ref(pool))
+                except BackendUnavailable as exc:
+                    logger.warning("pool %s: backend unavailable: %s", pool, exc)
+                    result.pools_unreachable += 1
+                    reachable = False
+                    continue
+                except BackendError as exc:
+                    logger.warning("pool %s: cannot observe: %s", pool, exc)
+                    result.pools_unreachable += 1
+                    continue
+                result.pools_observed += 1
+                replicas_refresh(pool=pool, observed=observed)
+                kind = pool_converge(pool, observed)
+                result.applies += kind == POOL_APPLY
+                result.restarts += kind == POOL_RESTART_REPLICA
+            _set_cluster_status(cluster, Cluster.Status.READY if reachable else Cluster.Status.UNREACHABLE)
+        finally:
+            close_backend(backend)
+    table, changed = routing_table_publish()
+    result.routing_table_version, result.routing_table_changed = table.version, changed
+    return result
