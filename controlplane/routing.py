@@ -2,4 +2,6 @@
 
 from django.urls import URLPattern
 
-websocket_urlpatterns: list[URLPattern] = []
+from apps.dashboard.routing import websocket_urlpatterns as dashboard_websocket_urlpatterns
+
+websocket_urlpatterns: list[URLPattern] = [*dashboard_websocket_urlpatterns]

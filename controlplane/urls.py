@@ -12,4 +12,5 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("healthz", healthz, name="healthz"),
     path("api/v1/", include("apps.core.api.urls")),
+    path("", include("apps.dashboard.urls")),
 ]

@@ -1,0 +1,1 @@
+"""The operator dashboard: pages (Django templates + static JS/Plotly) and Channels consumers."""

@@ -1,0 +1,9 @@
+"""App config for :mod:`apps.dashboard`."""
+
+from django.apps import AppConfig
+
+
+class DashboardConfig(AppConfig):
+    name = "apps.dashboard"
+    label = "dashboard"
+    verbose_name = "Dashboard"

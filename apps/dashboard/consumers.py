@@ -1,0 +1,145 @@
+"""Channels consumers of the dashboard: they only join groups and forward the telemetry layer's messages.
+
+Routes (``apps.dashboard.routing``): ``ws/fleet/``, ``ws/pools/<id>/``, ``ws/rollouts/<id>/``.
+
+Protocol, server -> client (JSON):
+
+- ``{"type": "snapshot", "stream": ..., "seq": n, ...}`` on connect and after a resync request
+  (``apps.dashboard.selectors``: ``fleet_snapshot``, ``pool_snapshot``);
+- the telemetry layer's messages as broadcast (``telemetry.signals``, ``telemetry.fleet``,
+  ``telemetry.alert``, each with ``seq``) plus ``stream`` naming the group they came from
+  (``fleet`` or ``pool.<id>``); a rollout's group also forwards ``rollout.state`` messages.
+
+Client -> server: ``{"type": "resync", "stream": ...}`` when the client sees a gap in a stream's
+sequence numbers (or after reconnecting); the consumer answers with that stream's snapshot.
+
+Connections without an authenticated user are refused (close before accept: HTTP 403 at the
+handshake); the ASGI stack (``controlplane.asgi``) also rejects foreign origins.
+"""
+
+from __future__ import annotations
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+
+from apps.dashboard import selectors
+from apps.fleet.models import Pool
+from apps.rollouts.models import RolloutPlan
+from apps.telemetry.broadcast import FLEET_GROUP, pool_group
+
+CLOSE_UNAUTHENTICATED = 4401
+CLOSE_NOT_FOUND = 4404
+
+
+def rollout_group(rollout_id: int) -> str:
+    """The Channels group of one rollout (``rollout.<id>``); messages of type ``rollout.state`` are forwarded."""
+    return f"rollout.{rollout_id}"
+
+
+class StreamConsumer(AsyncJsonWebsocketConsumer):
+    """Base: authenticate, join ``self.streams`` (stream name -> group), snapshot, forward, resync."""
+
+    streams: dict[str, str]
+
+    async def resolve_streams(self) -> dict[str, str] | None:
+        """Stream name -> group for this connection; ``None`` when the target does not exist."""
+        raise NotImplementedError
+
+    async def snapshot(self, stream: str) -> dict:
+        """The snapshot of one stream (database and Redis reads run in a thread)."""
+        raise NotImplementedError
+
+    async def connect(self) -> None:
+        user = self.scope.get("user")
+        if user is None or not user.is_authenticated:
+            await self.close(code=CLOSE_UNAUTHENTICATED)
+            return
+        streams = await self.resolve_streams()
+        if streams is None:
+            await self.close(code=CLOSE_NOT_FOUND)
+            return
+        self.streams = streams
+        for group in self.streams.values():
+            await self.channel_layer.group_add(group, self.channel_name)
+        await self.accept()
+        for stream in self.streams:
+            await self.send_json(await self.snapshot(stream))
+
+    async def disconnect(self, code: int) -> None:
+        for group in getattr(self, "streams", {}).values():
+            await self.channel_layer.group_discard(group, self.channel_name)
+
+    async def receive_json(self, content, **kwargs) -> None:
+        if not isinstance(content, dict) or content.get("type") != "resync":
+            await self.send_json({"type": "error", "message": 'Only {"type": "resync", "stream": ...} is accepted.'})
+            return
+        stream = content.get("stream")
+        targets = [stream] if stream in self.streams else list(self.streams)
+        for name in targets:
+            await self.send_json(await self.snapshot(name))
+
+    async def _forward(self, event: dict, stream: str) -> None:
+        await self.send_json({**event, "stream": stream})
+
+    # Group message handlers (Channels maps type "telemetry.signals" to telemetry_signals).
+    async def telemetry_signals(self, event: dict) -> None:
+        await self._forward(event, selectors.pool_stream(event["pool_id"]))
+
+    async def telemetry_fleet(self, event: dict) -> None:
+        await self._forward(event, "fleet")
+
+    async def telemetry_alert(self, event: dict) -> None:
+        # The pool group and the fleet group both carry alerts; each has its own sequence numbers.
+        stream = "fleet" if "fleet" in self.streams else selectors.pool_stream(event["alert"]["pool_id"])
+        await self._forward(event, stream)
+
+
+class FleetConsumer(StreamConsumer):
+    """``ws/fleet/``: the fleet group (every pool's signals each poll, alerts)."""
+
+    async def resolve_streams(self) -> dict[str, str]:
+        return {"fleet": FLEET_GROUP}
+
+    @database_sync_to_async
+    def snapshot(self, stream: str) -> dict:
+        return selectors.fleet_snapshot()
+
+
+class PoolConsumer(StreamConsumer):
+    """``ws/pools/<pool_id>/``: one pool's group (pool-level and per-track signals, its alerts)."""
+
+    @database_sync_to_async
+    def resolve_streams(self) -> dict[str, str] | None:
+        pool_id = self.scope["url_route"]["kwargs"]["pool_id"]
+        if not Pool.objects.filter(pk=pool_id).exists():
+            return None
+        return {selectors.pool_stream(pool_id): pool_group(pool_id)}
+
+    @database_sync_to_async
+    def snapshot(self, stream: str) -> dict:
+        return selectors.pool_snapshot(int(stream.split(".", 1)[1]))
+
+
+class RolloutConsumer(StreamConsumer):
+    """``ws/rollouts/<rollout_id>/``: the groups of the rollout's pools and the rollout's own group."""
+
+    @database_sync_to_async
+    def resolve_streams(self) -> dict[str, str] | None:
+        rollout_id = self.scope["url_route"]["kwargs"]["rollout_id"]
+        try:
+            pool_ids = selectors.rollout_pool_ids(rollout_id)
+        except RolloutPlan.DoesNotExist:
+            return None
+        streams = {selectors.pool_stream(pid): pool_group(pid) for pid in pool_ids}
+        streams[f"rollout.{rollout_id}"] = rollout_group(rollout_id)
+        return streams
+
+    @database_sync_to_async
+    def snapshot(self, stream: str) -> dict:
+        kind, _, ident = stream.partition(".")
+        if kind == "rollout":
+            return {"type": "snapshot", "stream": stream, "seq": None, "rollout": selectors.rollout_detail(int(ident))}
+        return selectors.pool_snapshot(int(ident))
+
+    async def rollout_state(self, event: dict) -> None:
+        await self._forward(event, f"rollout.{self.scope['url_route']['kwargs']['rollout_id']}")

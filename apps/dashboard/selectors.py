@@ -1,0 +1,171 @@
+"""Reads for the dashboard: page data (fleet, pool, rollout, model versions) and websocket snapshots.
+
+Live numbers come from the telemetry layer (Redis history written by the poller); desired state
+and observed replicas from Postgres. Snapshots carry ``seq``, the last sequence number handed out
+for the stream's channel-layer group, so a client ignores older messages and detects a gap.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+
+from django.db.models import Count, Prefetch, Q
+
+from apps.catalog.models import KV_REPORT_TOKENS, ModelVersion
+from apps.fleet.models import Cluster, ClusterLink, Pool, PoolTrack
+from apps.rollouts.models import RolloutPlan
+from apps.telemetry.broadcast import FLEET_GROUP, pool_group
+from apps.telemetry.history import SignalHistory
+from apps.telemetry.models import Alert
+from apps.telemetry.selectors import telemetry_history, telemetry_snapshot
+from apps.telemetry.services import alert_payload
+
+SNAPSHOT_HISTORY_S = 300.0
+"""Seconds of signal history a pool snapshot carries (charts start with the last five minutes)."""
+
+GATE_SIGNAL_TO_TELEMETRY = {
+    "error_rate": "error_rate",
+    "ttft_p99_seconds": "ttft_p99_s",
+    "tpot_p99_seconds": "tpot_p99_s",
+    "kv_transfer_error_rate": "kv_transfer_failure_rate",
+    "num_requests_waiting": "num_requests_waiting",
+}
+"""Rollout gate signal names (``apps.rollouts.validators.GATE_SIGNALS``) -> telemetry signal names;
+a gate signal without an entry has no live measurement on the page."""
+
+
+def pool_stream(pool_id: int) -> str:
+    """The client-side name of a pool's stream (``pool.<id>``), carried on every forwarded message."""
+    return f"pool.{pool_id}"
+
+
+def firing_alerts(*, pool_ids: list[int] | None = None) -> list[dict]:
+    """Firing alerts (all pools, or ``pool_ids``) as ``alert_payload`` dicts, newest first (1 query)."""
+    qs = Alert.objects.select_related("rule").filter(state=Alert.State.FIRING)
+    if pool_ids is not None:
+        qs = qs.filter(pool_id__in=pool_ids)
+    return [alert_payload(a) for a in qs]
+
+
+def _pools_with_counts():
+    return (
+        Pool.objects.select_related("cluster", "model_version")
+        .prefetch_related(Prefetch("tracks", queryset=PoolTrack.objects.select_related("model_version")))
+        .annotate(num_ready_replicas=Count("observed_replicas",
+                                           filter=Q(observed_replicas__ready=True, observed_replicas__alive=True)))
+    )
+
+
+def pool_summary(pool: Pool, alerts: list[dict]) -> dict:
+    """One pool as the fleet page and snapshots show it (``pool`` from ``_pools_with_counts``)."""
+    tracks = [{"name": t.name, "replicas": t.replicas, "weight": t.weight, "active": t.active,
+               "model_version": str(t.model_version)} for t in pool.tracks.all()]
+    return {
+        "id": pool.pk, "name": pool.name, "cluster": pool.cluster.name, "cluster_id": pool.cluster_id,
+        "datacenter": pool.cluster.datacenter, "role": pool.role, "model_version": str(pool.model_version),
+        "gpu": bool(pool.gpu_count), "replicas": sum(t["replicas"] for t in tracks),
+        "ready_replicas": pool.num_ready_replicas, "tracks": tracks, "alerts": alerts,
+    }
+
+
+def fleet_overview() -> dict:
+    """Clusters grouped by datacenter, links, and pools with desired/ready replicas and firing alerts.
+
+    Returns ``{"datacenters": [{"name", "clusters": [{"id", "name", "kind", "status", "pools": [...]}]}],
+    "links": [{"id", "source", "destination", "bandwidth_gbps", "rtt_ms", "source_pool_ids"}]}``.
+    Constant query count (5) whatever the fleet size.
+    """
+    alerts_by_pool: dict[int, list[dict]] = defaultdict(list)
+    for alert in firing_alerts():
+        alerts_by_pool[alert["pool_id"]].append(alert)
+    pools_by_cluster: dict[int, list[dict]] = defaultdict(list)
+    for pool in _pools_with_counts():
+        pools_by_cluster[pool.cluster_id].append(pool_summary(pool, alerts_by_pool.get(pool.pk, [])))
+    by_dc: dict[str, list[dict]] = defaultdict(list)
+    for cluster in Cluster.objects.order_by("datacenter", "name"):
+        by_dc[cluster.datacenter or "(no datacenter)"].append(
+            {"id": cluster.pk, "name": cluster.name, "kind": cluster.kind, "status": cluster.status,
+             "pools": pools_by_cluster.get(cluster.pk, [])})
+    links = []
+    for link in ClusterLink.objects.select_related("source", "destination"):
+        # KV leaves a cluster from its prefill pools: their wire bytes/s are the link's live KV throughput.
+        senders = [p["id"] for p in pools_by_cluster.get(link.source_id, []) if p["role"] == Pool.Role.PREFILL]
+        links.append({"id": link.pk, "source": link.source.name, "destination": link.destination.name,
+                      "bandwidth_gbps": link.bandwidth_gbps, "rtt_ms": link.rtt_ms, "source_pool_ids": senders})
+    return {"datacenters": [{"name": dc, "clusters": cs} for dc, cs in by_dc.items()], "links": links}
+
+
+def pool_detail(pool_id: int) -> dict:
+    """A pool's summary (``pool_summary``) with autoscaling bounds. Raises ``Pool.DoesNotExist``."""
+    pool = _pools_with_counts().get(pk=pool_id)
+    out = pool_summary(pool, firing_alerts(pool_ids=[pool.pk]))
+    out.update(min_replicas=pool.min_replicas, max_replicas=pool.max_replicas,
+               autoscaling_enabled=pool.autoscaling_enabled)
+    return out
+
+
+def fleet_snapshot(*, history: SignalHistory | None = None) -> dict:
+    """What the fleet websocket sends on connect and on resync."""
+    history = history or SignalHistory()
+    seq = history.current_seq(FLEET_GROUP)  # read before the record: later messages have larger numbers
+    return {"type": "snapshot", "stream": "fleet", "seq": seq,
+            "record": telemetry_snapshot(pool_id=None, history=history), "alerts": firing_alerts(),
+            "overview": fleet_overview()}
+
+
+def pool_snapshot(pool_id: int, *, history: SignalHistory | None = None,
+                  history_s: float = SNAPSHOT_HISTORY_S) -> dict:
+    """What a pool websocket sends on connect and on resync: the last ``history_s`` seconds of records
+    (oldest first), the firing alerts and the pool's desired/ready replicas. Raises ``Pool.DoesNotExist``."""
+    history = history or SignalHistory()
+    seq = history.current_seq(pool_group(pool_id))
+    return {"type": "snapshot", "stream": pool_stream(pool_id), "seq": seq,
+            "records": telemetry_history(pool_id=pool_id, since_s=time.time() - history_s, history=history),
+            "alerts": firing_alerts(pool_ids=[pool_id]), "pool": pool_detail(pool_id)}
+
+
+def rollout_pool_ids(rollout_id: int) -> list[int]:
+    """Ids of the pools a rollout moves. Raises ``RolloutPlan.DoesNotExist``."""
+    plan = RolloutPlan.objects.get(pk=rollout_id)
+    return sorted(plan.pools.values_list("pk", flat=True))
+
+
+def rollout_detail(rollout_id: int) -> dict:
+    """A rollout plan's state, steps and gates (gate signals mapped to telemetry names) and its pools.
+
+    Raises ``RolloutPlan.DoesNotExist``.
+    """
+    plan = RolloutPlan.objects.select_related("target_model_version").get(pk=rollout_id)
+    gates = [{**g, "telemetry_signal": GATE_SIGNAL_TO_TELEMETRY.get(g.get("signal"))} for g in plan.gates]
+    return {
+        "id": plan.pk, "name": plan.name, "strategy": plan.strategy, "state": plan.state,
+        "current_step_index": plan.current_step_index, "steps": plan.steps, "gates": gates,
+        "target_model_version": str(plan.target_model_version), "message": plan.message,
+        "pools": [pool_summary(p, []) for p in _pools_with_counts().filter(rollouts=plan).order_by("pk")],
+    }
+
+
+def model_version_rows() -> list[dict]:
+    """Every model version's architecture and KV bytes: per token per layer type, and resident at
+    8K/32K/128K tokens hybrid vs all-full (``ModelVersion.kv_bytes``, the one formula in
+    ``inference_worker.config``), with the all-full/hybrid ratio."""
+    rows = []
+    for mv in ModelVersion.objects.all():
+        kv = []
+        for n in KV_REPORT_TOKENS:
+            hybrid, full = mv.kv_bytes(n, hybrid=True), mv.kv_bytes(n, hybrid=False)
+            kv.append({"tokens": n, "hybrid_bytes": hybrid, "all_full_bytes": full,
+                       "ratio": round(full / hybrid, 2) if hybrid else None})
+        rows.append({
+            "id": mv.pk, "name": mv.name, "version": mv.version, "model_type": mv.model_type,
+            "num_hidden_layers": mv.num_hidden_layers, "num_full_layers": mv.num_full_layers,
+            "num_sliding_layers": mv.num_sliding_layers, "sliding_window": mv.sliding_window,
+            "num_attention_heads": mv.num_attention_heads, "num_key_value_heads": mv.num_key_value_heads,
+            "head_dim": mv.head_dim, "dtype": mv.dtype,
+            "kv_bytes_per_token_full": mv.kv_bytes_per_token("full_attention"),
+            "kv_bytes_per_token_sliding": (mv.kv_bytes_per_token("sliding_attention")
+                                           if mv.num_sliding_layers else None),
+            "kv": kv,
+        })
+    return rows

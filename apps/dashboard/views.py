@@ -1,0 +1,59 @@
+"""Dashboard pages: server-rendered shells whose JS reads the REST API and the websockets.
+
+Every page needs a signed-in user; ``can_operate`` (operator role or higher) decides whether
+controls are rendered at all — viewers see the same data and no buttons. Controls call the
+public REST API (``/api/v1/``) with the session cookie and the CSRF token, as automation does.
+"""
+
+from __future__ import annotations
+
+from django.contrib.auth.decorators import login_required
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import render
+
+from apps.accounts.roles import OPERATOR, role_at_least, user_role
+from apps.catalog.models import ModelVersion
+from apps.dashboard import selectors
+from apps.fleet.models import Pool
+from apps.rollouts.models import RolloutPlan
+from apps.rollouts.selectors import rollout_list
+
+
+def _context(request: HttpRequest, **extra) -> dict:
+    return {"can_operate": role_at_least(request.user, OPERATOR), "role": user_role(request.user) or "none",
+            **extra}
+
+
+@login_required
+def fleet_page(request: HttpRequest) -> HttpResponse:
+    return render(request, "dashboard/fleet.html", _context(request, overview=selectors.fleet_overview()))
+
+
+@login_required
+def pool_page(request: HttpRequest, pool_id: int) -> HttpResponse:
+    try:
+        pool = selectors.pool_detail(pool_id)
+    except Pool.DoesNotExist as exc:
+        raise Http404(f"No pool with id {pool_id}.") from exc
+    return render(request, "dashboard/pool.html", _context(request, pool=pool))
+
+
+@login_required
+def rollout_list_page(request: HttpRequest) -> HttpResponse:
+    pools = list(Pool.objects.select_related("cluster").order_by("cluster__name", "name"))
+    return render(request, "dashboard/rollouts.html", _context(
+        request, rollouts=rollout_list()[:100], pools=pools, model_versions=ModelVersion.objects.all()))
+
+
+@login_required
+def rollout_page(request: HttpRequest, rollout_id: int) -> HttpResponse:
+    try:
+        rollout = selectors.rollout_detail(rollout_id)
+    except RolloutPlan.DoesNotExist as exc:
+        raise Http404(f"No rollout with id {rollout_id}.") from exc
+    return render(request, "dashboard/rollout.html", _context(request, rollout=rollout))
+
+
+@login_required
+def model_versions_page(request: HttpRequest) -> HttpResponse:
+    return render(request, "dashboard/model_versions.html", _context(request, rows=selectors.model_version_rows()))

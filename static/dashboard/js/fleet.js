@@ -1,0 +1,68 @@
+/* Fleet page: datacenters -> clusters -> pools (role, version, replicas ready/desired, health, alerts) and
+   links (configured bandwidth, live KV throughput), live from ws/fleet/; desired replicas re-read every 5 s. */
+"use strict";
+(function () {
+  let overview = JSON.parse(document.getElementById("fleet-overview").textContent);
+  let signals = {};   // pool id -> latest pool-level signals
+  let alerts = {};    // alert id -> firing alert
+
+  function poolRow(p) {
+    const live = signals[p.id] || {};
+    const ready = live.ready_replicas ?? p.ready_replicas;
+    const poolAlerts = Object.fromEntries(Object.entries(alerts).filter(([, a]) => a.pool_id === p.id));
+    const badges = Ferry.el("span", {class: "badges"});
+    Ferry.renderAlerts(badges, poolAlerts);
+    return Ferry.el("tr", {"data-pool-id": p.id},
+      Ferry.el("td", {}, Ferry.el("a", {href: `/pools/${p.id}/`}, p.name)),
+      Ferry.el("td", {}, p.role),
+      Ferry.el("td", {}, p.model_version),
+      Ferry.el("td", {class: "replicas"}, `${ready ?? "?"} / ${p.replicas}`),
+      Ferry.el("td", {}, p.gpu ? `GPU util ${Ferry.fmt(live.gpu_utilization)}` : `busy ${Ferry.fmt(live.engine_busy_ratio)} (CPU)`),
+      Ferry.el("td", {}, Ferry.fmt(live.request_rate_per_s)),
+      Ferry.el("td", {}, badges));
+  }
+
+  function render() {
+    const root = document.getElementById("datacenters");
+    root.replaceChildren(...overview.datacenters.map(dc => Ferry.el("div", {class: "datacenter"},
+      Ferry.el("h3", {}, dc.name),
+      ...dc.clusters.map(c => Ferry.el("div", {class: "cluster"},
+        Ferry.el("h4", {}, `${c.name} `, Ferry.el("span", {class: "muted"}, `${c.kind} · ${c.status}`)),
+        Ferry.el("table", {class: "grid"},
+          Ferry.el("thead", {}, Ferry.el("tr", {}, ...["Pool", "Role", "Version", "Ready / desired", "Utilization", "Requests/s", "Health"].map(h => Ferry.el("th", {}, h)))),
+          Ferry.el("tbody", {}, ...c.pools.map(poolRow))))))));
+    const links = document.querySelector("#links tbody");
+    links.replaceChildren(...overview.links.map(l => {
+      const rates = l.source_pool_ids.map(id => (signals[id] || {}).kv_transfer_bytes_per_s).filter(v => v !== null && v !== undefined);
+      const live = rates.length ? Ferry.fmtBytesPerS(rates.reduce((a, b) => a + b, 0)) : "no data";
+      return Ferry.el("tr", {}, Ferry.el("td", {}, l.source), Ferry.el("td", {}, l.destination),
+        Ferry.el("td", {}, `${l.bandwidth_gbps} Gbit/s`), Ferry.el("td", {}, `${l.rtt_ms} ms`), Ferry.el("td", {class: "kv-live"}, live));
+    }));
+  }
+
+  new FerryStream("/ws/fleet/", (msg) => {
+    if (msg.type === "snapshot") {
+      overview = msg.overview;
+      signals = (msg.record && msg.record.pools) || {};
+      alerts = {};
+      msg.alerts.forEach(a => Ferry.applyAlert(alerts, a));
+    } else if (msg.type === "telemetry.fleet") {
+      signals = msg.pools;
+    } else if (msg.type === "telemetry.alert") {
+      Ferry.applyAlert(alerts, msg.alert);
+    }
+    render();
+  });
+
+  async function refreshDesired() {
+    const result = await Ferry.api("GET", "/api/v1/pools/?page_size=500");
+    if (!result.ok) return;
+    const desired = Object.fromEntries(result.data.results.map(p => [p.id, p.replicas]));
+    overview.datacenters.forEach(dc => dc.clusters.forEach(c => c.pools.forEach(p => {
+      if (desired[p.id] !== undefined) p.replicas = desired[p.id];
+    })));
+    render();
+  }
+  render();
+  setInterval(refreshDesired, 5000);
+})();

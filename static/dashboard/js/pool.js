@@ -1,0 +1,147 @@
+/* Pool page: live Plotly charts (time on x, units on y) from ws/pools/<id>/, alert badges, replicas, scale
+   control and recent Actions (retry/cancel) through the REST API. */
+"use strict";
+(function () {
+  const pool = JSON.parse(document.getElementById("pool-data").textContent);
+  const MAX_POINTS = 900;  // 15 minutes at one poll per second (the telemetry history horizon)
+  const utilization = pool.gpu
+    ? {title: "GPU utilization", y: "ratio (0–1)", signals: ["gpu_utilization"]}
+    : {title: "Engine busy ratio (CPU workers — no GPU; not GPU utilization)", y: "busy ratio (0–1)", signals: ["engine_busy_ratio"]};
+  const CHARTS = [
+    {id: "utilization", ...utilization},
+    {id: "kv-transfer-errors", title: "KV-transfer error rate", y: "failed / total (0–1)", signals: ["kv_transfer_failure_rate"]},
+    {id: "queue-depth", title: "Queue depth", y: "requests waiting", signals: ["num_requests_waiting"]},
+    {id: "running", title: "Running", y: "requests running", signals: ["num_requests_running"]},
+    {id: "kv-cache", title: "KV cache usage", y: "ratio (0–1)", signals: ["kv_cache_usage", "kv_cache_usage_max"]},
+    {id: "ttft", title: "TTFT", y: "seconds", signals: ["ttft_p50_s", "ttft_p99_s"]},
+    {id: "tpot", title: "TPOT", y: "seconds", signals: ["tpot_p50_s", "tpot_p99_s"]},
+    {id: "tokens", title: "Tokens/s", y: "tokens per second", signals: ["prompt_tokens_per_s", "generation_tokens_per_s"]},
+    {id: "router", title: "Router decisions (local vs remote prefill)", y: "requests per second",
+     signals: ["router_local_prefill_per_s", "router_remote_prefill_per_s"]},
+  ];
+  const LABELS = {kv_cache_usage: "avg over replicas", kv_cache_usage_max: "max replica", ttft_p50_s: "p50",
+    ttft_p99_s: "p99", tpot_p50_s: "p50", tpot_p99_s: "p99", prompt_tokens_per_s: "prompt (prefill)",
+    generation_tokens_per_s: "generation (decode)", router_local_prefill_per_s: "local prefill",
+    router_remote_prefill_per_s: "remote prefill"};
+  let alerts = {};
+  const container = document.getElementById("charts");
+
+  function layout(chart) {
+    return {title: {text: chart.title, font: {size: 14}}, height: 260, margin: {l: 60, r: 20, t: 40, b: 40},
+      xaxis: {title: {text: "time"}, type: "date"}, yaxis: {title: {text: chart.y}, rangemode: "tozero"},
+      showlegend: chart.signals.length > 1, legend: {orientation: "h"}};
+  }
+
+  function columns(records, chart) {
+    const x = records.map(r => new Date(r.at * 1000));
+    return chart.signals.map(name => ({x, y: records.map(r => (r.signals || {})[name] ?? null)}));
+  }
+
+  function resetCharts(records) {
+    container.replaceChildren();
+    for (const chart of CHARTS) {
+      const div = Ferry.el("div", {id: `chart-${chart.id}`, class: "chart", "data-signals": chart.signals.join(",")});
+      container.append(div);
+      const data = columns(records, chart).map((col, i) => ({...col, type: "scatter", mode: "lines+markers",
+        marker: {size: 3}, connectgaps: false, name: LABELS[chart.signals[i]] || chart.signals[i]}));
+      Plotly.newPlot(div, data, layout(chart), {displaylogo: false, responsive: true, staticPlot: false});
+    }
+  }
+
+  function extendCharts(record) {
+    for (const chart of CHARTS) {
+      const cols = columns([record], chart);
+      Plotly.extendTraces(`chart-${chart.id}`, {x: cols.map(c => c.x), y: cols.map(c => c.y)},
+        chart.signals.map((_, i) => i), MAX_POINTS);
+    }
+    const ready = record.signals.ready_replicas;
+    if (ready !== null && ready !== undefined) pool.live_ready = ready;
+    renderCount();
+  }
+
+  function renderCount() {
+    const ready = pool.live_ready ?? pool.ready_replicas;
+    document.getElementById("replica-count").textContent = `${ready} / ${pool.replicas}`;
+  }
+
+  new FerryStream(`/ws/pools/${pool.id}/`, (msg) => {
+    if (msg.type === "snapshot") {
+      Object.assign(pool, msg.pool);
+      alerts = {};
+      msg.alerts.forEach(a => Ferry.applyAlert(alerts, a));
+      resetCharts(msg.records);
+      const last = msg.records[msg.records.length - 1];
+      pool.live_ready = last ? last.signals.ready_replicas : null;
+      renderCount();
+    } else if (msg.type === "telemetry.signals") {
+      extendCharts(msg);
+    } else if (msg.type === "telemetry.alert") {
+      Ferry.applyAlert(alerts, msg.alert);
+    }
+    Ferry.renderAlerts(document.getElementById("alerts"), alerts);
+  });
+
+  async function showLogs(replica) {
+    const pre = document.getElementById("replica-logs");
+    const result = await Ferry.api("GET", `/api/v1/replicas/${replica.id}/logs/?tail=200`);
+    pre.hidden = false;
+    pre.textContent = result.ok ? (result.data.lines || []).join("\n") || "(no output)"
+      : `Logs of ${replica.name} are not available: ${Ferry.errorText(result)}`;
+  }
+
+  async function refreshReplicas() {
+    const result = await Ferry.api("GET", `/api/v1/replicas/?pool=${pool.id}&page_size=500`);
+    if (!result.ok) return;
+    document.querySelector("#replicas tbody").replaceChildren(...result.data.results.map(r => Ferry.el("tr", {},
+      Ferry.el("td", {}, r.name), Ferry.el("td", {}, r.track), Ferry.el("td", {}, r.version),
+      Ferry.el("td", {}, r.ready ? "yes" : "no"), Ferry.el("td", {}, r.alive ? "yes" : `no (exit ${r.exit_code ?? "?"})`),
+      Ferry.el("td", {}, String(r.restart_count)), Ferry.el("td", {}, r.endpoint), Ferry.el("td", {}, Ferry.fmtTime(r.last_seen)),
+      Ferry.el("td", {}, Ferry.el("button", {class: "link", onclick: () => showLogs(r)}, "logs")))));
+  }
+
+  async function actionVerb(action, verb) {
+    const result = await Ferry.api("POST", `/api/v1/actions/${action.id}/${verb}/`);
+    document.getElementById("scale-result").textContent = result.ok
+      ? `Action #${action.id}: ${verb} → #${result.data.id} ${result.data.status}` : `${verb} failed: ${Ferry.errorText(result)}`;
+    refreshActions();
+  }
+
+  async function refreshActions() {
+    const result = await Ferry.api("GET", `/api/v1/actions/?pool=${pool.id}&page_size=20`);
+    if (!result.ok) return;
+    document.querySelector("#actions tbody").replaceChildren(...result.data.results.map(a => {
+      const row = Ferry.el("tr", {"data-action-id": a.id, class: `status-${a.status}`},
+        Ferry.el("td", {}, String(a.id)), Ferry.el("td", {}, a.kind), Ferry.el("td", {class: "status"}, a.status),
+        Ferry.el("td", {}, JSON.stringify(a.params)), Ferry.el("td", {}, a.requested_by ?? ""),
+        Ferry.el("td", {}, Ferry.fmtTime(a.created_at)), Ferry.el("td", {class: "error"}, a.error || ""));
+      if (Ferry.canOperate) {
+        const cell = Ferry.el("td", {});
+        if (a.status === "pending") cell.append(Ferry.el("button", {class: "cancel", onclick: () => actionVerb(a, "cancel")}, "Cancel"));
+        if (a.status === "failed" || a.status === "cancelled") cell.append(Ferry.el("button", {class: "retry", onclick: () => actionVerb(a, "retry")}, "Retry"));
+        row.append(cell);
+      }
+      return row;
+    }));
+  }
+
+  async function refreshPool() {
+    const result = await Ferry.api("GET", `/api/v1/pools/${pool.id}/`);
+    if (result.ok) { pool.replicas = result.data.replicas; renderCount(); }
+  }
+
+  const form = document.getElementById("scale-form");
+  if (form) {
+    form.addEventListener("submit", async (event) => {
+      event.preventDefault();
+      const replicas = Number(document.getElementById("scale-replicas").value);
+      const result = await Ferry.api("POST", `/api/v1/pools/${pool.id}/scale/`, {replicas});
+      document.getElementById("scale-result").textContent = result.ok
+        ? `Action #${result.data.id} ${result.data.kind}: ${result.data.status}` : `Scale refused: ${Ferry.errorText(result)}`;
+      refreshActions();
+    });
+  }
+
+  function refreshAll() { refreshPool(); refreshReplicas(); refreshActions(); }
+  refreshAll();
+  setInterval(refreshAll, 3000);
+})();

@@ -1,0 +1,114 @@
+/* Rollout page: steps (current highlighted), canary weight over time, gates against live canary signals,
+   controls (abort asks for confirmation) and the event log (the rollout's Actions and their logs).
+   Pool signals stream over ws/rollouts/<id>/; the plan's state is re-read from the REST API every 2 s and
+   whenever a rollout.state message arrives. */
+"use strict";
+(function () {
+  const rollout = JSON.parse(document.getElementById("rollout-data").textContent);
+  const latest = {};  // pool id -> latest telemetry record
+  const weightDiv = document.getElementById("chart-canary-weight");
+
+  Plotly.newPlot(weightDiv, rollout.pools.map(p => ({x: [], y: [], name: `${p.name} (${p.role})`, type: "scatter",
+    mode: "lines+markers", line: {shape: "hv"}})),
+    {height: 260, margin: {l: 60, r: 20, t: 20, b: 40}, xaxis: {title: {text: "time"}, type: "date"},
+     yaxis: {title: {text: "canary traffic weight (%)"}, range: [0, 105]}}, {displaylogo: false, responsive: true});
+
+  function stepText(step) {
+    if ("set_weight" in step) return `set weight ${step.set_weight}%`;
+    if ("pause" in step) return step.pause.seconds ? `pause ${step.pause.seconds} s` : "pause until resumed";
+    if ("analysis" in step) return `analysis${step.analysis.duration_s ? ` for ${step.analysis.duration_s} s` : ""}`;
+    return JSON.stringify(step);
+  }
+
+  function renderPlan() {
+    document.getElementById("rollout-state").textContent = rollout.state;
+    document.getElementById("rollout-state").className = `state state-${rollout.state}`;
+    document.getElementById("rollout-step").textContent = String(rollout.current_step_index);
+    document.getElementById("rollout-message").textContent = rollout.message || "";
+    document.getElementById("steps").replaceChildren(...rollout.steps.map((s, i) => Ferry.el("li", {
+      class: i === rollout.current_step_index && ["progressing", "paused", "pending"].includes(rollout.state) ? "current"
+        : (i < rollout.current_step_index ? "done" : ""), "data-index": i}, stepText(s))));
+  }
+
+  function compare(value, op, threshold) {
+    return {"<": value < threshold, "<=": value <= threshold, ">": value > threshold, ">=": value >= threshold}[op];
+  }
+
+  function renderGates() {
+    const rows = rollout.gates.map(g => {
+      const values = Object.values(latest).map(r => ((r.tracks || {}).canary || {})[g.telemetry_signal])
+        .filter(v => v !== null && v !== undefined);
+      const worst = values.length ? (g.comparison.startsWith("<") ? Math.max(...values) : Math.min(...values)) : null;
+      const verdict = !g.telemetry_signal ? "not measured by telemetry" : worst === null ? "no data (does not pass)"
+        : compare(worst, g.comparison, g.threshold) ? "pass" : "fail";
+      return Ferry.el("tr", {class: `gate-${verdict.split(" ")[0]}`}, Ferry.el("td", {}, g.signal),
+        Ferry.el("td", {}, `${g.comparison} ${g.threshold}`), Ferry.el("td", {}, `${g.window_s} s`),
+        Ferry.el("td", {}, Ferry.fmt(worst)), Ferry.el("td", {}, verdict));
+    });
+    if (!rows.length) rows.push(Ferry.el("tr", {}, Ferry.el("td", {colspan: 5}, "This plan has no gates.")));
+    document.querySelector("#gates tbody").replaceChildren(...rows);
+  }
+
+  async function refreshPlan() {
+    const result = await Ferry.api("GET", `/api/v1/rollouts/${rollout.id}/`);
+    if (result.ok) {
+      Object.assign(rollout, {state: result.data.state, current_step_index: result.data.current_step_index,
+        message: result.data.message, steps: result.data.steps});
+      renderPlan();
+    }
+    const now = new Date();
+    const weights = await Promise.all(rollout.pools.map(async p => {
+      const r = await Ferry.api("GET", `/api/v1/pools/${p.id}/`);
+      if (!r.ok) return null;
+      const canary = r.data.tracks.find(t => t.name === "canary" || t.name === "green");
+      return canary ? canary.weight : 0;
+    }));
+    Plotly.extendTraces(weightDiv, {x: weights.map(() => [now]), y: weights.map(w => [w])}, weights.map((_, i) => i), 3600);
+    refreshEvents();
+  }
+
+  async function refreshEvents() {
+    const result = await Ferry.api("GET", `/api/v1/actions/?target_type=rollout&target_id=${rollout.id}&page_size=50`);
+    if (!result.ok) return;
+    const rows = [];
+    for (const a of result.data.results) {
+      rows.push(Ferry.el("tr", {class: `status-${a.status}`}, Ferry.el("td", {}, Ferry.fmtTime(a.created_at)),
+        Ferry.el("td", {}, `#${a.id} ${a.kind}`), Ferry.el("td", {}, a.status), Ferry.el("td", {}, a.error || "")));
+      for (const entry of (a.log || [])) {
+        rows.push(Ferry.el("tr", {class: "log"}, Ferry.el("td", {}, Ferry.fmtTime(entry.at)), Ferry.el("td", {}, ""),
+          Ferry.el("td", {}, ""), Ferry.el("td", {}, entry.message)));
+      }
+    }
+    document.querySelector("#events tbody").replaceChildren(...rows);
+  }
+
+  const controls = document.getElementById("rollout-controls");
+  if (controls) {
+    controls.addEventListener("click", async (event) => {
+      const verb = event.target.dataset && event.target.dataset.verb;
+      if (!verb) return;
+      if (verb === "abort" && !window.confirm(`Abort rollout ${rollout.name}? Traffic returns to the stable version.`)) return;
+      const result = await Ferry.api("POST", `/api/v1/rollouts/${rollout.id}/${verb}/`);
+      document.getElementById("rollout-result").textContent = result.ok ? `${verb}: accepted` : `${verb} refused: ${Ferry.errorText(result)}`;
+      refreshPlan();
+    });
+  }
+
+  new FerryStream(`/ws/rollouts/${rollout.id}/`, (msg) => {
+    if (msg.stream.startsWith("rollout.")) {
+      if (msg.type === "snapshot") Object.assign(rollout, msg.rollout); else refreshPlan();
+      renderPlan();
+    } else if (msg.type === "snapshot") {
+      const last = msg.records[msg.records.length - 1];
+      if (last) latest[msg.pool.id] = last;
+    } else if (msg.type === "telemetry.signals") {
+      latest[msg.pool_id] = msg;
+    }
+    renderGates();
+  });
+
+  renderPlan();
+  renderGates();
+  refreshPlan();
+  setInterval(refreshPlan, 2000);
+})();
