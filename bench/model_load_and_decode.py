@@ -50,13 +50,13 @@ def decode_transformers(hf_model, prompt: list[int], new_tokens: int) -> tuple[f
     from transformers import DynamicCache
 
     t0 = time.perf_counter()
-    out = hf_model(torch.tensor([prompt]), past_key_values=DynamicCache(config=hf_model.config), use_cache=True,
-                   logits_to_keep=1)
+    cache = DynamicCache(config=hf_model.config)  # updated in place by every forward
+    out = hf_model(torch.tensor([prompt]), cache=cache, use_cache=True, logits_to_keep=1)
     token = int(out.logits[0, -1].argmax())
     t1 = time.perf_counter()
     tokens = [token]
     for _ in range(new_tokens - 1):
-        out = hf_model(torch.tensor([[token]]), past_key_values=out.past_key_values, use_cache=True, logits_to_keep=1)
+        out = hf_model(torch.tensor([[token]]), cache=cache, use_cache=True, logits_to_keep=1)
         token = int(out.logits[0, -1].argmax())
         tokens.append(token)
     t2 = time.perf_counter()

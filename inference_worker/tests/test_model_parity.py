@@ -60,7 +60,7 @@ def _reference(hf_model, prompt):
     from transformers import DynamicCache
 
     cache = DynamicCache(config=hf_model.config)
-    out = hf_model(torch.tensor([prompt]), past_key_values=cache, use_cache=True, logits_to_keep=1)
+    out = hf_model(torch.tensor([prompt]), cache=cache, use_cache=True, logits_to_keep=1)
     step_logits = [out.logits[0, -1].float()]
     tokens = []
     for _ in range(NUM_NEW_TOKENS):
@@ -68,7 +68,7 @@ def _reference(hf_model, prompt):
         tokens.append(token)
         if len(tokens) == NUM_NEW_TOKENS:
             break
-        out = hf_model(torch.tensor([[token]]), past_key_values=out.past_key_values, use_cache=True, logits_to_keep=1)
+        out = hf_model(torch.tensor([[token]]), cache=cache, use_cache=True, logits_to_keep=1)
         step_logits.append(out.logits[0, -1].float())
     return step_logits[0], tokens, step_logits
 
