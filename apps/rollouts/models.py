@@ -1,7 +1,10 @@
-"""``RolloutPlan``: move pools (a prefill and a decode pool together) from their stable version to a target.
+"""``RolloutPlan``: move pools (a prefill and a decode pool together) from their stable version to a target;
+``GateMeasurement``: one evaluation of one gate during a rollout.
 
-Only the model and its validation live here; the controller that advances ``state``,
-``current_step_index`` and ``next_step_at`` from the beat-driven reconcile belongs to another issue.
+The controller (:mod:`apps.rollouts.controller`) advances ``state``, ``current_step_index``,
+``phase`` and ``next_step_at`` from the beat tick; ``progress`` holds its bookkeeping (pool totals,
+the applied target, the routing-table version it waits for, analysis counters). The allowed
+transitions are in :mod:`apps.rollouts.transitions`.
 """
 
 from __future__ import annotations
@@ -50,6 +53,28 @@ class RolloutPlan(models.Model):
         help_text="Largest allowed gap, in percentage points, between the pools' canary weights while a "
                   "step is applied (0: prefill and decode move in lockstep).",
     )
+    scale_down_delay_s = models.PositiveIntegerField(
+        default=30, validators=[MaxValueValidator(86_400)],
+        help_text="Blue-green: seconds the old (blue) track keeps its replicas after the switch, for an "
+                  "instant switch-back by abort.",
+    )
+    router_url = models.CharField(
+        max_length=300, blank=True,
+        help_text="Base URL of the Ferry router fronting these pools; a step counts as applied once its /ready "
+                  "reports the new routing table version. Blank: replica readiness only (replica ratio).",
+    )
+    phase = models.CharField(max_length=24, blank=True, editable=False,
+                             help_text="Where the controller is inside the state (e.g. preview, finalizing).")
+    step_started_at = models.DateTimeField(null=True, blank=True, editable=False,
+                                           help_text="When the current step or phase began (progress deadline).")
+    progress = models.JSONField(default=dict, blank=True, editable=False,
+                                help_text="Controller bookkeeping: totals, target, awaited table version, gates.")
+    stable_model_version = models.ForeignKey(
+        "catalog.ModelVersion", null=True, blank=True, on_delete=models.PROTECT, related_name="+", editable=False,
+        help_text="The version the pools ran when the rollout started (rollback goes back to it).",
+    )
+    rollback_of = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL,
+                                    related_name="rollbacks", editable=False)
     message = models.TextField(blank=True, editable=False, help_text="Why the plan is in its state.")
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
                                    related_name="ferry_rollouts")
@@ -69,3 +94,28 @@ class RolloutPlan(models.Model):
             isinstance(s, dict) and "set_weight" in s for s in self.steps
         ):
             raise ValidationError({"steps": "Blue-green switches all traffic at once; use pause/analysis steps only."})
+
+
+class GateMeasurement(models.Model):
+    """One evaluation of one gate on one pool's track: the measured value (None = no data) and verdict."""
+
+    rollout = models.ForeignKey(RolloutPlan, on_delete=models.CASCADE, related_name="measurements")
+    step_index = models.IntegerField(help_text="Index of the analysis step (-1: blue-green pre-switch gates).")
+    gate_index = models.PositiveIntegerField()
+    pool = models.ForeignKey("fleet.Pool", null=True, on_delete=models.SET_NULL, related_name="+")
+    track = models.CharField(max_length=16)
+    signal = models.CharField(max_length=64)
+    value = models.FloatField(null=True, blank=True, help_text="Measured value; empty = no data (fails).")
+    threshold = models.FloatField()
+    comparison = models.CharField(max_length=2)
+    window_s = models.PositiveIntegerField()
+    passed = models.BooleanField()
+    consecutive_failures = models.PositiveIntegerField(default=0)
+    detail = models.CharField(max_length=300, blank=True)
+    measured_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["rollout_id", "measured_at", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.signal}={self.value} ({'pass' if self.passed else 'fail'})"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.db.models import QuerySet
 
 from apps.fleet.models import Pool
-from apps.rollouts.models import RolloutPlan
+from apps.rollouts.models import GateMeasurement, RolloutPlan
 
 
 def rollout_list() -> QuerySet[RolloutPlan]:
@@ -18,3 +18,7 @@ def rollout_active_for_pool(*, pool: Pool, exclude_id: int | None = None) -> Rol
     if exclude_id is not None:
         qs = qs.exclude(pk=exclude_id)
     return qs.first()
+
+
+def gate_measurement_list() -> QuerySet[GateMeasurement]:
+    return GateMeasurement.objects.all()

@@ -1,19 +1,32 @@
-"""Writes for rollout plans: create, update and delete (pending plans only for changes)."""
+"""Writes for rollout plans: create, update and delete (pending plans only for changes), and the verbs
+start, pause, resume, promote, abort and rollback (transitions from :mod:`apps.rollouts.transitions`;
+each writes one ``rollout.<verb>`` Action in the same transaction as the state change)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from datetime import datetime
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.exceptions import ValidationError
 from django.db import transaction
+from django.utils import timezone
 
 from apps.catalog.models import ModelVersion
 from apps.core.errors import ConflictError
 from apps.fleet.models import Pool
+from apps.rollouts import bluegreen, transitions
+from apps.rollouts.controller import NEW_TRACK, canary_converge, publish_if_changed, revert
+from apps.rollouts.desired import active_track_name, pool_views, record_action, track_ensure
 from apps.rollouts.models import RolloutPlan
+from apps.rollouts.replica_math import ReplicaMathError, canary_split
 from apps.rollouts.selectors import rollout_active_for_pool
+from apps.rollouts.steps import RolloutFailure
+
+
+def canary_track(view) -> bool:  # noqa: ANN001 - a PoolView
+    return NEW_TRACK in view.tracks
 
 
 def rollout_plan_validate_pools(*, pools: list[Pool], target: ModelVersion, plan_id: int | None) -> None:
@@ -86,3 +99,171 @@ def rollout_plan_delete(*, plan: RolloutPlan) -> None:
         raise ConflictError(f"Rollout {plan.name!r} is {plan.state}; abort it before deleting.")
     with transaction.atomic():
         plan.delete()
+
+
+# --------------------------------------------------------------------------- verbs (state machine)
+
+
+def _locked(plan: RolloutPlan) -> RolloutPlan:
+    return RolloutPlan.objects.select_for_update().get(pk=plan.pk)
+
+
+def _enqueue_after_commit(plan: RolloutPlan) -> None:
+    from apps.rollouts.tasks import rollout_advance_enqueue
+
+    transaction.on_commit(lambda: rollout_advance_enqueue(rollout_id=plan.pk, step_index=plan.current_step_index))
+
+
+def _check_weights(plan: RolloutPlan, views: list) -> None:
+    for index, step in enumerate(plan.steps):
+        if "set_weight" not in step:
+            continue
+        for view in views:
+            try:
+                canary_split(view.total, step["set_weight"], max_surge=plan.max_surge)
+            except ReplicaMathError as exc:
+                raise ConflictError(f"Step {index} on pool {view.pool}: {exc}") from exc
+
+
+def rollout_start(*, plan: RolloutPlan, requested_by: AbstractBaseUser | None = None,
+                  now: datetime | None = None) -> RolloutPlan:
+    """Start a pending rollout: record totals and stable tracks, create the canary/preview tracks.
+
+    Canary: a ``canary`` track at 0 replicas and weight 0 (the first step moves it). Blue-green: the
+    preview track at the pool total, inactive. Publishes the routing table; the beat tick continues.
+
+    Raises:
+        ConflictError: not pending (message names the state and allowed verbs), a pool is in another
+            rollout, a canary/preview track already exists, or a step's weight cannot be served
+            with ``max_surge`` (the R=1 rule, :mod:`apps.rollouts.replica_math`).
+        ValidationError: the pools no longer run one stable version, or already run the target.
+    """
+    now = now or timezone.now()
+    with transaction.atomic():
+        plan = _locked(plan)
+        new_state = transitions.next_state("start", plan.state, name=plan.name)
+        pools = list(plan.pools.all())
+        rollout_plan_validate_pools(pools=pools, target=plan.target_model_version, plan_id=plan.pk)
+        plan.progress = {}
+        views = pool_views(plan)
+        try:
+            plan.progress = {"totals": {v.key: v.total for v in views},
+                             "stable_tracks": {v.key: active_track_name(v) for v in views}}
+        except ValueError as exc:
+            raise ConflictError(str(exc)) from exc
+        plan.stable_model_version = pools[0].model_version
+        if plan.strategy == RolloutPlan.Strategy.CANARY:
+            _check_weights(plan, views)
+            for view in views:
+                if canary_track(view):
+                    raise ConflictError(f"Pool {view.pool} already has a canary track; remove it first.")
+                track_ensure(view, NEW_TRACK, plan.target_model_version, active=True)
+            plan.progress.update({"mode": "canary", "weight": 0, "applied_weight": 0})
+            plan.phase = "steps"
+            lines = canary_converge(plan, views)
+        else:
+            try:
+                lines = bluegreen.start(plan, views)
+            except RolloutFailure as exc:
+                raise ConflictError(exc.reason) from exc
+        lines = [f"{v.pool}: {v.total} replicas, stable track {plan.progress['stable_tracks'][v.key]}"
+                 for v in views] + lines
+        publish_if_changed(plan, lines)
+        plan.state, plan.step_started_at, plan.next_step_at = new_state, now, now
+        plan.message = f"Started: {plan.stable_model_version} -> {plan.target_model_version}."
+        plan.save()
+        record_action(plan, "rollout.start", lines, requested_by=requested_by)
+        _enqueue_after_commit(plan)
+    return plan
+
+
+def rollout_pause(*, plan: RolloutPlan, requested_by: AbstractBaseUser | None = None) -> RolloutPlan:
+    """Pause a progressing rollout where it is (traffic stays). Raises ConflictError in other states."""
+    with transaction.atomic():
+        plan = _locked(plan)
+        plan.state = transitions.next_state("pause", plan.state, name=plan.name)
+        plan.next_step_at = None
+        plan.message = f"Paused by {requested_by or 'system'} at step {plan.current_step_index}."
+        plan.save()
+        record_action(plan, "rollout.pause", [plan.message], requested_by=requested_by)
+    return plan
+
+
+def rollout_resume(*, plan: RolloutPlan, requested_by: AbstractBaseUser | None = None,
+                   now: datetime | None = None) -> RolloutPlan:
+    """Resume a paused rollout (the progress deadline restarts). Raises ConflictError unless paused."""
+    now = now or timezone.now()
+    with transaction.atomic():
+        plan = _locked(plan)
+        plan.state = transitions.next_state("resume", plan.state, name=plan.name)
+        plan.next_step_at, plan.step_started_at = now, now
+        plan.message = f"Resumed by {requested_by or 'system'} at step {plan.current_step_index}."
+        plan.save()
+        record_action(plan, "rollout.resume", [plan.message], requested_by=requested_by)
+        _enqueue_after_commit(plan)
+    return plan
+
+
+def rollout_promote(*, plan: RolloutPlan, requested_by: AbstractBaseUser | None = None,
+                    now: datetime | None = None) -> RolloutPlan:
+    """Skip the remaining steps: canary goes to 100% then finalizes; blue-green switches after its
+    readiness and smoke test. Raises ConflictError unless progressing/paused, or when already promoting.
+    """
+    now = now or timezone.now()
+    with transaction.atomic():
+        plan = _locked(plan)
+        new_state = transitions.next_state("promote", plan.state, name=plan.name)
+        if plan.phase in ("finalizing", "switched"):
+            raise ConflictError(f"Rollout {plan.name!r} is already being promoted ({plan.phase}).")
+        skipped = len(plan.steps) - plan.current_step_index
+        plan.current_step_index = len(plan.steps)
+        plan.progress.pop("analysis", None)
+        plan.state, plan.next_step_at, plan.step_started_at = new_state, now, now
+        plan.message = f"Promoted by {requested_by or 'system'}: {skipped} remaining step(s) skipped."
+        plan.save()
+        record_action(plan, "rollout.promote", [plan.message], requested_by=requested_by,
+                      params={"skipped_steps": skipped})
+        _enqueue_after_commit(plan)
+    return plan
+
+
+def rollout_abort(*, plan: RolloutPlan, requested_by: AbstractBaseUser | None = None,
+                  reason: str = "") -> RolloutPlan:
+    """Abort: traffic back to stable at once (when stable has a ready replica), pending steps cancelled,
+    the new tracks removed by the following ticks. Raises ConflictError once finished."""
+    with transaction.atomic():
+        plan = _locked(plan)
+        message = reason or f"Aborted by {requested_by or 'system'} at step {plan.current_step_index}."
+        revert(plan, event="abort", reason=message, kind="rollout.abort", requested_by=requested_by)
+        plan.save()
+        if plan.progress.get("cleanup"):
+            _enqueue_after_commit(plan)
+    return plan
+
+
+def rollout_rollback(*, plan: RolloutPlan, requested_by: AbstractBaseUser | None = None) -> RolloutPlan:
+    """After promotion: create and start a new rollout of the same pools back to the previous version.
+
+    Canary rollbacks use one ``set_weight: 100`` step and no gates; blue-green ones the usual flow.
+
+    Raises:
+        ConflictError: the rollout is not promoted, or a pool is in another rollout.
+    """
+    with transaction.atomic():
+        plan = _locked(plan)
+        transitions.next_state("rollback", plan.state, name=plan.name)
+        if plan.stable_model_version is None:
+            raise ConflictError(f"Rollout {plan.name!r} has no previous version to go back to.")
+        back = rollout_plan_create(
+            pools=plan.pools.all(), target_model_version=plan.stable_model_version, created_by=requested_by,
+            name=f"rollback of {plan.name}"[:100], strategy=plan.strategy,
+            steps=[{"set_weight": 100}] if plan.strategy == RolloutPlan.Strategy.CANARY else [],
+            gates=[], max_surge=max(plan.max_surge, 1), progress_deadline_s=plan.progress_deadline_s,
+            max_weight_skew=plan.max_weight_skew, scale_down_delay_s=plan.scale_down_delay_s,
+            router_url=plan.router_url,
+        )
+        RolloutPlan.objects.filter(pk=back.pk).update(rollback_of=plan)
+        record_action(plan, "rollout.rollback", [f"rollout #{back.pk} goes back to {plan.stable_model_version}"],
+                      requested_by=requested_by, params={"rollout_id": back.pk})
+        back = rollout_start(plan=back, requested_by=requested_by)
+    return back

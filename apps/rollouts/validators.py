@@ -4,8 +4,11 @@ Steps (a list; each item is an object with exactly one key):
 ``{"set_weight": 0..100}`` (canary traffic percent), ``{"pause": {}}`` (until promoted) or
 ``{"pause": {"seconds": N}}``, ``{"analysis": {"gates": [...], "duration_s": N}}`` (both optional;
 no gates = the plan's gates). Gates: ``{"signal", "threshold", "comparison", "window_s",
-"failure_limit"}``; a gate passes while ``value <comparison> threshold`` holds, and the rollout
-fails after more than ``failure_limit`` failed evaluations.
+"failure_limit", "relative_to_stable", "role"}`` (the last three optional); a gate passes while
+``value <comparison> threshold`` holds, and the rollout aborts after more than ``failure_limit``
+consecutive failed evaluations. ``relative_to_stable`` compares new/stable instead of the raw
+value; ``role`` (prefill, decode, colocated) picks the pools it is measured on (default: the
+serving pools). Gate signal names map to telemetry signals in ``GATE_SIGNALS``.
 """
 
 from __future__ import annotations
@@ -15,10 +18,15 @@ from typing import Any
 
 from django.core.exceptions import ValidationError
 
-GATE_SIGNALS = (
-    "error_rate", "ttft_p99_seconds", "tpot_p99_seconds", "e2e_latency_p99_seconds",
-    "kv_transfer_error_rate", "num_requests_waiting",
-)
+GATE_SIGNALS = {
+    "error_rate": "error_rate",
+    "ttft_p99_seconds": "ttft_p99_s",
+    "tpot_p99_seconds": "tpot_p99_s",
+    "kv_transfer_error_rate": "kv_transfer_failure_rate",
+    "num_requests_waiting": "num_requests_waiting",
+}
+"""Gate signal name -> telemetry signal name (``apps.telemetry.signals.SIGNAL_SPECS``)."""
+GATE_ROLES = ("prefill", "decode", "colocated")
 COMPARISONS = ("<", "<=", ">", ">=")
 MAX_WINDOW_S = 86_400
 MAX_PAUSE_S = 7 * 86_400
@@ -32,7 +40,7 @@ def _is_int(value: Any) -> bool:
 def _check_gate(gate: Any, where: str) -> None:
     if not isinstance(gate, dict):
         raise ValidationError(f"{where} must be an object.")
-    keys = {"signal", "threshold", "comparison", "window_s", "failure_limit"}
+    keys = {"signal", "threshold", "comparison", "window_s", "failure_limit", "relative_to_stable", "role"}
     unknown, missing = sorted(set(gate) - keys), sorted({"signal", "threshold", "comparison", "window_s"} - set(gate))
     if unknown or missing:
         raise ValidationError(f"{where}: unknown keys {unknown}, missing keys {missing}.")
@@ -45,6 +53,10 @@ def _check_gate(gate: Any, where: str) -> None:
         raise ValidationError(f"{where}: comparison must be one of {' '.join(COMPARISONS)}.")
     if not _is_int(gate["window_s"]) or not 1 <= gate["window_s"] <= MAX_WINDOW_S:
         raise ValidationError(f"{where}: window_s must be an integer in 1..{MAX_WINDOW_S}.")
+    if not isinstance(gate.get("relative_to_stable", False), bool):
+        raise ValidationError(f"{where}: relative_to_stable must be true or false.")
+    if "role" in gate and gate["role"] not in GATE_ROLES:
+        raise ValidationError(f"{where}: role must be one of {', '.join(GATE_ROLES)}.")
     limit = gate.get("failure_limit", 0)
     if not _is_int(limit) or not 0 <= limit <= 1000:
         raise ValidationError(f"{where}: failure_limit must be an integer in 0..1000.")

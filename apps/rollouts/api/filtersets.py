@@ -2,7 +2,7 @@
 
 import django_filters
 
-from apps.rollouts.models import RolloutPlan
+from apps.rollouts.models import GateMeasurement, RolloutPlan
 
 
 class RolloutPlanFilterSet(django_filters.FilterSet):
@@ -11,3 +11,9 @@ class RolloutPlanFilterSet(django_filters.FilterSet):
     class Meta:
         model = RolloutPlan
         fields = ["name", "state", "strategy", "target_model_version"]
+
+
+class GateMeasurementFilterSet(django_filters.FilterSet):
+    class Meta:
+        model = GateMeasurement
+        fields = ["rollout", "pool", "passed", "signal", "step_index"]

@@ -1,19 +1,34 @@
-"""Serializer for rollout plans; steps and gates are validated by :mod:`apps.rollouts.validators`."""
+"""Serializers for rollout plans and gate measurements; steps and gates are validated by
+:mod:`apps.rollouts.validators`."""
 
 from rest_framework import serializers
 
 from apps.fleet.models import Pool
-from apps.rollouts.models import RolloutPlan
+from apps.rollouts.models import GateMeasurement, RolloutPlan
+from apps.rollouts.transitions import allowed_verbs
 
 
 class RolloutPlanSerializer(serializers.ModelSerializer):
     pools = serializers.PrimaryKeyRelatedField(many=True, queryset=Pool.objects.all())
     created_by = serializers.CharField(source="created_by.username", read_only=True, default=None)
+    allowed_verbs = serializers.SerializerMethodField(help_text="Verbs the current state allows.")
 
     class Meta:
         model = RolloutPlan
-        fields = ["id", "name", "pools", "target_model_version", "strategy", "steps", "gates", "state",
+        fields = ["id", "name", "pools", "target_model_version", "strategy", "steps", "gates", "state", "phase",
                   "current_step_index", "next_step_at", "max_surge", "progress_deadline_s", "max_weight_skew",
-                  "message", "created_by", "created_at", "updated_at"]
-        read_only_fields = ["state", "current_step_index", "next_step_at", "message", "created_by", "created_at",
-                            "updated_at"]
+                  "scale_down_delay_s", "router_url", "stable_model_version", "rollback_of", "progress",
+                  "allowed_verbs", "message", "created_by", "created_at", "updated_at"]
+        read_only_fields = ["state", "phase", "current_step_index", "next_step_at", "stable_model_version",
+                            "rollback_of", "progress", "message", "created_by", "created_at", "updated_at"]
+
+    def get_allowed_verbs(self, plan: RolloutPlan) -> list[str]:
+        return allowed_verbs(plan.state)
+
+
+class GateMeasurementSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = GateMeasurement
+        fields = ["id", "rollout", "step_index", "gate_index", "pool", "track", "signal", "value", "threshold",
+                  "comparison", "window_s", "passed", "consecutive_failures", "detail", "measured_at"]
+        read_only_fields = fields

@@ -1,0 +1,286 @@
+"""The rollout controller: one tick advances one rollout (canary here, blue-green in :mod:`bluegreen`).
+
+Canary, per tick of a progressing plan (plan row locked, see :mod:`apps.rollouts.steps`):
+
+1. **Converge** the current target (``progress.mode``/``weight``): per pool, the split of
+   :func:`replica_math.canary_split` reached by surge-limited moves (:func:`replica_math.next_replicas`),
+   and the canary weight that may be published now (:func:`replica_math.applied_weight`: no traffic
+   to a track with zero ready replicas; prefill/decode kept within ``max_weight_skew``). A change
+   publishes the routing table and the plan waits for the router to report that version.
+2. Not settled yet (replicas not ready, weight not reached, router behind) -> wait, unless the step is
+   older than ``progress_deadline_s``: then the rollout fails and traffic returns to stable.
+3. Settled: a running analysis is evaluated; else the next step is applied (claimed by index).
+   After the last step the weight goes to 100 (a plan whose last weight is below 100 still ends
+   at 100%), then **finalize**: the stable track takes the new version and the replicas move back
+   from ``canary`` to it, the canary track is removed and the rollout is ``promoted``.
+
+Abort and failure (**revert**) put traffic back on stable at once when stable has a ready replica,
+and keep converging (``progress.cleanup``) until the canary track is gone; an aborted rollout never
+applies another step.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.db import transaction
+from django.utils import timezone
+
+from apps.rollouts import bluegreen, transitions
+from apps.rollouts.desired import (
+    PoolView,
+    pool_views,
+    publish,
+    record_action,
+    router_applied_version,
+    step_action_log,
+    track_delete,
+    track_write,
+)
+from apps.rollouts.models import RolloutPlan
+from apps.rollouts.replica_math import ReplicaMathError, applied_weight, canary_split, next_replicas
+from apps.rollouts.steps import (
+    RolloutFailure,
+    analysis_tick,
+    apply_pause_or_analysis,
+    check_deadline,
+    claim_step,
+    schedule,
+)
+
+NEW_TRACK = "canary"
+
+
+def canary_targets(plan: RolloutPlan, view: PoolView) -> dict[str, int]:
+    """Desired replicas per track for the plan's current mode (raises ReplicaMathError)."""
+    prog = plan.progress
+    stable = prog["stable_tracks"][view.key]
+    if prog["mode"] == "canary":
+        canary, kept = canary_split(view.total, prog["weight"], max_surge=plan.max_surge)
+        return {stable: kept, NEW_TRACK: canary}
+    return {stable: view.total, NEW_TRACK: 0}
+
+
+def _ready(view: PoolView, name: str) -> int:
+    track = view.tracks.get(name)
+    return min(view.ready.get(name, 0), track.replicas) if track is not None else 0
+
+
+def canary_converge(plan: RolloutPlan, views: list[PoolView]) -> list[str]:
+    """Write the next desired replicas and weights of every pool; returns lines describing changes."""
+    prog, lines = plan.progress, []
+    for view in views:
+        if NEW_TRACK not in view.tracks:
+            continue
+        target = canary_targets(plan, view)
+        desired = {name: view.tracks[name].replicas for name in target}
+        ready = {name: _ready(view, name) for name in target}
+        moved = next_replicas(desired=desired, ready=ready, target=target, total=view.total,
+                              max_surge=plan.max_surge)
+        for name, replicas in moved.items():
+            if track_write(view.tracks[name], replicas=replicas):
+                lines.append(f"{view.pool}: {name} replicas {desired[name]} -> {replicas}")
+    serving = [v for v in views if v.serving and NEW_TRACK in v.tracks] or [v for v in views if NEW_TRACK in v.tracks]
+    ready_new = sum(_ready(v, NEW_TRACK) for v in serving)
+    ready_stable = sum(_ready(v, prog["stable_tracks"][v.key]) for v in serving)
+    previous = prog.get("applied_weight", 0)
+    if prog["mode"] == "canary":
+        shares = {v.key: (_ready(v, NEW_TRACK), canary_targets(plan, v)[NEW_TRACK]) for v in views
+                  if NEW_TRACK in v.tracks}
+        weight = applied_weight(weight=prog["weight"], previous=previous, shares=shares,
+                                skew=plan.max_weight_skew, serving_ready=ready_new)
+    elif prog["mode"] == "finalize":  # both tracks run the new version: split by ready replicas
+        weight = previous if ready_new + ready_stable == 0 else round(100 * ready_new / (ready_new + ready_stable))
+    else:  # revert: back to stable as soon as it can serve
+        weight = 0 if ready_stable > 0 else previous
+    prog["applied_weight"] = weight
+    changed = False
+    for view in views:
+        if NEW_TRACK in view.tracks:
+            changed |= track_write(view.tracks[NEW_TRACK], weight=weight)
+            changed |= track_write(view.tracks[prog["stable_tracks"][view.key]], weight=100 - weight)
+    if changed:
+        lines.append(f"canary weight {previous}% -> {weight}%")
+    return lines
+
+
+def canary_settled(plan: RolloutPlan, views: list[PoolView]) -> str | None:
+    """What the current target still waits for (None: replicas ready, weight reached, router caught up)."""
+    prog = plan.progress
+    for view in views:
+        if NEW_TRACK not in view.tracks:
+            continue
+        for name, want in canary_targets(plan, view).items():
+            track = view.tracks[name]
+            if track.replicas != want or _ready(view, name) < want:
+                return f"{view.pool} {name}: {_ready(view, name)}/{want} ready (desired {track.replicas})"
+    wanted = prog["weight"] if prog["mode"] == "canary" else 0
+    if prog.get("applied_weight", 0) != wanted:
+        return f"canary weight {prog.get('applied_weight', 0)}% (target {wanted}%)"
+    return router_behind(plan)
+
+
+def router_behind(plan: RolloutPlan) -> str | None:
+    """None once the router (if any) reports the awaited routing-table version, else what is awaited."""
+    awaited = plan.progress.get("await_version")
+    if not plan.router_url or awaited is None:
+        return None
+    seen = router_applied_version(plan.router_url)
+    if seen is not None and seen >= awaited:
+        return None
+    return f"the router at {plan.router_url} to apply routing table v{awaited} (it reports {seen})"
+
+
+def publish_if_changed(plan: RolloutPlan, lines: list[str]) -> None:
+    """After desired-state changes: publish the routing table and wait for its version."""
+    if lines:
+        plan.progress["await_version"] = publish()
+        lines.append(f"routing table v{plan.progress['await_version']}")
+
+
+def _apply_canary_step(plan: RolloutPlan, views: list[PoolView], index: int, now: datetime) -> str:
+    if not claim_step(plan, index):
+        return "skipped"
+    (kind, arg), = plan.steps[index].items()
+    lines = [f"step {index}: {kind} {arg}"]
+    plan.step_started_at = now
+    outcome = kind
+    if kind == "set_weight":
+        plan.progress["weight"] = arg
+        changes = canary_converge(plan, views)
+        publish_if_changed(plan, changes)
+        lines += changes
+        schedule(plan, now, 0)
+    else:
+        outcome = apply_pause_or_analysis(plan, index, kind, arg, now, lines)
+    record_action(plan, "rollout.step", lines, params={"step_index": index, "step": plan.steps[index]},
+                  idempotency_key=f"rollout-{plan.pk}-step-{index}")
+    return outcome
+
+
+def _finish(plan: RolloutPlan, views: list[PoolView], now: datetime) -> str:
+    for view in views:
+        track_delete(view, NEW_TRACK)
+        type(view.pool).objects.filter(pk=view.pool.pk).update(model_version=plan.target_model_version)
+    version = publish()
+    plan.state = transitions.next_state("complete", plan.state, name=plan.name)
+    plan.phase, plan.next_step_at = "", None
+    plan.message = f"Promoted: every pool runs {plan.target_model_version}."
+    record_action(plan, "rollout.complete", [plan.message, f"routing table v{version}"])
+    return "promoted"
+
+
+def canary_tick(plan: RolloutPlan, now: datetime) -> str:
+    """One canary tick (module docstring). Raises RolloutFailure to abort or fail."""
+    views = pool_views(plan)
+    prog = plan.progress
+    try:
+        changes = canary_converge(plan, views)
+    except ReplicaMathError as exc:
+        raise RolloutFailure("fail", str(exc)) from exc
+    publish_if_changed(plan, changes)
+    if changes:
+        step_action_log(plan, "; ".join(changes))
+    waiting = canary_settled(plan, views)
+    if waiting is not None:
+        check_deadline(plan, now, waiting)
+        plan.message = f"Waiting for {waiting}."
+        schedule(plan, now)
+        return "waiting"
+    if prog["mode"] == "finalize":
+        return _finish(plan, views, now)
+    if prog.get("analysis"):
+        stable_tracks = {v.pool.pk: prog["stable_tracks"][v.key] for v in views}
+        if not analysis_tick(plan, views, now, new_track=NEW_TRACK, stable_tracks=stable_tracks):
+            return "analysis"
+    index = plan.current_step_index
+    if index < len(plan.steps):
+        return _apply_canary_step(plan, views, index, now)
+    plan.step_started_at = now
+    if prog["weight"] != 100:
+        prog["weight"] = 100
+        lines = ["all steps done: canary weight to 100%"]
+    else:
+        prog["mode"] = "finalize"
+        plan.phase = "finalizing"
+        for view in views:
+            track_write(view.tracks[prog["stable_tracks"][view.key]], model_version=plan.target_model_version)
+        lines = [f"finalize: stable tracks move to {plan.target_model_version}"]
+    changes = canary_converge(plan, views)
+    lines += changes
+    publish_if_changed(plan, lines)
+    record_action(plan, "rollout.step", lines, params={"phase": prog["mode"], "weight": prog["weight"]})
+    schedule(plan, now, 0)
+    return "finalizing" if prog["mode"] == "finalize" else "to-100"
+
+
+def canary_cleanup(plan: RolloutPlan, now: datetime) -> str:
+    """Converge an aborted/failed canary back to stable; remove the canary track once it is safe."""
+    views = pool_views(plan)
+    changes = canary_converge(plan, views)
+    publish_if_changed(plan, changes)
+    if canary_settled(plan, views) is not None:
+        schedule(plan, now)
+        return "reverting"
+    for view in views:
+        track_delete(view, NEW_TRACK)
+    version = publish()
+    plan.progress["cleanup"] = False
+    plan.next_step_at = None
+    step_action_log(plan, f"reverted: canary tracks removed (routing table v{version})")
+    return "reverted"
+
+
+def revert(plan: RolloutPlan, *, event: str, reason: str, kind: str, requested_by=None,  # noqa: ANN001
+           now: datetime | None = None) -> None:
+    """Abort or fail ``plan`` (row locked by the caller): traffic back to stable now, cleanup after."""
+    now = now or timezone.now()
+    plan.state = transitions.next_state(event, plan.state, name=plan.name)
+    started = bool(plan.progress.get("stable_tracks"))
+    plan.progress.pop("analysis", None)
+    lines = [reason]
+    if started:
+        plan.progress["mode"], plan.progress["cleanup"] = "revert", True
+        views = pool_views(plan)
+        changes = (bluegreen.converge(plan, views) if plan.strategy == RolloutPlan.Strategy.BLUE_GREEN
+                   else canary_converge(plan, views))
+        publish_if_changed(plan, changes)
+        lines += changes
+    plan.phase = "reverting" if started else ""
+    plan.message = reason
+    plan.step_started_at = now
+    plan.next_step_at = now if started else None
+    record_action(plan, kind, lines, requested_by=requested_by, succeeded=kind != "rollout.fail")
+
+
+def rollout_tick(*, rollout_id: int, step_index: int | None = None, now: datetime | None = None) -> str:
+    """Advance rollout ``rollout_id`` once; with ``step_index`` only if it is still at that step.
+
+    Returns what happened: ``skipped`` (not progressing there: a duplicate delivery, or aborted),
+    ``not-due``, ``waiting``, a step kind, ``analysis``, ``promoted``, ``aborted``, ``failed``, ...
+    """
+    now = now or timezone.now()
+    with transaction.atomic():
+        qs = RolloutPlan.objects.select_for_update().filter(pk=rollout_id)
+        if step_index is not None:
+            qs = qs.filter(current_step_index=step_index)
+        plan = qs.first()
+        if plan is None:
+            return "skipped"
+        cleanup = plan.state in (transitions.ABORTED, transitions.FAILED) and plan.progress.get("cleanup")
+        if plan.state != transitions.PROGRESSING and not cleanup:
+            return "skipped"
+        if plan.next_step_at is not None and plan.next_step_at > now:
+            return "not-due"
+        blue_green = plan.strategy == RolloutPlan.Strategy.BLUE_GREEN
+        try:
+            if cleanup:
+                result = (bluegreen.cleanup if blue_green else canary_cleanup)(plan, now)
+            else:
+                result = (bluegreen.tick if blue_green else canary_tick)(plan, now)
+        except RolloutFailure as exc:
+            kind = "rollout.abort" if exc.event == "gate_abort" else "rollout.fail"
+            revert(plan, event=exc.event, reason=exc.reason, kind=kind, now=now)
+            result = plan.state
+        plan.save()
+    return result

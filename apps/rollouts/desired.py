@@ -1,0 +1,165 @@
+"""Desired-state reads and writes of the rollout controller: pool views, track writes, Action records.
+
+The rollout controller owns the split between tracks and the traffic weights while a rollout is in
+progress (DESIGN.md, "Desired state"); it writes ``PoolTrack`` rows and publishes the routing table.
+The backend converges to those rows through reconcile's ``pool.apply`` Actions, and readiness comes
+back as observed ``Replica`` rows. Every controller transition is recorded as an ``Action``
+(``rollout.<verb>``, target ``rollout``, no pool lock) written as already succeeded: the rollout's
+own change is this desired-state write, made in the same transaction as the state change.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import httpx
+from django.db.models import Count, Q
+from django.utils import timezone
+
+from apps.catalog.models import ModelVersion
+from apps.fleet.models import Pool, PoolTrack, Replica
+from apps.fleet.services import routing_table_publish
+from apps.operations.models import Action
+from apps.rollouts.models import RolloutPlan
+
+ACTIVE_NAMES = (PoolTrack.Name.STABLE, PoolTrack.Name.BLUE, PoolTrack.Name.GREEN)
+SERVING_ROLES = (Pool.Role.DECODE, Pool.Role.COLOCATED)
+
+
+@dataclass
+class PoolView:
+    """One pool of a rollout: its tracks (by name), ready replicas per track, and its total ``R``."""
+
+    pool: Pool
+    tracks: dict[str, PoolTrack]
+    ready: dict[str, int] = field(default_factory=dict)
+    total: int = 0
+
+    @property
+    def key(self) -> str:
+        return str(self.pool.pk)
+
+    @property
+    def serving(self) -> bool:
+        return self.pool.role in SERVING_ROLES
+
+
+def pool_views(plan: RolloutPlan) -> list[PoolView]:
+    """The plan's pools with tracks and ready replica counts (3 queries), ordered by pool id.
+
+    A replica counts as ready for a track when it is ready, alive, and runs the track's model
+    version (or reports none). ``total`` is the pool total recorded at start (``progress.totals``),
+    else the current sum of desired replicas.
+    """
+    pools = list(plan.pools.select_related("cluster").order_by("id"))
+    tracks = PoolTrack.objects.filter(pool__in=pools).select_related("model_version")
+    by_pool: dict[int, dict[str, PoolTrack]] = {p.pk: {} for p in pools}
+    for track in tracks:
+        by_pool[track.pool_id][track.name] = track
+    counts = (Replica.objects.filter(pool__in=pools, ready=True, alive=True)
+              .values("pool_id", "track", "version").annotate(n=Count("id")))
+    totals = (plan.progress or {}).get("totals", {})
+    views = []
+    for pool in pools:
+        view = PoolView(pool, by_pool[pool.pk])
+        for row in counts:
+            track = view.tracks.get(row["track"])
+            if row["pool_id"] == pool.pk and track is not None and row["version"] in ("", track.model_version.version):
+                view.ready[row["track"]] = view.ready.get(row["track"], 0) + row["n"]
+        view.total = int(totals.get(view.key, sum(t.replicas for t in view.tracks.values())))
+        views.append(view)
+    return views
+
+
+def active_track_name(view: PoolView) -> str:
+    """The track serving the stable version: the active stable/blue/green track with the highest weight."""
+    candidates = [t for n, t in view.tracks.items() if n in ACTIVE_NAMES and t.active]
+    if not candidates:
+        candidates = [t for n, t in view.tracks.items() if n in ACTIVE_NAMES]
+    if not candidates:
+        raise ValueError(f"pool {view.pool} has no stable, blue or green track")
+    return max(candidates, key=lambda t: (t.weight, t.replicas, t.name)).name
+
+
+def track_ensure(view: PoolView, name: str, version: ModelVersion, *, active: bool) -> PoolTrack:
+    """Create track ``name`` at 0 replicas and weight 0 if missing (else return it unchanged)."""
+    track = view.tracks.get(name)
+    if track is None:
+        track = PoolTrack.objects.create(pool=view.pool, name=name, model_version=version, replicas=0, weight=0,
+                                         active=active)
+        view.tracks[name] = track
+    return track
+
+
+def track_write(track: PoolTrack, **values: object) -> bool:
+    """Set fields of a track; saves only changed ones. Returns whether anything changed."""
+    changed = [f for f, v in values.items() if getattr(track, f if f != "model_version" else "model_version_id")
+               != (v.pk if isinstance(v, ModelVersion) else v)]
+    for f in changed:
+        setattr(track, f, values[f])
+    if changed:
+        track.save(update_fields=changed)
+    return bool(changed)
+
+
+def track_delete(view: PoolView, name: str) -> bool:
+    """Remove a track row (reconcile then deletes its backend objects). Returns whether it existed."""
+    track = view.tracks.pop(name, None)
+    if track is None:
+        return False
+    track.delete()
+    return True
+
+
+def publish() -> int:
+    """Publish the routing table; returns its version (unchanged content keeps the version)."""
+    table, _ = routing_table_publish()
+    return table.version
+
+
+def record_action(plan: RolloutPlan, kind: str, lines: list[str], *, params: dict | None = None,
+                  requested_by=None, idempotency_key: str | None = None,  # noqa: ANN001 - a user
+                  succeeded: bool = True) -> Action:
+    """Write one finished ``rollout.<verb>`` Action for ``plan`` with its log lines."""
+    now = timezone.now()
+    log = [{"at": now.isoformat(), "message": f"requested by {requested_by or 'rollout controller'}"},
+           *({"at": now.isoformat(), "message": line} for line in lines)]
+    return Action.objects.create(
+        kind=kind, target_type="rollout", target_id=str(plan.pk), target_repr=plan.name[:200],
+        params=params or {}, requested_by=requested_by, idempotency_key=idempotency_key,
+        status=Action.Status.SUCCEEDED if succeeded else Action.Status.FAILED, attempts=1,
+        started_at=now, finished_at=now, log=log, error="" if succeeded else (lines[-1] if lines else ""),
+        retryable=None if succeeded else False,
+    )
+
+
+def last_action(plan: RolloutPlan) -> Action | None:
+    """The newest Action of ``plan``."""
+    return (Action.objects.filter(target_type="rollout", target_id=str(plan.pk)).order_by("-id").first())
+
+
+def step_action_log(plan: RolloutPlan, message: str) -> None:
+    """Append a line to the plan's newest Action (intra-step progress: scale moves, weights, acks)."""
+    from apps.operations.services import action_log_append
+
+    action = last_action(plan)
+    if action is not None:
+        action_log_append(action_id=action.pk, message=message)
+
+
+def router_applied_version(url: str, *, timeout_s: float = 2.0) -> int | None:
+    """The routing table version the router at ``url`` applied (its ``/ready``), or None if unknown."""
+    try:
+        response = httpx.get(url.rstrip("/") + "/ready", timeout=timeout_s)
+        version = response.json().get("routing_table_version")
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return None
+    return version if isinstance(version, int) else None
+
+
+def ready_endpoints(view: PoolView, track: str) -> list[str]:
+    """Endpoints of the ready, alive replicas of ``track`` (for the blue-green smoke test)."""
+    version = view.tracks[track].model_version.version
+    return list(Replica.objects.filter(pool=view.pool, track=track, ready=True, alive=True)
+                .filter(Q(version="") | Q(version=version)).exclude(endpoint="")
+                .order_by("name").values_list("endpoint", flat=True))
