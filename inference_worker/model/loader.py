@@ -24,9 +24,11 @@ from tokenizers import Tokenizer
 
 from inference_worker.config import ModelConfig
 from inference_worker.model.gguf_weights import iter_gguf_state_dict
-from inference_worker.model.prepare import TORCH_DTYPES, prepare_model, read_manifest, weights_sha256
+from inference_worker.model.prepare import prepare_model, read_manifest, weights_sha256
 from inference_worker.model.transformer import CausalLM
 from inference_worker.registry import resolve_model
+
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class WeightsHashMismatch(ValueError):

@@ -10,7 +10,7 @@ A prepared model directory (``$FERRY_MODEL_CACHE/<name>`` or ``<name>@bf16``) ho
 * ``ferry_model.json`` - the manifest: source GGUF (path, size, mtime), dtype, weights sha256.
 
 Preparing is idempotent: when the manifest matches the source and dtype, nothing is recomputed (a stat
-and a JSON read). The directory is written under a temporary name and renamed, so a crash never
+and a JSON read; torch is not even imported). The directory is written under a temporary name and renamed, so a crash never
 leaves a half-written model that looks prepared.
 """
 
@@ -25,18 +25,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-from safetensors.torch import save_file
-
-from inference_worker.config import ModelConfig
-from inference_worker.model.gguf_weights import iter_gguf_state_dict
+from inference_worker.config import DTYPES, ModelConfig
 from inference_worker.registry import ModelSpec, model_cache_dir, resolve_model
 
 MANIFEST = "ferry_model.json"
 WEIGHTS_FILE = "model.safetensors"
 MANIFEST_VERSION = 1
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json")
-TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass(frozen=True)
@@ -102,8 +97,8 @@ def prepare_model(model: str, *, dtype: str | None = None, cache_dir: str | Path
     if spec.kind == "hf_dir":
         raise ValueError(f"{model!r} is already an HF directory; it needs no preparation")
     dtype = spec.dtype or "float32"
-    if dtype not in TORCH_DTYPES:
-        raise ValueError(f"dtype must be one of {sorted(TORCH_DTYPES)}, got {dtype!r}")
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
     root = Path(cache_dir) if cache_dir is not None else model_cache_dir()
     target = root / spec.artifact_name
     source = _source_identity(spec)
@@ -140,9 +135,14 @@ def _sibling_with_tokenizer(root: Path, source: dict) -> Path | None:
 
 
 def _write_artifact(spec: ModelSpec, out: Path, dtype: str, source: dict, sibling: Path | None) -> str:
+    import torch  # heavy imports only when there is work to do: an up-to-date prepare stays torch-free
+    from safetensors.torch import save_file
+
+    from inference_worker.model.gguf_weights import iter_gguf_state_dict
+
     started = time.monotonic()
     config = ModelConfig.from_gguf(spec.path)
-    torch_dtype = TORCH_DTYPES[dtype]
+    torch_dtype = getattr(torch, dtype)
     state = {name: t.to(torch_dtype) for name, t in iter_gguf_state_dict(spec.path, config)}
     save_file(state, str(out / WEIGHTS_FILE), metadata={"format": "pt", "source": spec.path.name})
     del state
