@@ -44,6 +44,7 @@ class PagedKVCache:
     def __init__(self, plan: KVCachePlan, *, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
                  device: torch.device | str = "cpu", use_reference: bool = False) -> None:
         self.block_size = plan.block_size
+        self.num_groups = len(plan.groups)
         self.layer_to_group: dict[int, int] = {}
         self.k_caches: dict[int, torch.Tensor] = {}
         self.v_caches: dict[int, torch.Tensor] = {}
@@ -170,7 +171,7 @@ class ModelRunner:
         scheduled = scheduler_output.num_scheduled_tokens
         order = sorted(scheduled, key=lambda rid: scheduled[rid] != 1)  # stable: decodes first
         bs = self.block_size
-        num_groups = len(self.kv_cache_groups_sizes())
+        num_groups = self.kv_cache.num_groups
         input_ids: list[int] = []
         positions: list[int] = []
         slots: list[list[int]] = [[] for _ in range(num_groups)]
@@ -222,10 +223,3 @@ class ModelRunner:
             state.output_token_ids.append(int(token))
             sampled[state.request_id] = [int(token)]
         return ModelRunnerOutput(sampled_token_ids=sampled)
-
-    def kv_cache_groups_sizes(self) -> list[int]:
-        """Number of layers per KV-cache group, in group order."""
-        counts: dict[int, int] = {}
-        for group in self.kv_cache.layer_to_group.values():
-            counts[group] = counts.get(group, 0) + 1
-        return [counts[g] for g in sorted(counts)]
