@@ -12,6 +12,7 @@ disconnects, streaming or not, has its engine requests aborted at once, which fr
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -35,6 +36,8 @@ from inference_worker.server.state import LoadedModel, ServerState
 from inference_worker.server.streaming import SSE_DONE, ChoiceEvent, Generation, GenerationError, sse
 from inference_worker.tokenization import ChatTemplateError
 
+logger = logging.getLogger(__name__)
+
 
 def create_app(state: ServerState) -> FastAPI:
     """Build the app around a :class:`ServerState` (the model may still be loading)."""
@@ -44,6 +47,12 @@ def create_app(state: ServerState) -> FastAPI:
     @app.exception_handler(OpenAIError)
     async def _openai_error(_request: Request, exc: OpenAIError) -> JSONResponse:
         return exc.response()
+
+    @app.exception_handler(Exception)
+    async def _internal_error(_request: Request, exc: Exception) -> JSONResponse:
+        logger.error("internal error", exc_info=exc)
+        return OpenAIError(500, f"internal server error: {type(exc).__name__}: {exc}", type="server_error",
+                           code="internal_error").response()
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -106,7 +115,7 @@ async def _serve(state: ServerState, request: Request, *, chat: bool) -> Respons
         raise OpenAIError(503, f"the worker is not ready: {state.readiness()[1]}", type="server_error",
                           code="not_ready")
     state.request_started()
-    handed_over = False
+    handed_over, generation = False, None
     try:
         generation, sampling = _prepare(state, model, await request.body(), chat=chat)
         if sampling.stream:
@@ -116,8 +125,13 @@ async def _serve(state: ServerState, request: Request, *, chat: bool) -> Respons
     except OpenAIError as exc:
         state.metrics.request_finished("client_error" if exc.status_code < 500 else "server_error")
         raise
+    except Exception:
+        state.metrics.request_finished("server_error")
+        raise
     finally:
         if not handed_over:
+            if generation is not None:
+                state.generations.discard(generation)
             state.request_finished()
 
 
@@ -173,6 +187,7 @@ def _prepare(state: ServerState, model: LoadedModel, raw: bytes, *, chat: bool) 
     prefix = "chatcmpl" if chat else "cmpl"
     generation = Generation(model.engine_loop, f"{prefix}-{uuid.uuid4().hex}", prompts, sampling.n, make_params,
                             state.metrics)
+    state.generations.add(generation)
     try:
         generation.start()
     except RuntimeError as exc:  # the engine loop stopped between the readiness check and now
@@ -242,6 +257,7 @@ class _GenerationStream(StreamingResponse):
         finally:
             if not self.generation.finished:
                 self.generation.abort()
+            self.worker_state.generations.discard(self.generation)
             self.worker_state.metrics.request_finished(self.outcome)
             self.worker_state.request_finished()
 

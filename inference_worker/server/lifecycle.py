@@ -7,8 +7,9 @@ SIGTERM (or the first SIGINT) starts a drain instead of uvicorn's immediate shut
 
 1. readiness turns false (``/ready`` 503) so load balancers stop sending traffic;
 2. the listener stays open and new completion requests get 503 ``draining``;
-3. in-flight requests run to completion, bounded by ``drain_timeout_s``;
-4. uvicorn then shuts down (remaining requests are aborted) and the process exits 0.
+3. in-flight requests run to completion, bounded by ``drain_timeout_s``; requests still running
+   then are aborted and end with ``finish_reason: "abort"`` (streams still get ``[DONE]``);
+4. uvicorn then shuts down and the process exits 0.
 
 A second signal during the drain forces an immediate exit.
 """
@@ -27,6 +28,9 @@ from inference_worker.server.app import create_app
 from inference_worker.server.state import LoadedModel, ServerState
 
 logger = logging.getLogger(__name__)
+
+ABORT_GRACE_S = 2.0
+"""After a drain timeout, how long aborted requests get to send their last chunk."""
 
 
 class DrainingServer(uvicorn.Server):
@@ -64,6 +68,8 @@ class DrainingServer(uvicorn.Server):
         done = await state.wait_idle(state.drain_timeout_s)
         if not done:
             logger.warning("drain timeout: %d request(s) still in flight are aborted", state.num_in_flight)
+            state.abort_all()  # they end with finish_reason "abort" rather than a cut connection
+            await state.wait_idle(ABORT_GRACE_S)
         else:
             logger.info("drained: no request in flight")
         self.should_exit = True

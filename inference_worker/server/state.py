@@ -66,6 +66,8 @@ class ServerState:
     load_error: str | None = None
     draining: bool = False
     num_in_flight: int = 0
+    generations: set = field(default_factory=set)
+    """Generations in flight (``streaming.Generation``); a drain that times out aborts them."""
     _idle: asyncio.Event | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -113,6 +115,12 @@ class ServerState:
         """Readiness false from now on; new completion requests are refused with 503."""
         self.draining = True
         self.metrics.set_ready(False)
+
+    def abort_all(self) -> int:
+        """Abort every generation in flight (drain timeout); returns how many there were."""
+        for generation in list(self.generations):
+            generation.abort()
+        return len(self.generations)
 
     async def wait_idle(self, timeout_s: float) -> bool:
         """Wait until no request is in flight; False if ``timeout_s`` passed first."""

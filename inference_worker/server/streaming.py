@@ -47,7 +47,7 @@ class _Choice:
     finish_reason: str | None = None
 
 
-@dataclass
+@dataclass(eq=False)  # identity semantics: tracked in a set while in flight
 class Generation:
     """Drives the engine requests of one API request.
 

@@ -65,6 +65,26 @@ def test_sigterm_during_four_streams_finishes_them_refuses_new_work_and_exits_0(
         worker.stop()
 
 
+def test_drain_timeout_aborts_a_long_request_cleanly_and_still_exits_0():
+    worker = WorkerProcess("--drain-timeout", "1").start()
+    try:
+        body = {"model": MODEL, "prompt": "Write a long story:", "max_tokens": 2000, "temperature": 0.0,
+                "ignore_eos": True, "stream": True}
+        with httpx.Client(base_url=worker.base_url, timeout=120) as c, c.stream("POST", "/v1/completions", json=body) as r:
+            stream = r.iter_lines()
+            first = next(line for line in stream if line.startswith("data: {"))
+            worker.terminate()
+            started = time.monotonic()
+            lines = [first, *(line for line in stream if line)]
+        assert worker.wait(60) == 0, worker.log_tail()
+        assert time.monotonic() - started < 30  # 1 s drain, not 2000 tokens
+        assert lines[-1] == "data: [DONE]"
+        assert json.loads(lines[-2][len("data: "):])["choices"][0]["finish_reason"] == "abort"
+        assert "drain timeout: 1 request(s) still in flight are aborted" in worker.log_tail()
+    finally:
+        worker.stop()
+
+
 def test_fault_error_rate_fails_the_seeded_fraction_with_openai_500s():
     rate, seed = 0.3, 11
     with WorkerProcess("--fault-error-rate", str(rate), "--fault-seed", str(seed)) as worker:

@@ -143,3 +143,20 @@ def test_client_disconnect_mid_stream_aborts_the_request_and_frees_its_kv(api, w
     assert after[("ferry_kv_cache_usage_ratio", ())] == 0.0
     # far fewer than 400 tokens were generated: the engine stopped when the api left
     assert after[("ferry_generation_tokens_total", ())] - before[("ferry_generation_tokens_total", ())] < 400
+
+
+def test_client_disconnect_while_waiting_for_a_non_streamed_response_aborts_it(api, worker):
+    aborted = ("ferry_requests_total", (("outcome", "aborted"),))
+    before = scrape(api)
+    body = {"model": MODEL, "prompt": "Write a long story:", "max_tokens": 400, "temperature": 0.0, "ignore_eos": True}
+    with pytest.raises(httpx.ReadTimeout), httpx.Client(base_url=worker.base_url, timeout=3) as c:
+        c.post("/v1/completions", json=body)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        after = scrape(api)
+        if after[aborted] > before[aborted] and after[("ferry_num_requests_running", ())] == 0:
+            break
+        time.sleep(0.1)
+    assert after[aborted] - before[aborted] == 1
+    assert after[("ferry_num_requests_running", ())] == 0
+    assert after[("ferry_generation_tokens_total", ())] - before[("ferry_generation_tokens_total", ())] < 400
