@@ -1,0 +1,54 @@
+"""Dashboard fixtures: signed-in sessions per role, a clean telemetry keyspace in the real Redis
+(``REDIS_URL``: run with a Redis db of your own), and a worker metrics exporter over HTTP."""
+
+from __future__ import annotations
+
+import pytest
+from django.test import Client
+from prometheus_client import start_http_server
+
+from apps.accounts.services import user_create_with_role
+from apps.telemetry.endpoints import ReplicaEndpoint
+from apps.telemetry.history import SignalHistory
+from inference_worker.metrics import WorkerMetrics
+
+
+@pytest.fixture
+def telemetry_keys():
+    """The default telemetry keyspace (the one consumers read) emptied before and after the test."""
+    history = SignalHistory()
+    history.clear()
+    yield history
+    history.clear()
+
+
+def _session(role: str, username: str):
+    created = user_create_with_role(username=username, role=role, password="correct-horse-battery-9")
+    client = Client()
+    client.force_login(created.user)
+    client.username, client.password = username, created.password
+    client.session_key = client.cookies["sessionid"].value
+    return client
+
+
+@pytest.fixture
+def operator_session(db):
+    return _session("operator", "olga")
+
+
+@pytest.fixture
+def viewer_session(db):
+    return _session("viewer", "victor")
+
+
+@pytest.fixture
+def exporter(pool):
+    """A worker's real metrics registry (``inference_worker.metrics``) served on a loopback port,
+    as replica ``r0`` of ``pool``'s stable track."""
+    metrics = WorkerMetrics({"pool": pool.name, "track": "stable", "replica": "r0", "role": "decode"})
+    metrics.set_ready(True)
+    metrics.set_engine_state(num_waiting=2, num_running=1, kv_cache_usage=0.25, busy_ratio=0.5)
+    server, _thread = start_http_server(0, addr="127.0.0.1", registry=metrics.registry)
+    yield metrics, ReplicaEndpoint(str(pool.pk), "stable", "r0", f"http://127.0.0.1:{server.server_address[1]}")
+    server.shutdown()
+    server.server_close()
