@@ -110,7 +110,7 @@ def canary_settled(plan: RolloutPlan, views: list[PoolView]) -> str | None:
     for view in views:
         if NEW_TRACK not in view.tracks:
             continue
-        for name, want in canary_targets(plan, view).items():
+        for name, want in sorted(canary_targets(plan, view).items()):
             track = view.tracks[name]
             if track.replicas != want or _ready(view, name) < want:
                 return f"{view.pool} {name}: {_ready(view, name)}/{want} ready (desired {track.replicas})"
@@ -250,7 +250,7 @@ def revert(plan: RolloutPlan, *, event: str, reason: str, kind: str, requested_b
     plan.message = reason
     plan.step_started_at = now
     plan.next_step_at = now if started else None
-    record_action(plan, kind, lines, requested_by=requested_by, succeeded=kind != "rollout.fail")
+    record_action(plan, kind, lines, requested_by=requested_by, succeeded=kind != "rollout.fail", error=reason)
 
 
 def rollout_tick(*, rollout_id: int, step_index: int | None = None, now: datetime | None = None) -> str:

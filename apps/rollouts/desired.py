@@ -119,8 +119,8 @@ def publish() -> int:
 
 def record_action(plan: RolloutPlan, kind: str, lines: list[str], *, params: dict | None = None,
                   requested_by=None, idempotency_key: str | None = None,  # noqa: ANN001 - a user
-                  succeeded: bool = True) -> Action:
-    """Write one finished ``rollout.<verb>`` Action for ``plan`` with its log lines."""
+                  succeeded: bool = True, error: str = "") -> Action:
+    """Write one finished ``rollout.<verb>`` Action for ``plan`` with its log lines (``error``: why it failed)."""
     now = timezone.now()
     log = [{"at": now.isoformat(), "message": f"requested by {requested_by or 'rollout controller'}"},
            *({"at": now.isoformat(), "message": line} for line in lines)]
@@ -128,7 +128,7 @@ def record_action(plan: RolloutPlan, kind: str, lines: list[str], *, params: dic
         kind=kind, target_type="rollout", target_id=str(plan.pk), target_repr=plan.name[:200],
         params=params or {}, requested_by=requested_by, idempotency_key=idempotency_key,
         status=Action.Status.SUCCEEDED if succeeded else Action.Status.FAILED, attempts=1,
-        started_at=now, finished_at=now, log=log, error="" if succeeded else (lines[-1] if lines else ""),
+        started_at=now, finished_at=now, log=log, error="" if succeeded else error,
         retryable=None if succeeded else False,
     )
 

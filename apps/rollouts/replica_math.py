@@ -13,8 +13,8 @@ replicas in total and never drops the ready replicas below ``R`` (:func:`next_re
 first (``maxUnavailable = 1``), as Kubernetes does when both would otherwise be zero.
 
 **Weight** actually applied (:func:`applied_weight`): a track with zero ready replicas gets no
-traffic; while the canaries come up the weight follows the slowest pool's ready canary share plus
-the allowed prefill/decode skew, and reaches ``W`` when every pool has its canaries ready.
+traffic; while the canaries come up the weight is ``W`` scaled by the slowest pool's ready/target
+canary ratio plus the allowed prefill/decode skew, and reaches ``W`` when every pool is ready.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def next_replicas(*, desired: Mapping[str, int], ready: Mapping[str, int], targe
                   total: int, max_surge: int) -> dict[str, int]:
     """One move of the desired replicas toward ``target`` (tracks by name) under the surge limit.
 
-    Tracks below target grow into the room ``max(total, sum(target)) + max_surge - sum(desired)``;
+    Tracks below target grow into the room ``total + max_surge - sum(desired)``;
     tracks above target shrink only by the ready replicas in excess of ``min(total, sum(target))`` (so
     ready capacity never falls below it). With ``max_surge = 0`` and no other move possible, one replica of
     the first shrinking track is removed. Call again as replicas become ready; it returns
@@ -70,7 +70,7 @@ def next_replicas(*, desired: Mapping[str, int], ready: Mapping[str, int], targe
     if any(v < 0 for v in (*desired.values(), *target.values(), total, max_surge)):
         raise ReplicaMathError("replica counts, total and max_surge must be >= 0")
     out = dict(desired)
-    ceiling = max(total, sum(target.values())) + max_surge
+    ceiling = total + max_surge
     for name in sorted(out):
         if out[name] < target[name]:
             room = ceiling - sum(out.values())
@@ -98,8 +98,10 @@ def applied_weight(*, weight: int, previous: int, shares: Mapping[str, tuple[int
     ``shares``: pool name -> ``(ready canary replicas, canary target)``; ``serving_ready``: ready
     canary replicas in the pools that serve requests (decode/colocated). Rules, in order: no ready
     serving canary -> 0; a decrease applies at once; every pool at its target -> ``weight``;
-    otherwise ``min(weight, floor(min share %) + skew)`` but never below ``previous`` when that is
-    still ``<= weight`` (a rising weight does not fall back while replicas come up).
+    otherwise ``min(weight, floor(weight * r) + skew)`` with ``r`` the smallest ready/target ratio
+    over the pools (the slowest pool sets the pace; prefill and decode stay within ``skew``
+    points), but never below ``previous`` when that is still ``<= weight`` (a rising weight does
+    not fall back while replicas come up).
     """
     if weight == 0 or serving_ready == 0:
         return 0
@@ -107,5 +109,5 @@ def applied_weight(*, weight: int, previous: int, shares: Mapping[str, tuple[int
         return weight
     if all(target == 0 or ready >= target for ready, target in shares.values()):
         return weight
-    share = min((100 * min(ready, target) // target) for ready, target in shares.values() if target)
-    return max(min(weight, share + skew), min(previous, weight))
+    paced = min(weight * min(ready, target) // target for ready, target in shares.values() if target)
+    return max(min(weight, paced + skew), min(previous, weight))
