@@ -1,0 +1,89 @@
+"""Blue-green: the switch waits for a full-size ready preview and a real completion through it; an abort
+within the scale-down delay switches back to the old track without restarting it; after the delay the
+old track goes away and the pool runs the new version."""
+
+from datetime import timedelta
+
+import pytest
+
+from apps.fleet.models import Pool, Replica
+from apps.operations.models import Action
+from apps.rollouts import services
+from apps.rollouts.controller import rollout_tick
+from apps.rollouts.tests.conftest import due_now, observe, table_weights
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def started(make_pool, v2):
+    pool = make_pool("chat", role="colocated", replicas=2)
+    observe(pool)
+    plan = services.rollout_plan_create(pools=[pool], target_model_version=v2, name="bg", strategy="blue_green",
+                                        steps=[], scale_down_delay_s=30)
+    services.rollout_start(plan=plan)
+    return pool, plan
+
+
+def _tracks(pool):
+    return {t.name: (t.model_version.version, t.replicas, t.active, t.weight) for t in pool.tracks.all()}
+
+
+def _switch(pool, plan, fake_http):
+    assert rollout_tick(rollout_id=plan.pk) == "waiting"
+    plan.refresh_from_db()
+    assert plan.message == "Waiting for dc-a/chat preview green: 0/2 ready."
+    assert fake_http.completions == 0
+    observe(pool, endpoint=fake_http.url)
+    assert rollout_tick(rollout_id=plan.pk, now=due_now(plan)) == "switched"
+    assert fake_http.completions == 1
+    smoke = Action.objects.filter(kind="rollout.step", target_id=str(plan.pk), params={"phase": "smoke"}).get()
+    assert smoke.log[1]["message"] == f"smoke test at {fake_http.url}: 4 tokens ' Paris'"
+    assert rollout_tick(rollout_id=plan.pk, now=due_now(plan)) == "scale-down-delay"
+
+
+def test_switch_waits_for_readiness_and_smoke_test(started, fake_http):
+    pool, plan = started
+    assert _tracks(pool) == {"green": ("v2", 2, False, 0), "stable": ("v1", 2, True, 100)}
+    assert table_weights() == {"green": ("v2", 0), "stable": ("v1", 100)}
+    _switch(pool, plan, fake_http)
+    assert _tracks(pool) == {"green": ("v2", 2, True, 100), "stable": ("v1", 2, False, 0)}
+    assert table_weights() == {"green": ("v2", 100), "stable": ("v1", 0)}
+
+
+def test_switch_back_within_the_delay_restores_blue_without_restarting_it(started, fake_http):
+    pool, plan = started
+    _switch(pool, plan, fake_http)
+    before = {r.name: r.first_seen for r in Replica.objects.filter(pool=pool, track="stable")}
+    plan = services.rollout_abort(plan=plan)
+    assert plan.state == "aborted"
+    assert table_weights() == {"green": ("v2", 0), "stable": ("v1", 100)}  # at once
+    assert _tracks(pool) == {"green": ("v2", 0, False, 0), "stable": ("v1", 2, True, 100)}
+    observe(pool, endpoint=fake_http.url)
+    assert rollout_tick(rollout_id=plan.pk, now=due_now(plan)) == "reverted"
+    assert _tracks(pool) == {"stable": ("v1", 2, True, 100)}
+    assert {r.name: r.first_seen for r in Replica.objects.filter(pool=pool, track="stable")} == before
+
+
+def test_after_the_delay_the_old_track_goes_and_the_pool_runs_the_new_version(started, fake_http):
+    pool, plan = started
+    _switch(pool, plan, fake_http)
+    plan.refresh_from_db()
+    assert rollout_tick(rollout_id=plan.pk, now=plan.next_step_at - timedelta(seconds=1)) == "not-due"
+    assert rollout_tick(rollout_id=plan.pk, now=plan.next_step_at) == "promoted"
+    assert _tracks(pool) == {"green": ("v2", 2, True, 100)}
+    assert Pool.objects.get(pk=pool.pk).model_version.version == "v2"
+    assert table_weights() == {"green": ("v2", 100)}
+
+
+def test_failed_smoke_test_fails_the_rollout_and_removes_the_preview(started, fake_http):
+    pool, plan = started
+    fake_http.fail_completions = True
+    observe(pool, endpoint=fake_http.url)
+    assert rollout_tick(rollout_id=plan.pk) == "failed"
+    plan.refresh_from_db()
+    assert plan.message.startswith(f"smoke test at {fake_http.url}: HTTP 500: ")
+    assert table_weights() == {"green": ("v2", 0), "stable": ("v1", 100)}
+    observe(pool, endpoint=fake_http.url)
+    assert rollout_tick(rollout_id=plan.pk, now=due_now(plan)) == "reverted"
+    assert _tracks(pool) == {"stable": ("v1", 2, True, 100)}

@@ -1,0 +1,109 @@
+"""Gates: worst value over the window, no data never passes, relative to stable, N consecutive failures abort
+with the failing measurement recorded; a passing analysis lets the rollout continue."""
+
+import time
+
+import pytest
+
+from apps.operations.models import Action
+from apps.rollouts import services
+from apps.rollouts.gates import compare, gate_worst_value
+from apps.rollouts.models import GateMeasurement
+from apps.rollouts.tests.conftest import drive, observe, table_weights
+from apps.telemetry.history import SignalHistory
+
+RECORDS = [
+    {"at": 1.0, "tracks": {"canary": {"ttft_p99_s": 0.30, "error_rate": 0.0}, "stable": {"ttft_p99_s": 0.20}}},
+    {"at": 2.0, "tracks": {"canary": {"ttft_p99_s": 0.50, "error_rate": None}, "stable": {"ttft_p99_s": 0.25}}},
+    {"at": 3.0, "tracks": {"canary": {"ttft_p99_s": 0.40}, "stable": {"ttft_p99_s": None}}},
+]
+
+
+def test_worst_value_is_max_for_upper_bounds_and_min_for_lower_bounds():
+    assert gate_worst_value(RECORDS, track="canary", signal="ttft_p99_s", comparison="<") == 0.5
+    assert gate_worst_value(RECORDS, track="canary", signal="ttft_p99_s", comparison=">=") == 0.3
+
+
+def test_relative_to_stable_divides_per_record_and_skips_missing_stable():
+    assert gate_worst_value(RECORDS, track="canary", signal="ttft_p99_s", comparison="<",
+                            stable_track="stable") == 2.0  # 0.5 / 0.25; the record without stable is skipped
+
+
+def test_no_data_never_passes():
+    assert gate_worst_value(RECORDS, track="canary", signal="tpot_p99_s", comparison="<") is None
+    assert gate_worst_value([], track="canary", signal="error_rate", comparison="<") is None
+    assert compare(None, "<", 1.0) is False
+    assert compare(float("nan"), ">", 0.0) is False
+    assert compare(0.0, "<=", 0.0) is True
+
+
+@pytest.fixture
+def history():
+    h = SignalHistory()
+    for key in h.client.scan_iter(match=f"{h.prefix}history:*"):
+        h.client.delete(key)
+    yield h
+    for key in h.client.scan_iter(match=f"{h.prefix}history:*"):
+        h.client.delete(key)
+
+
+def _plan(make_pool, v2, gates, settings):
+    settings.FERRY_ROLLOUT_TICK_S = 0
+    pool = make_pool("decode", role="colocated", replicas=2)
+    observe(pool)
+    plan = services.rollout_plan_create(pools=[pool], target_model_version=v2, name="gated", strategy="canary",
+                                        steps=[{"set_weight": 50}, {"analysis": {}}, {"pause": {}}], gates=gates)
+    services.rollout_start(plan=plan)
+    return pool, plan
+
+
+def _record(history, pool, canary: dict, stable: dict | None = None) -> None:
+    now = time.time()
+    history.append(f"pool:{pool.pk}", now, {"at": now, "signals": {},
+                                             "tracks": {"canary": canary, "stable": stable or {}}})
+
+
+@pytest.mark.django_db
+def test_no_data_fails_the_gate_and_aborts_after_the_failure_limit(make_pool, v2, settings, history):
+    gate = {"signal": "error_rate", "threshold": 0.05, "comparison": "<", "window_s": 30, "failure_limit": 1}
+    pool, plan = _plan(make_pool, v2, [gate], settings)
+    drive(plan, until=("aborted",))
+    plan.refresh_from_db()
+    rows = list(GateMeasurement.objects.filter(rollout=plan).order_by("id"))
+    assert [(m.value, m.passed, m.consecutive_failures) for m in rows] == [(None, False, 1), (None, False, 2)]
+    detail = "no data for error_rate of dc-a/decode canary in the last 30s"
+    assert rows[-1].detail == detail
+    assert plan.message == f"gate 0 failed 2 time(s) in a row: {detail}"
+    abort = Action.objects.get(kind="rollout.abort", target_id=str(plan.pk))
+    assert abort.log[1]["message"] == plan.message
+    assert table_weights() == {"canary": ("v2", 0), "stable": ("v1", 100)}
+
+
+@pytest.mark.django_db
+def test_failing_measurement_is_recorded_with_its_value(make_pool, v2, settings, history):
+    gate = {"signal": "ttft_p99_seconds", "threshold": 1.5, "comparison": "<", "window_s": 30,
+            "relative_to_stable": True}
+    pool, plan = _plan(make_pool, v2, [gate], settings)
+    _record(history, pool, {"ttft_p99_s": 0.5}, {"ttft_p99_s": 0.2})
+    drive(plan, until=("aborted",))
+    plan.refresh_from_db()
+    m = GateMeasurement.objects.get(rollout=plan)
+    assert (m.signal, m.value, m.passed, m.track) == ("ttft_p99_seconds", 2.5, False, "canary")
+    assert plan.message == ("gate 0 failed 1 time(s) in a row: ttft_p99_s of dc-a/decode canary/stable = 2.5 "
+                            "(worst of 1 records); needs < 1.5")
+
+
+@pytest.mark.django_db
+def test_passing_analysis_lets_the_rollout_continue(operator_api, make_pool, v2, settings, history):
+    gates = [{"signal": "error_rate", "threshold": 0.05, "comparison": "<", "window_s": 30},
+             {"signal": "tpot_p99_seconds", "threshold": 0.2, "comparison": "<=", "window_s": 30}]
+    pool, plan = _plan(make_pool, v2, gates, settings)
+    _record(history, pool, {"error_rate": 0.0, "tpot_p99_s": 0.05})
+    _record(history, pool, {"error_rate": 0.01, "tpot_p99_s": 0.2})
+    drive(plan, until=("paused",))
+    plan.refresh_from_db()
+    assert plan.current_step_index == 3
+    values = sorted((m.signal, m.value, m.passed) for m in GateMeasurement.objects.filter(rollout=plan))
+    assert values == [("error_rate", 0.01, True), ("tpot_p99_seconds", 0.2, True)]
+    body = operator_api.get(f"/api/v1/rollout-measurements/?rollout={plan.pk}").json()
+    assert body["count"] == 2
