@@ -42,7 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-num-seqs", type=int, default=None, help="most sequences in one batch")
     parser.add_argument("--max-model-len", type=int, default=None, help="context length cap in tokens")
     parser.add_argument("--kv-cache-memory", default=None,
-                        help="KV cache size: bytes or with a unit suffix (512MiB, 2GiB)")
+                        help="KV cache budget: bytes with a unit (512MiB, 2GiB) or a fraction of free memory (0.5)")
     parser.add_argument("--dtype", default=None, help="weight/compute dtype (float32, bfloat16, float16)")
     parser.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
     parser.add_argument("--fault-error-rate", type=float, default=0.0, metavar="F",
@@ -53,25 +53,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--replica", default="", help="metrics label")
     parser.add_argument("--model-version", default="", help="metrics label")
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
-
-
-def parse_memory(text: str) -> int:
-    """``"512MiB"`` -> 536870912; plain integers are bytes.
-
-    Raises:
-        ValueError: unknown unit or a non-positive size.
-    """
-    units = {"kib": 2**10, "mib": 2**20, "gib": 2**30, "kb": 10**3, "mb": 10**6, "gb": 10**9, "b": 1}
-    lowered = text.strip().lower()
-    for suffix, factor in units.items():
-        if lowered.endswith(suffix):
-            value = float(lowered[: -len(suffix)]) * factor
-            break
-    else:
-        value = float(lowered)
-    if value <= 0:
-        raise ValueError(f"--kv-cache-memory must be positive, got {text!r}")
-    return int(value)
 
 
 def validate(args: argparse.Namespace) -> None:
@@ -89,16 +70,17 @@ def validate(args: argparse.Namespace) -> None:
     if not 0 < args.port < 65536:
         raise ValueError(f"--port must be in 1..65535, got {args.port}")
     if args.kv_cache_memory is not None:
-        parse_memory(args.kv_cache_memory)
+        from inference_worker.engine.kv_cache_sizing import parse_kv_cache_memory  # torch-free
+
+        parse_kv_cache_memory(args.kv_cache_memory)
 
 
 def load_model(args: argparse.Namespace, metrics: WorkerMetrics) -> LoadedModel:
     """Build the engine and everything the routes need (runs in the loader thread)."""
     from inference_worker.server.engine_adapter import build_loaded_model
 
-    kv_bytes = parse_memory(args.kv_cache_memory) if args.kv_cache_memory else None
     return build_loaded_model(args.model, metrics=metrics, max_num_seqs=args.max_num_seqs,
-                              max_model_len=args.max_model_len, kv_cache_memory_bytes=kv_bytes, dtype=args.dtype,
+                              max_model_len=args.max_model_len, kv_cache_memory=args.kv_cache_memory, dtype=args.dtype,
                               device=args.device)
 
 

@@ -6,8 +6,6 @@ The only module of the server that imports ``inference_worker.engine``; the rout
 
 from __future__ import annotations
 
-import inspect
-
 import torch
 
 from inference_worker.engine.llm_engine import LLMEngine
@@ -19,7 +17,7 @@ from inference_worker.tokenization import ChatTemplate
 
 
 def build_loaded_model(model: str, *, metrics: WorkerMetrics | None = None, max_num_seqs: int | None = None,
-                       max_model_len: int | None = None, kv_cache_memory_bytes: int | None = None,
+                       max_model_len: int | None = None, kv_cache_memory: str | None = None,
                        dtype: str | None = None, device: str | None = None) -> LoadedModel:
     """Load ``model`` into an ``LLMEngine`` and wrap it for the server (the engine thread is not started).
 
@@ -27,12 +25,12 @@ def build_loaded_model(model: str, *, metrics: WorkerMetrics | None = None, max_
         model: built-in name, ``.gguf`` path or prepared HF directory (see ``load_model``).
         metrics: where the engine loop publishes queue depth, KV usage and busy ratio.
         max_num_seqs / max_model_len: engine limits (engine defaults when None).
-        kv_cache_memory_bytes: KV cache budget, for engines that size a paged cache.
+        kv_cache_memory: KV cache budget as ``--kv-cache-memory`` gives it (``"2GiB"``, ``"0.5"``);
+            engine default when None.
         dtype / device: compute dtype and torch device (default: cuda when available, else cpu).
 
     Raises:
-        ValueError: the engine cannot honour an option (e.g. a KV budget on an engine without a
-            paged cache), or the model cannot be loaded.
+        ValueError: an invalid option, or a model that cannot be loaded.
     """
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     engine_kwargs: dict = {}
@@ -40,10 +38,8 @@ def build_loaded_model(model: str, *, metrics: WorkerMetrics | None = None, max_
         engine_kwargs["max_num_seqs"] = max_num_seqs
     if max_model_len is not None:
         engine_kwargs["max_model_len"] = max_model_len
-    if kv_cache_memory_bytes is not None:
-        if "kv_cache_memory" not in inspect.signature(LLMEngine.__init__).parameters:
-            raise ValueError("--kv-cache-memory needs the paged engine; this LLMEngine sizes no KV cache budget")
-        engine_kwargs["kv_cache_memory"] = kv_cache_memory_bytes
+    if kv_cache_memory is not None:
+        engine_kwargs["kv_cache_memory"] = kv_cache_memory
     engine = LLMEngine.from_model(model, dtype=dtype, device=device, **engine_kwargs)
     loaded = engine.loaded
     tokenizer = engine.tokenizer

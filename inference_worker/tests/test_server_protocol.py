@@ -8,7 +8,7 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from inference_worker.cli.serve import add_arguments, parse_memory, validate
+from inference_worker.cli.serve import add_arguments, validate
 from inference_worker.metrics import WorkerMetrics
 from inference_worker.server.errors import OpenAIError
 from inference_worker.server.protocol import (
@@ -101,12 +101,13 @@ def serve_args(*argv: str) -> argparse.Namespace:
 
 
 def test_serve_options_are_validated():
-    assert parse_memory("512MiB") == 512 * 2**20 and parse_memory("2GB") == 2 * 10**9 and parse_memory("4096") == 4096
-    validate(serve_args("--role", "decode", "--fault-error-rate", "0.3"))
+    validate(serve_args("--role", "decode", "--fault-error-rate", "0.3", "--kv-cache-memory", "512MiB"))
+    validate(serve_args("--kv-cache-memory", "0.5"))
     for argv, message in [(("--fault-error-rate", "1.5"), "--fault-error-rate"),
                           (("--drain-timeout", "-1"), "--drain-timeout"),
                           (("--max-num-seqs", "0"), "--max-num-seqs"),
-                          (("--kv-cache-memory", "0"), "--kv-cache-memory")]:
+                          (("--kv-cache-memory", "0"), "--kv-cache-memory"),
+                          (("--kv-cache-memory", "2 parsecs"), "--kv-cache-memory")]:
         with pytest.raises(ValueError, match=message):
             validate(serve_args(*argv))
     with pytest.raises(SystemExit):
