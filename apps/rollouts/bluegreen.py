@@ -8,19 +8,23 @@ Phases (``RolloutPlan.phase``) of a progressing blue-green rollout; the old acti
 2. ``smoke``: a real completion (``POST /v1/completions``, 4 tokens) through a ready preview
    replica of every serving pool; an error fails the rollout.
 3. ``steps``: the plan's ``pause``/``analysis`` steps (gates measured on the preview track).
-4. ``switched``: preview active at weight 100, old inactive at 0; wait for the router to apply the
-   table; keep the old track at ``R`` replicas for ``scale_down_delay_s`` — an abort now switches
+4. ``switched``: preview active at weight 100, old inactive at 0; the backend's ``switch_active``
+   moves the pool Service to the preview (Kubernetes; the local backend answers that the routing
+   table does it); wait for the router to apply the table; keep the old track at ``R`` replicas for ``scale_down_delay_s`` — an abort now switches
    straight back to it without restarting anything.
 5. After the delay the old track is removed, the pools' version becomes the target: ``promoted``.
 """
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime
 
 import httpx
 
 from apps.fleet.models import PoolTrack
+from apps.operations.backends import backend_session, pool_ref
+from apps.orchestrators.base import BackendError
 from apps.rollouts import transitions
 from apps.rollouts.desired import (
     PoolView,
@@ -43,6 +47,7 @@ from apps.rollouts.steps import (
 )
 
 SMOKE_PROMPT = "The capital of France is"
+logger = logging.getLogger(__name__)
 
 
 def preview_name(active: str) -> str:
@@ -92,6 +97,29 @@ def smoke_test(endpoint: str, *, timeout_s: float = 60.0) -> tuple[bool, str]:
     if response.status_code != 200 or not choices or not isinstance(choices[0].get("text"), str) or tokens < 1:
         return False, f"smoke test at {base}: HTTP {response.status_code}: {str(body)[:200]}"
     return True, f"smoke test at {base}: {tokens} tokens {choices[0]['text']!r}"
+
+
+def switch_services(plan: RolloutPlan, views: list[PoolView], *, to_new: bool) -> str | None:
+    """Call the backend's ``switch_active`` for every pool (to the preview, or back to the old track).
+
+    Records done pools in ``progress.switched_services`` so a retry skips them. Returns None when
+    every pool switched, else what failed (a backend error: retried on the next tick).
+    """
+    done = plan.progress.setdefault("switched_services", {})
+    for view in views:
+        old, new = _names(plan, view)
+        target = new if to_new else old
+        if done.get(view.key) == target:
+            continue
+        try:
+            with backend_session(view.pool.cluster) as backend:
+                how = backend.switch_active(pool_ref(view.pool), target)
+        except BackendError as exc:
+            logger.warning("rollout %s: switch_active(%s, %s) failed: %s", plan.pk, view.pool, target, exc)
+            return f"{view.pool}: switch_active({target}) failed: {type(exc).__name__}: {exc}"
+        done[view.key] = target
+        step_action_log(plan, f"{view.pool}: switch_active({target}) -> {how}")
+    return None
 
 
 def _publish(plan: RolloutPlan, lines: list[str]) -> None:
@@ -152,7 +180,7 @@ def tick(plan: RolloutPlan, now: datetime) -> str:
         record_action(plan, "rollout.step", ["switch active to the preview", *lines], params={"phase": "switch"})
         schedule(plan, now, 0)
         return "switched"
-    behind = router_behind(plan)
+    behind = switch_services(plan, views, to_new=True) or router_behind(plan)
     if behind is not None:
         check_deadline(plan, now, behind)
         schedule(plan, now)
@@ -179,6 +207,9 @@ def cleanup(plan: RolloutPlan, now: datetime) -> str:
     """After an abort/failure: once the old track serves again, remove the preview track."""
     views = pool_views(plan)
     _publish(plan, converge(plan, views))
+    if plan.progress.get("switched_services") and switch_services(plan, views, to_new=False) is not None:
+        schedule(plan, now)
+        return "reverting"
     for view in views:
         old, _ = _names(plan, view)
         if min(view.ready.get(old, 0), view.tracks[old].replicas) < 1:

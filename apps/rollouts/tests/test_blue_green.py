@@ -16,7 +16,8 @@ pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def started(make_pool, v2):
+def started(make_pool, v2, settings):
+    settings.FERRY_AGENT_TOKEN = "agent-token"  # the local backend answers switch_active without a request
     pool = make_pool("chat", role="colocated", replicas=2)
     observe(pool)
     plan = services.rollout_plan_create(pools=[pool], target_model_version=v2, name="bg", strategy="blue_green",
@@ -49,6 +50,10 @@ def test_switch_waits_for_readiness_and_smoke_test(started, fake_http):
     _switch(pool, plan, fake_http)
     assert _tracks(pool) == {"green": ("v2", 2, True, 100), "stable": ("v1", 2, False, 0)}
     assert table_weights() == {"green": ("v2", 100), "stable": ("v1", 0)}
+    plan.refresh_from_db()
+    assert plan.progress["switched_services"] == {str(pool.pk): "green"}
+    assert Action.objects.filter(target_id=str(plan.pk)).order_by("id").last().log[-1]["message"] == (
+        "dc-a/chat: switch_active(green) -> routing_table")
 
 
 def test_switch_back_within_the_delay_restores_blue_without_restarting_it(started, fake_http):
