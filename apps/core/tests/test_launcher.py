@@ -1,0 +1,102 @@
+"""``python -m controlplane.run`` on the fresh-machine defaults: no DATABASE_URL (SQLite in a temp var dir),
+REDIS_URL at a closed port (embedded Redis). It must come up (web /healthz 200, "Ferry is ready") and one
+Ctrl-C (SIGINT to its process group, as a terminal sends it) must stop every process it started and leave
+nothing listening. ``--no-workers`` keeps it cheap (demo pools at 0 replicas: no model is loaded); the
+model-worker flow is covered by apps/operations' local end-to-end test and was verified by hand.
+"""
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from controlplane.embedded_redis import free_tcp_port
+from controlplane.procfile import BASE_DIR
+
+pytestmark = pytest.mark.slow
+
+READY_TIMEOUT_S = 240
+STOP_TIMEOUT_S = 90
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(1)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _processes_with_var_dir(var_dir: Path) -> list[int]:
+    marker = f"FERRY_VAR_DIR={var_dir}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if marker in (entry / "environ").read_bytes().split(b"\0"):
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _wait(predicate, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.5)
+    return predicate()
+
+
+def test_launcher_comes_up_on_embedded_redis_and_sqlite_and_one_ctrl_c_stops_everything(tmp_path):
+    var_dir = (tmp_path / "var").resolve()
+    closed_port = free_tcp_port()
+    ports = {"web": free_tcp_port(), "router": free_tcp_port(), "agent": free_tcp_port()}
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "FERRY_AGENT_TOKEN", "FERRY_SERVICE_TOKEN")}
+    env.update(FERRY_VAR_DIR=str(var_dir), REDIS_URL=f"redis://127.0.0.1:{closed_port}/0", PYTHONUNBUFFERED="1")
+    log_path = tmp_path / "launcher.log"
+    with log_path.open("wb") as log:
+        launcher = subprocess.Popen(
+            [sys.executable, "-m", "controlplane.run", "--no-workers", "--port", str(ports["web"]),
+             "--router-port", str(ports["router"]), "--agent-port", str(ports["agent"])],
+            cwd=BASE_DIR, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        assert _wait(lambda: "Ferry is ready" in log_path.read_text() or launcher.poll() is not None,
+                     READY_TIMEOUT_S), log_path.read_text()[-4000:]
+        output = log_path.read_text()
+        assert launcher.poll() is None, output[-4000:]
+        assert httpx.get(f"http://127.0.0.1:{ports['web']}/healthz", timeout=10).status_code == 200
+        assert httpx.get(f"http://127.0.0.1:{ports['router']}/ready", timeout=10).status_code == 200
+        redis_port = int(re.search(r"started embedded redis-server at redis://127\.0\.0\.1:(\d+)/0", output).group(1))
+        assert (var_dir / "ferry.sqlite3").is_file()
+        pids = {name: int(pid) for name, pid in re.findall(r"system\s+\| (\w+) started \(pid=(\d+)\)", output)}
+        assert set(pids) == {"web", "worker", "ticks", "beat", "telemetry", "agent", "router"}
+        assert all(_listening(p) for p in (*ports.values(), redis_port))
+
+        os.killpg(launcher.pid, signal.SIGINT)  # Ctrl-C: the terminal signals the foreground process group
+        assert launcher.wait(STOP_TIMEOUT_S) == 0, log_path.read_text()[-4000:]
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+            launcher.wait(10)
+    output = log_path.read_text()
+    assert "embedded Redis stopped" in output
+    assert "killed leftovers" not in output  # every process stopped on SIGTERM, nothing needed SIGKILL
+    assert [name for name, pgid in pids.items() if _group_alive(pgid)] == []
+    assert [port for port in (*ports.values(), redis_port) if _listening(port)] == []
+    assert _processes_with_var_dir(var_dir) == []

@@ -1,0 +1,58 @@
+"""The launcher's process list, environment and tokens, as data (controlplane.procfile)."""
+
+import json
+import os
+import stat
+
+from honcho.environ import parse_procfile
+
+from controlplane.procfile import LaunchConfig, child_env, launcher_tokens, procfile, worker_threads
+
+
+def test_procfile_lists_every_process_of_the_product_each_execed():
+    config = LaunchConfig(port=8000, router_port=8080, agent_port=8100, var_dir="/srv/ferry/var")
+    processes = parse_procfile(procfile(config, python="/venv/bin/python")).processes
+    assert list(processes) == ["web", "worker", "ticks", "beat", "telemetry", "agent", "router"]
+    assert all(command.startswith("exec /venv/bin/python ") for command in processes.values())
+    assert processes["web"] == ("exec /venv/bin/python -m daphne -b 127.0.0.1 -p 8000 --access-log "
+                                "/srv/ferry/var/log/web-access.log controlplane.asgi:application")
+    assert processes["router"] == ("exec /venv/bin/python -m inference_worker router --host 127.0.0.1 --port 8080 "
+                                   "--routing-table http://127.0.0.1:8000/api/v1/routing-table/ --log-level warning")
+    assert processes["agent"] == ("exec /venv/bin/python -m inference_worker agent --port 8100 "
+                                  "--state-dir /srv/ferry/var/agent --log-level warning")
+    assert "-Q operations,default" in processes["worker"] and "-Q reconcile" in processes["ticks"]
+
+
+def test_load_adds_a_bounded_generator_loop_against_the_router_and_tokenizer_is_passed():
+    config = LaunchConfig(host="0.0.0.0", router_port=9090, load=True, var_dir="/v")
+    processes = parse_procfile(procfile(config, python="py", tokenizer_dir="/m/gemma-3-270m")).processes
+    assert processes["router"].endswith("--tokenizer /m/gemma-3-270m")
+    assert processes["load"].startswith("while :; do py bench/serve_load.py --base-url http://127.0.0.1:9090 ")
+    assert "--num-prompts 8" in processes["load"] and processes["load"].endswith("; sleep 3; done")
+
+
+def test_child_env_keeps_user_values_but_not_their_redis_url():
+    config = LaunchConfig(var_dir="relative/var")
+    env = child_env(config, {"DEBUG": "0", "REDIS_URL": "redis://down:6379/0", "PATH": "/bin"},
+                    redis_url="redis://127.0.0.1:4242/0", tokens={"FERRY_AGENT_TOKEN": "a" * 20,
+                                                                  "FERRY_SERVICE_TOKEN": "s" * 20}, cpu_count=16)
+    assert env["REDIS_URL"] == "redis://127.0.0.1:4242/0"
+    assert env["DEBUG"] == "0" and env["PATH"] == "/bin"
+    assert env["FERRY_VAR_DIR"] == os.path.abspath("relative/var")
+    assert json.loads(env["FERRY_WORKER_ENV"]) == {"TORCH_NUM_THREADS": "4", "OMP_NUM_THREADS": "4"}
+    assert env["FERRY_REMOTE_PREFILL_THRESHOLD_TOKENS"] == "256"
+    assert (env["FERRY_AGENT_TOKEN"], env["FERRY_SERVICE_TOKEN"]) == ("a" * 20, "s" * 20)
+
+
+def test_worker_threads_is_a_quarter_of_the_cores_at_least_one():
+    assert [worker_threads(n) for n in (None, 1, 2, 7, 8, 64)] == [1, 1, 1, 1, 2, 16]
+
+
+def test_tokens_are_created_once_with_mode_0600_and_the_environment_wins(tmp_path):
+    first = launcher_tokens(tmp_path, {})
+    path = tmp_path / "launcher_tokens.json"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert sorted(first) == ["FERRY_AGENT_TOKEN", "FERRY_SERVICE_TOKEN"]
+    assert all(len(v) >= 40 for v in first.values())
+    assert launcher_tokens(tmp_path, {}) == first
+    assert launcher_tokens(tmp_path, {"FERRY_AGENT_TOKEN": "x" * 16})["FERRY_AGENT_TOKEN"] == "x" * 16

