@@ -26,11 +26,18 @@
   let alerts = {};
   const container = document.getElementById("charts");
 
-  function layout(chart) {
-    return {title: {text: chart.title, font: {size: 14}}, height: 260, margin: {l: 60, r: 20, t: 40, b: 40},
-      xaxis: {title: {text: "time"}, type: "date"}, yaxis: {title: {text: chart.y}, rangemode: "tozero"},
-      showlegend: chart.signals.length > 1, legend: {orientation: "h"}};
+  const NO_DATA = [{text: "no data", showarrow: false, xref: "paper", yref: "paper", x: 0.5, y: 0.5,
+    font: {size: 16, color: "#98a2b3"}}];
+
+  function layout(chart, hasData) {
+    return {title: {text: chart.title, font: {size: 14}, x: 0.02, xanchor: "left"}, height: 260,
+      margin: {l: 60, r: 20, t: 40, b: 40}, xaxis: {title: {text: "time"}, type: "date"},
+      yaxis: {title: {text: chart.y}, rangemode: "tozero"}, showlegend: chart.signals.length > 1,
+      legend: {orientation: "h", x: 1, xanchor: "right", y: 1.0, yanchor: "bottom"},
+      annotations: hasData ? [] : NO_DATA};
   }
+
+  function hasValues(cols) { return cols.some(c => c.y.some(v => v !== null)); }
 
   function columns(records, chart) {
     const x = records.map(r => new Date(r.at * 1000));
@@ -44,7 +51,8 @@
       container.append(div);
       const data = columns(records, chart).map((col, i) => ({...col, type: "scatter", mode: "lines+markers",
         marker: {size: 3}, connectgaps: false, name: LABELS[chart.signals[i]] || chart.signals[i]}));
-      Plotly.newPlot(div, data, layout(chart), {displaylogo: false, responsive: true, staticPlot: false});
+      chart.hasData = hasValues(data);
+      Plotly.newPlot(div, data, layout(chart, chart.hasData), {displaylogo: false, responsive: true});
     }
   }
 
@@ -53,6 +61,10 @@
       const cols = columns([record], chart);
       Plotly.extendTraces(`chart-${chart.id}`, {x: cols.map(c => c.x), y: cols.map(c => c.y)},
         chart.signals.map((_, i) => i), MAX_POINTS);
+      if (!chart.hasData && hasValues(cols)) {
+        chart.hasData = true;
+        Plotly.relayout(`chart-${chart.id}`, {annotations: []});
+      }
     }
     const ready = record.signals.ready_replicas;
     if (ready !== null && ready !== undefined) pool.live_ready = ready;
