@@ -15,6 +15,7 @@ from django.db.models import Count, Prefetch, Q
 from apps.catalog.models import KV_REPORT_TOKENS, ModelVersion
 from apps.fleet.models import Cluster, ClusterLink, Pool, PoolTrack
 from apps.rollouts.models import RolloutPlan
+from apps.rollouts.validators import GATE_SIGNALS
 from apps.telemetry.broadcast import FLEET_GROUP, pool_group
 from apps.telemetry.history import SignalHistory
 from apps.telemetry.models import Alert
@@ -24,15 +25,6 @@ from apps.telemetry.services import alert_payload
 SNAPSHOT_HISTORY_S = 300.0
 """Seconds of signal history a pool snapshot carries (charts start with the last five minutes)."""
 
-GATE_SIGNAL_TO_TELEMETRY = {
-    "error_rate": "error_rate",
-    "ttft_p99_seconds": "ttft_p99_s",
-    "tpot_p99_seconds": "tpot_p99_s",
-    "kv_transfer_error_rate": "kv_transfer_failure_rate",
-    "num_requests_waiting": "num_requests_waiting",
-}
-"""Rollout gate signal names (``apps.rollouts.validators.GATE_SIGNALS``) -> telemetry signal names;
-a gate signal without an entry has no live measurement on the page."""
 
 
 def pool_stream(pool_id: int) -> str:
@@ -132,14 +124,15 @@ def rollout_pool_ids(rollout_id: int) -> list[int]:
 
 
 def rollout_detail(rollout_id: int) -> dict:
-    """A rollout plan's state, steps and gates (gate signals mapped to telemetry names) and its pools.
+    """A rollout plan's state, phase, steps and gates (with the telemetry signal of each gate signal,
+    ``apps.rollouts.validators.GATE_SIGNALS``) and its pools.
 
     Raises ``RolloutPlan.DoesNotExist``.
     """
     plan = RolloutPlan.objects.select_related("target_model_version").get(pk=rollout_id)
-    gates = [{**g, "telemetry_signal": GATE_SIGNAL_TO_TELEMETRY.get(g.get("signal"))} for g in plan.gates]
+    gates = [{**g, "telemetry_signal": GATE_SIGNALS.get(g.get("signal"))} for g in plan.gates]
     return {
-        "id": plan.pk, "name": plan.name, "strategy": plan.strategy, "state": plan.state,
+        "id": plan.pk, "name": plan.name, "strategy": plan.strategy, "state": plan.state, "phase": plan.phase,
         "current_step_index": plan.current_step_index, "steps": plan.steps, "gates": gates,
         "target_model_version": str(plan.target_model_version), "message": plan.message,
         "pools": [pool_summary(p, []) for p in _pools_with_counts().filter(rollouts=plan).order_by("pk")],

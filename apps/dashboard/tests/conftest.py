@@ -8,6 +8,7 @@ from django.test import Client
 from prometheus_client import start_http_server
 
 from apps.accounts.services import user_create_with_role
+from apps.dashboard.tests.live_stack import ARTIFACTS, Daphne, launch_chromium
 from apps.telemetry.endpoints import ReplicaEndpoint
 from apps.telemetry.history import SignalHistory
 from inference_worker.metrics import WorkerMetrics
@@ -52,3 +53,24 @@ def exporter(pool):
     yield metrics, ReplicaEndpoint(str(pool.pk), "stable", "r0", f"http://127.0.0.1:{server.server_address[1]}")
     server.shutdown()
     server.server_close()
+
+
+@pytest.fixture
+def server(tmp_path, telemetry_keys):
+    daphne = Daphne(tmp_path).start()
+    yield daphne
+    daphne.stop()
+
+
+@pytest.fixture
+def browser(monkeypatch):
+    from playwright.sync_api import sync_playwright
+
+    # Playwright's sync API keeps an event loop on this thread; the test's own ORM calls are plain
+    # synchronous code, so Django's async-context guard is lifted for this test only.
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as playwright:
+        chromium = launch_chromium(playwright)
+        yield chromium
+        chromium.close()

@@ -19,6 +19,8 @@ from urllib.parse import urlsplit
 
 import httpx
 from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.contrib.auth.hashers import PBKDF2PasswordHasher
 from django.db import connection, connections
 
 from inference_worker.server.testing import REPO_ROOT, free_port
@@ -110,8 +112,8 @@ def telemetry_poller(log_dir: Path, *, interval_s: float = 1.0, window_s: float 
 
 
 class ReconcileLoop(threading.Thread):
-    """Runs ``apps.operations.reconcile.reconcile_all`` every ``interval_s`` (what beat does), so observed
-    ``Replica`` rows (endpoints, readiness) follow the backend."""
+    """What beat does, every ``interval_s``: ``apps.operations.reconcile.reconcile_all`` (observed ``Replica``
+    rows follow the backend) and ``apps.rollouts.tasks.rollouts_tick`` (due rollout steps advance)."""
 
     def __init__(self, interval_s: float = 2.0):
         super().__init__(name="reconcile-loop", daemon=True)
@@ -121,11 +123,13 @@ class ReconcileLoop(threading.Thread):
 
     def run(self) -> None:
         from apps.operations.reconcile import reconcile_all
+        from apps.rollouts.tasks import rollouts_tick
 
         try:
             while not self.stop_event.wait(self.interval_s):
                 try:
                     reconcile_all()
+                    rollouts_tick()
                 except Exception as exc:  # recorded for the test's failure message, the loop keeps going
                     self.errors.append(repr(exc))
         finally:
@@ -166,3 +170,69 @@ class RequestGuard:
                 self.remote.append(ws.url)
 
         page.on("websocket", on_websocket)
+
+
+CELERY_QUEUES = ("default", "operations", "reconcile")  # pool Actions and rollouts.advance
+
+
+def purge_celery_queues() -> None:
+    """Drop messages earlier runs left in these queues of the test broker (``REDIS_URL``)."""
+    from controlplane.celery import app
+
+    with app.connection_for_write() as conn:
+        for queue in CELERY_QUEUES:
+            try:
+                conn.default_channel.queue_purge(queue)
+            except Exception:  # a queue that never existed
+                pass
+
+
+class CeleryWorkerProcess(ChildProcess):
+    """``celery -A controlplane worker`` (pool solo) on the test database, for Actions and rollout steps."""
+
+    def __init__(self, log_dir: Path, env: dict[str, str]):
+        name = f"dashboard-test-{os.getpid()}"
+        super().__init__("celery", [sys.executable, "-m", "celery", "-A", "controlplane", "worker", "-Q",
+                                    ",".join(CELERY_QUEUES), "--pool", "solo", "-n", f"{name}@%h", "--without-gossip",
+                                    "--without-mingle", "--without-heartbeat", "-l", "INFO"],
+                         child_env(**env), log_dir)
+
+    def start(self, timeout_s: float = 90.0) -> CeleryWorkerProcess:
+        super().start()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"celery worker exited with {self.proc.returncode}:\n{self.log()[-3000:]}")
+            if " ready." in self.log():
+                return self
+            time.sleep(0.3)
+        raise RuntimeError(f"celery worker not ready within {timeout_s}s:\n{self.log()[-3000:]}")
+
+
+PASSWORD = "correct-horse-battery-9"  # conftest's sessions use it
+PAGE_TIMEOUT_MS = 30_000
+
+
+def signed_in(browser, server, username: str):
+    """A new browser context signed in through the login page, with its request guard.
+
+    The test settings hash passwords with MD5 for speed; the server runs the production hashers, so
+    the user's password is stored with PBKDF2 (the default) first.
+    """
+    hasher = PBKDF2PasswordHasher()
+    get_user_model().objects.filter(username=username).update(password=hasher.encode(PASSWORD, hasher.salt()))
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    context.set_default_timeout(PAGE_TIMEOUT_MS)
+    guard = RequestGuard(context)
+    page = context.new_page()
+    guard.watch(page)
+    page.goto(f"{server.base_url}/login/")
+    page.fill("#id_username", username)
+    page.fill("#id_password", PASSWORD)
+    page.click("#sign-in")
+    try:
+        page.wait_for_url(f"{server.base_url}/")
+    except Exception as exc:
+        page.screenshot(path=str(ARTIFACTS / "login-failed.png"))
+        raise AssertionError(f"sign-in failed at {page.url}:\n{page.content()[:2000]}\n{server.log()[-3000:]}") from exc
+    return context, page, guard

@@ -1,11 +1,8 @@
 """Browser tests: Playwright with Debian's Chromium (headless) against the ASGI app served by daphne.
 
-1. Every page loads only from loopback (request interception; plotly.js from the plotly package), a
-   viewer sees the data and no controls, and the page's stream resyncs after a sequence gap.
-2. (slow) An operator watches a pool of real Gemma 3 270M workers: chart data grows over 10 s; scaling
-   from the page changes the replica count (Celery worker + local agent + reconcile + telemetry poller).
-3. (slow) An operator starts a canary from the rollout page and sees its step advance (needs the
-   rollout verbs of the rollouts API).
+Every page loads only from loopback (request interception; plotly.js from the plotly package), a
+viewer sees the data and no controls, and the page's stream resyncs after a sequence gap. The live
+worker flow (charts grow, scale, canary) is in ``test_live_workers.py``.
 
 Screenshots go to ``test-artifacts/dashboard/``. Chromium: ``apt-get install -y chromium`` (never
 ``playwright install``); without ``/usr/bin/chromium`` these tests are skipped.
@@ -13,22 +10,12 @@ Screenshots go to ``test-artifacts/dashboard/``. Chromium: ``apt-get install -y 
 
 from __future__ import annotations
 
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import httpx
 import pytest
-from django.contrib.auth import get_user_model
-from django.contrib.auth.hashers import PBKDF2PasswordHasher
 
-from apps.dashboard.tests.live_stack import (
-    ARTIFACTS,
-    CHROMIUM,
-    Daphne,
-    RequestGuard,
-    launch_chromium,
-)
+from apps.dashboard.tests.live_stack import ARTIFACTS, CHROMIUM, signed_in
 from apps.fleet.services import cluster_link_create
 from apps.operations.models import Action
 from apps.rollouts.services import rollout_plan_create
@@ -38,58 +25,6 @@ pytestmark = [
     pytest.mark.django_db(transaction=True),
     pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's Chromium: apt-get install -y chromium"),
 ]
-PASSWORD = "correct-horse-battery-9"  # conftest's sessions use it
-PAGE_TIMEOUT_MS = 30_000
-
-
-@pytest.fixture
-def server(tmp_path, telemetry_keys):
-    daphne = Daphne(tmp_path).start()
-    yield daphne
-    daphne.stop()
-
-
-@pytest.fixture
-def browser(monkeypatch):
-    from playwright.sync_api import sync_playwright
-
-    # Playwright's sync API keeps an event loop on this thread; the test's own ORM calls are plain
-    # synchronous code, so Django's async-context guard is lifted for this test only.
-    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as playwright:
-        chromium = launch_chromium(playwright)
-        yield chromium
-        chromium.close()
-
-
-def signed_in(browser, server, username: str):
-    """A new browser context signed in through the login page, with its request guard.
-
-    The test settings hash passwords with MD5 for speed; the server runs the production hashers, so
-    the user's password is stored with PBKDF2 (the default) first.
-    """
-    hasher = PBKDF2PasswordHasher()
-    get_user_model().objects.filter(username=username).update(password=hasher.encode(PASSWORD, hasher.salt()))
-    context = browser.new_context(viewport={"width": 1400, "height": 1000})
-    context.set_default_timeout(PAGE_TIMEOUT_MS)
-    guard = RequestGuard(context)
-    page = context.new_page()
-    guard.watch(page)
-    page.goto(f"{server.base_url}/login/")
-    page.fill("#id_username", username)
-    page.fill("#id_password", PASSWORD)
-    page.click("#sign-in")
-    try:
-        page.wait_for_url(f"{server.base_url}/")
-    except Exception:
-        page.screenshot(path=str(ARTIFACTS / "login-failed.png"))
-        raise AssertionError(f"sign-in failed at {page.url}:\n{page.content()[:2000]}\n{server.log()[-3000:]}")
-    return context, page, guard
-
-
-def chart_points(page, chart: str) -> int:
-    return page.evaluate(f"document.getElementById('chart-{chart}').data[0].x.length")
 
 
 def publish(pool_id: int, at: float, waiting: float, history) -> dict:
@@ -146,7 +81,9 @@ def test_pages_load_only_from_loopback_viewer_has_no_controls_and_gaps_resync(
         if name == "rollout":
             page.wait_for_selector("#steps li.current")
             assert page.locator("#rollout-controls button[data-verb=abort]").count() == 1
-            assert page.inner_text("#gates tbody").split("\t")[0] == "error_rate"
+            page.wait_for_selector("#gates tr[data-gate-index='0']")
+            assert page.inner_text("#gates tr[data-gate-index='0'] td:nth-child(2)") == "error_rate"
+            assert page.inner_text("#gates tr[data-gate-index='0'] .verdict") == "not measured yet"
     assert any(u.endswith("/static/dashboard/vendor/plotly.min.js") for u in guard.seen)
     assert any(u.startswith("ws://127.0.0.1") for u in guard.seen)
     assert guard.remote == []
@@ -175,26 +112,3 @@ def test_a_remote_script_is_caught_by_the_request_guard(server, browser, operato
     page.wait_for_timeout(500)
     assert guard.remote == ["https://cdn.example.com/plotly.min.js"]
     context.close()
-
-
-class Load(threading.Thread):
-    """Short completions against one worker, one at a time, until stopped (gives the charts traffic)."""
-
-    def __init__(self, url: str):
-        super().__init__(name="load", daemon=True)
-        self.url, self.stop_event, self.done = url, threading.Event(), 0
-
-    def run(self) -> None:
-        body = {"model": "gemma-3-270m", "prompt": "The ferry crossed the river and", "max_tokens": 8,
-                "temperature": 0}
-        with httpx.Client(timeout=60) as client:
-            while not self.stop_event.is_set():
-                try:
-                    if client.post(self.url + "/v1/completions", json=body).status_code == 200:
-                        self.done += 1
-                except httpx.HTTPError:
-                    time.sleep(0.5)
-
-    def stop(self) -> None:
-        self.stop_event.set()
-        self.join(90)

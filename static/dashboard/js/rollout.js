@@ -25,6 +25,12 @@
     document.getElementById("rollout-state").className = `state state-${rollout.state}`;
     document.getElementById("rollout-step").textContent = String(rollout.current_step_index);
     document.getElementById("rollout-message").textContent = rollout.message || "";
+    document.getElementById("rollout-phase").textContent = rollout.phase || "—";
+    if (rollout.allowed_verbs) {
+      document.querySelectorAll("#rollout-controls button[data-verb]").forEach(b => {
+        b.disabled = !rollout.allowed_verbs.includes(b.dataset.verb);
+      });
+    }
     document.getElementById("steps").replaceChildren(...rollout.steps.map((s, i) => Ferry.el("li", {
       class: i === rollout.current_step_index && ["progressing", "paused", "pending"].includes(rollout.state) ? "current"
         : (i < rollout.current_step_index ? "done" : ""), "data-index": i}, stepText(s))));
@@ -34,26 +40,45 @@
     return {"<": value < threshold, "<=": value <= threshold, ">": value > threshold, ">=": value >= threshold}[op];
   }
 
+  let measurements = {};  // gate index -> latest GateMeasurement (from /api/v1/rollout-measurements/)
+
+  function liveValue(gate) {
+    const values = Object.values(latest).map(r => ((r.tracks || {}).canary || {})[gate.telemetry_signal])
+      .filter(v => v !== null && v !== undefined);
+    if (!values.length) return null;
+    return gate.comparison.startsWith("<") ? Math.max(...values) : Math.min(...values);  // the worst pool
+  }
+
   function renderGates() {
-    const rows = rollout.gates.map(g => {
-      const values = Object.values(latest).map(r => ((r.tracks || {}).canary || {})[g.telemetry_signal])
-        .filter(v => v !== null && v !== undefined);
-      const worst = values.length ? (g.comparison.startsWith("<") ? Math.max(...values) : Math.min(...values)) : null;
-      const verdict = !g.telemetry_signal ? "not measured by telemetry" : worst === null ? "no data (does not pass)"
-        : compare(worst, g.comparison, g.threshold) ? "pass" : "fail";
-      return Ferry.el("tr", {class: `gate-${verdict.split(" ")[0]}`}, Ferry.el("td", {}, g.signal),
-        Ferry.el("td", {}, `${g.comparison} ${g.threshold}`), Ferry.el("td", {}, `${g.window_s} s`),
-        Ferry.el("td", {}, Ferry.fmt(worst)), Ferry.el("td", {}, verdict));
+    const rows = rollout.gates.map((g, i) => {
+      const m = measurements[i];
+      const verdict = m ? (m.passed ? "pass" : "fail") : "not measured yet";
+      return Ferry.el("tr", {class: `gate-${verdict.split(" ")[0]}`, "data-gate-index": i}, Ferry.el("td", {}, String(i)),
+        Ferry.el("td", {}, g.signal), Ferry.el("td", {}, `${g.comparison} ${g.threshold}`), Ferry.el("td", {}, `${g.window_s} s`),
+        Ferry.el("td", {}, m ? `${Ferry.fmt(m.value)}${m.detail ? ` (${m.detail})` : ""}` : ""), Ferry.el("td", {class: "verdict"}, verdict),
+        Ferry.el("td", {}, m ? String(m.consecutive_failures) : ""), Ferry.el("td", {}, m ? Ferry.fmtTime(m.measured_at) : ""),
+        Ferry.el("td", {}, g.telemetry_signal ? Ferry.fmt(liveValue(g)) : "not a telemetry signal"));
     });
-    if (!rows.length) rows.push(Ferry.el("tr", {}, Ferry.el("td", {colspan: 5}, "This plan has no gates.")));
+    if (!rows.length) rows.push(Ferry.el("tr", {}, Ferry.el("td", {colspan: 9}, "This plan has no gates.")));
     document.querySelector("#gates tbody").replaceChildren(...rows);
+  }
+
+  async function refreshMeasurements() {
+    const result = await Ferry.api("GET", `/api/v1/rollout-measurements/?rollout=${rollout.id}&page_size=200`);
+    if (!result.ok) return;
+    measurements = {};
+    for (const m of result.data.results) {  // newest first
+      if (!(m.gate_index in measurements)) measurements[m.gate_index] = m;
+    }
+    renderGates();
   }
 
   async function refreshPlan() {
     const result = await Ferry.api("GET", `/api/v1/rollouts/${rollout.id}/`);
     if (result.ok) {
-      Object.assign(rollout, {state: result.data.state, current_step_index: result.data.current_step_index,
-        message: result.data.message, steps: result.data.steps});
+      Object.assign(rollout, {state: result.data.state, phase: result.data.phase,
+        current_step_index: result.data.current_step_index, message: result.data.message, steps: result.data.steps,
+        allowed_verbs: result.data.allowed_verbs});
       renderPlan();
     }
     const now = new Date();
@@ -65,6 +90,7 @@
     }));
     Plotly.extendTraces(weightDiv, {x: weights.map(() => [now]), y: weights.map(w => [w])}, weights.map((_, i) => i), 3600);
     refreshEvents();
+    refreshMeasurements();
   }
 
   async function refreshEvents() {

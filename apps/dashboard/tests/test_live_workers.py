@@ -1,0 +1,179 @@
+"""The operator flow on real workers, in the browser (Playwright + Debian's Chromium, headless).
+
+Stack: daphne (ASGI app), the telemetry poller process (``manage.py telemetry``, direct scrape), a
+Celery worker (pool Actions, rollout steps), the local agent running real Gemma 3 270M workers
+(``python -m inference_worker serve --model gemma-3-270m``), and a reconcile + rollout tick loop
+standing in for beat. One test, because the flow shares processes and the transactional database is
+flushed between tests; never more than two model workers at a time.
+
+1. Open a pool with a live worker under load: chart data grows over 10 s, tokens/s shows generation.
+2. Scale the pool 1 -> 2 -> 1 from the page: the replica count follows ("2 / 2", then "1 / 1").
+3. Create a canary rollout on the rollout list page, start it on its page, see its step advance
+   (set_weight applied -> the pause step is current); abort asks for confirmation (dismiss: nothing
+   happens; accept: aborted).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import threading
+import time
+
+import httpx
+import pytest
+from django.core.management import call_command
+
+from apps.dashboard.tests.live_stack import (
+    ARTIFACTS,
+    CHROMIUM,
+    CeleryWorkerProcess,
+    ReconcileLoop,
+    purge_celery_queues,
+    signed_in,
+    telemetry_poller,
+)
+from apps.fleet.models import Replica
+from apps.fleet.services import cluster_create, pool_create, pool_scale
+from apps.telemetry.models import AlertRule
+from inference_worker.agent.testing import AgentProcess, wait_for
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's Chromium: apt-get install -y chromium"),
+]
+READY_TIMEOUT_S = 300
+WORKER_ENV = json.dumps({"TORCH_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"})
+
+
+class Load(threading.Thread):
+    """Short completions against one worker, one at a time, until stopped (gives the charts traffic)."""
+
+    def __init__(self, url: str):
+        super().__init__(name="load", daemon=True)
+        self.url, self.stop_event, self.done = url, threading.Event(), 0
+
+    def run(self) -> None:
+        body = {"model": "gemma-3-270m", "prompt": "The ferry crossed the river and", "max_tokens": 8,
+                "temperature": 0}
+        with httpx.Client(timeout=60) as client:
+            while not self.stop_event.is_set():
+                try:
+                    if client.post(self.url + "/v1/completions", json=body).status_code == 200:
+                        self.done += 1
+                except httpx.HTTPError:
+                    time.sleep(0.5)
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        self.join(90)
+
+
+@pytest.fixture
+def stack(tmp_path, settings, server):
+    """Agent, Celery worker, telemetry poller and the reconcile/rollout tick loop around ``server``."""
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        pytest.skip("child processes need the Postgres test database")
+    agent = AgentProcess(tmp_path / "agent").start()
+    env = {"FERRY_AGENT_TOKEN": agent.token, "FERRY_WORKER_ENV": WORKER_ENV,
+           "FERRY_WORKER_EXTRA_ARGS": "--max-num-seqs 2", "FERRY_ACTION_READY_TIMEOUT_S": "280"}
+    settings.FERRY_AGENT_TOKEN = agent.token  # reconcile runs in this process
+    settings.FERRY_WORKER_ENV = WORKER_ENV
+    settings.FERRY_WORKER_EXTRA_ARGS = "--max-num-seqs 2"
+    purge_celery_queues()
+    celery = CeleryWorkerProcess(tmp_path, env).start()
+    poller = telemetry_poller(tmp_path, interval_s=1.0, window_s=10.0)
+    loop = ReconcileLoop(interval_s=2.0)
+    loop.start()
+    yield {"agent": agent, "celery": celery, "poller": poller, "loop": loop}
+    loop.stop()
+    poller.stop()
+    celery.stop(timeout_s=60)
+    agent.terminate()
+
+
+def ready_replicas(pool_id: int) -> int:
+    return Replica.objects.filter(pool_id=pool_id, ready=True, alive=True).count()
+
+
+def trace(chart: str, index: int = 0, axis: str = "y") -> str:
+    """A JS expression: the ``axis`` values of trace ``index`` of chart ``chart`` ([] before it is drawn)."""
+    return f"((document.getElementById('chart-{chart}')?.data || [])[{index}]?.{axis} || [])"
+
+
+def replica_count_is(page, text: str, timeout_s: float) -> None:
+    page.wait_for_function(f"document.getElementById('replica-count').textContent === {text!r}",
+                           timeout=timeout_s * 1000)
+
+
+def test_operator_watches_live_charts_scales_the_pool_and_starts_a_canary(
+        stack, server, browser, operator_session, make_model_version):
+    version = make_model_version("v1", name="gemma-3-270m")
+    cluster = cluster_create(name="here", kind="local", agent_url=stack["agent"].base_url, datacenter="dc1")
+    pool = pool_create(name="local-a", cluster=cluster, role="colocated", model_version=version, replicas=0,
+                       drain_timeout_s=30)
+    call_command("dashboard_cpu_alert_rules", "--pool", str(pool.pk), stdout=io.StringIO())
+    assert AlertRule.objects.get(pool=pool, name="ttft-p99-high").threshold == 10.0
+    pool_scale(pool=pool, replicas=1)
+    assert wait_for(lambda: ready_replicas(pool.pk) == 1, READY_TIMEOUT_S), stack["celery"].log()[-3000:]
+    load = Load(Replica.objects.get(pool=pool).endpoint)
+    load.start()
+    try:
+        context, page, guard = signed_in(browser, server, "olga")
+        page.goto(f"{server.base_url}/pools/{pool.pk}/")
+        # The busy ratio of the live worker (CPU: labelled as the engine's busy ratio, not GPU utilization).
+        page.wait_for_function(f"{trace('utilization')}.some(v => v !== null)", timeout=60_000)
+        assert "Engine busy ratio" in page.inner_text("#chart-utilization .gtitle")
+        before = page.evaluate(f"{trace('utilization', axis='x')}.length")
+        page.wait_for_timeout(10_000)
+        after = page.evaluate(f"{trace('utilization', axis='x')}.length")
+        assert after - before >= 5, (before, after)  # one poll per second, on a loaded 2-core machine
+        page.wait_for_function(f"{trace('tokens', 1)}.some(v => v !== null && v > 0)", timeout=60_000)
+        page.screenshot(path=str(ARTIFACTS / "live-pool-charts.png"), full_page=True)
+    finally:
+        load.stop()
+    assert load.done > 0
+
+    # Scale from the page: 1 -> 2, then back to 1; the count shows ready / desired.
+    replica_count_is(page, "1 / 1", 30)
+    for target, text in ((2, "2 / 2"), (1, "1 / 1")):
+        page.fill("#scale-replicas", str(target))
+        page.click("#scale-submit")
+        page.wait_for_function("document.getElementById('scale-result').textContent.includes('pool.scale')")
+        replica_count_is(page, text, READY_TIMEOUT_S)
+        page.screenshot(path=str(ARTIFACTS / f"live-pool-scaled-to-{target}.png"), full_page=True)
+    page.wait_for_selector("#actions tr.status-succeeded")
+
+    # A canary from the rollout pages: create (list page), start, step advances, abort with confirmation.
+    make_model_version("v2", name="gemma-3-270m")
+    page.goto(f"{server.base_url}/rollouts/")
+    page.fill("#rc-name", "gemma-v2-canary")
+    page.select_option("#rc-pools", [str(pool.pk)])
+    page.select_option("#rc-target", label="gemma-3-270m:v2")
+    page.fill("#rc-steps", '[{"set_weight": 50}, {"pause": {}}]')
+    page.click("#rc-submit")
+    page.wait_for_url("**/rollouts/*/")
+    page.click("#rollout-controls button[data-verb=start]")
+    page.wait_for_function("document.getElementById('rollout-state').textContent === 'progressing'")
+    page.wait_for_function("document.getElementById('rollout-step').textContent === '1'",
+                           timeout=READY_TIMEOUT_S * 1000)
+    assert page.inner_text("#steps li.current") == "pause until resumed"
+    page.wait_for_function(f"{trace('canary-weight')}.includes(50)", timeout=30_000)  # the 50% step, charted
+    page.screenshot(path=str(ARTIFACTS / "live-rollout-step-advanced.png"), full_page=True)
+
+    dialogs = []
+    page.once("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+    page.click("#rollout-controls button[data-verb=abort]")
+    page.wait_for_timeout(1_000)
+    assert page.inner_text("#rollout-state") == "progressing"  # dismissed: nothing sent
+    page.once("dialog", lambda d: (dialogs.append(d.message), d.accept()))
+    page.click("#rollout-controls button[data-verb=abort]")
+    page.wait_for_function("document.getElementById('rollout-state').textContent === 'aborted'")
+    assert [m.startswith("Abort rollout gemma-v2-canary?") for m in dialogs] == [True, True]
+    page.wait_for_selector("#events td:text('rollout.abort')")
+    page.screenshot(path=str(ARTIFACTS / "live-rollout-aborted.png"), full_page=True)
+    assert guard.remote == []
+    context.close()
