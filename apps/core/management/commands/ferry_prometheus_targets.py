@@ -62,7 +62,6 @@ class Command(BaseCommand):
                 signal.signal(sig, lambda *_: stop.set())
         last = None
         while True:
-            close_old_connections()
             content = json.dumps(prometheus_targets(), indent=2) + "\n"
             if content != last:
                 write_atomically(out, content)
@@ -70,3 +69,4 @@ class Command(BaseCommand):
                 last = content
             if not interval or stop.wait(interval):
                 return
+            close_old_connections()  # a long-running loop: drop a broken or expired connection between writes

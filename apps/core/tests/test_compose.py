@@ -1,0 +1,91 @@
+"""docker-compose.yml, the Dockerfile it builds and deploy/prometheus.yml, validated without a Docker engine.
+
+Debian's ``docker-compose config`` validates the file against the compose schema and ``promtool`` the
+Prometheus config (each skipped with a reason when its binary is missing; ``.ci/run`` installs both).
+The structure (one image for every Ferry process, who shares the agent's network namespace, which
+management commands exist) is checked as data.
+"""
+
+import io
+import json
+import shutil
+import subprocess
+from datetime import UTC, datetime
+
+import pytest
+import yaml
+from django.core.management import call_command, get_commands
+
+from apps.fleet.models import Replica
+from controlplane.procfile import BASE_DIR
+
+COMPOSE = BASE_DIR / "docker-compose.yml"
+FERRY_SERVICES = {"setup", "web", "worker", "beat", "agent", "telemetry", "router", "prometheus-targets"}
+
+
+@pytest.fixture(scope="module")
+def compose():
+    return yaml.safe_load(COMPOSE.read_text())
+
+
+def test_compose_has_the_whole_stack_and_every_ferry_process_comes_from_the_one_dockerfile(compose):
+    services = compose["services"]
+    assert set(services) == FERRY_SERVICES | {"postgres", "redis", "prometheus"}
+    assert {name for name, s in services.items() if s.get("build") == "."} == FERRY_SERVICES
+    assert {s["image"] for name, s in services.items() if name in FERRY_SERVICES} == {"ferry:latest"}
+    assert (BASE_DIR / "Dockerfile").is_file()
+    # the workers listen on the agent container's loopback: whoever talks to them shares its network namespace
+    assert {name for name, s in services.items() if s.get("network_mode") == "service:agent"} == {
+        "telemetry", "router", "prometheus"}
+    assert "./deploy/prometheus.yml:/etc/prometheus/prometheus.yml:ro" in services["prometheus"]["volumes"]
+    assert services["web"]["depends_on"]["setup"] == {"condition": "service_completed_successfully"}
+
+
+def test_every_manage_py_command_in_compose_exists(compose):
+    used = {s["command"][s["command"].index("manage.py") + 1] for s in compose["services"].values()
+            if isinstance(s.get("command"), list) and "manage.py" in s["command"]}
+    assert used == {"ferry_setup", "telemetry", "ferry_prometheus_targets"}
+    assert used <= set(get_commands())
+
+
+def test_docker_compose_config_validates_the_file():
+    binary = shutil.which("docker-compose")
+    if binary is None:
+        pytest.skip("docker-compose is not installed (apt-get install docker-compose; .ci/run does)")
+    result = subprocess.run([binary, "-f", str(COMPOSE), "config", "-q"], cwd=BASE_DIR, capture_output=True,
+                            text=True, timeout=60)
+    assert (result.returncode, result.stderr) == (0, "")
+
+
+def test_promtool_accepts_the_prometheus_config():
+    binary = shutil.which("promtool")
+    if binary is None:
+        pytest.skip("promtool is not installed (apt-get install prometheus; .ci/run does)")
+    result = subprocess.run([binary, "check", "config", str(BASE_DIR / "deploy" / "prometheus.yml")],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS" in result.stdout + result.stderr
+
+
+@pytest.mark.django_db
+def test_prometheus_targets_lists_observed_workers_with_endpoints(tmp_path, make_model_version):
+    from apps.fleet.services import cluster_create, pool_create
+
+    cluster = cluster_create(name="here", kind="local", agent_url="http://127.0.0.1:8100")
+    pool = pool_create(name="decode", cluster=cluster, role="decode", model_version=make_model_version("v1"),
+                       replicas=2)
+    now = datetime.now(UTC)
+    Replica.objects.create(pool=pool, track="stable", name="decode-stable-1", endpoint="http://127.0.0.1:41002",
+                           ready=True, last_seen=now)
+    Replica.objects.create(pool=pool, track="stable", name="decode-stable-0", endpoint="http://127.0.0.1:41001",
+                           ready=False, last_seen=now)
+    Replica.objects.create(pool=pool, track="canary", name="decode-canary-0", endpoint="", last_seen=now)
+    out = tmp_path / "targets" / "workers.json"
+    call_command("ferry_prometheus_targets", "--out", str(out), stdout=io.StringIO())
+    assert json.loads(out.read_text()) == [
+        {"targets": ["127.0.0.1:41001"],
+         "labels": {"ferry_pool": "decode", "ferry_track": "stable", "ferry_replica": "decode-stable-0"}},
+        {"targets": ["127.0.0.1:41002"],
+         "labels": {"ferry_pool": "decode", "ferry_track": "stable", "ferry_replica": "decode-stable-1"}},
+    ]
+    assert [p.name for p in out.parent.iterdir()] == ["workers.json"]  # no temporary file left behind
