@@ -44,9 +44,10 @@ run: models
 worker: setup
 	$(BIN)/celery -A controlplane worker -Q default,operations,reconcile --loglevel INFO
 
-# pytest's exit status 5 means it collected no tests: a broken suite, reported as such.
+# pytest's exit status 5 means it collected no tests: a broken suite, reported as such. The status is kept in
+# var/pytest-exit-status for .ci/run.
 test: models
-	@$(BIN)/pytest $(PYTEST_ARGS); status=$$?; \
+	@$(BIN)/pytest $(PYTEST_ARGS); status=$$?; mkdir -p var; echo $$status > var/pytest-exit-status; \
 	if [ $$status -eq 5 ]; then echo "make test: pytest collected no tests (exit status 5): the suite is missing or deselected" >&2; fi; \
 	exit $$status
 
