@@ -1,10 +1,13 @@
-"""LLMEngine API on the real SmolLM2 (and Gemma 3 for batching over the window): greedy equivalence across
-batching, stop strings/tokens, abort, seeds, validation, incremental outputs."""
+"""Engine API on the real SmolLM2 (and Gemma 3 for batching over the window): greedy equivalence across
+batching, stop strings/tokens, abort, seeds, validation, incremental outputs.
+
+Every test runs on both implementations of the API: ``ContiguousLLMEngine`` (the contiguous-cache reference)
+and ``LLMEngine`` (the paged engine the worker serves with)."""
 
 import pytest
 import torch
 
-from inference_worker.engine.llm_engine import LLMEngine
+from inference_worker.engine.llm_engine import ContiguousLLMEngine, LLMEngine
 from inference_worker.engine.sampler import Sampler, apply_top_k_top_p
 from inference_worker.engine.sampling_params import SamplingParams
 from inference_worker.testing import GEMMA, SMOLLM2, load_prepared
@@ -13,9 +16,12 @@ torch.set_num_threads(1)
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time"]
 
 
-@pytest.fixture(scope="module")
-def engine():
-    return LLMEngine(load_prepared(SMOLLM2), max_num_seqs=2, max_model_len=256)
+ENGINES = [ContiguousLLMEngine, LLMEngine]
+
+
+@pytest.fixture(scope="module", params=ENGINES, ids=lambda cls: cls.__name__)
+def engine(request):
+    return request.param(load_prepared(SMOLLM2), max_num_seqs=2, max_model_len=256)
 
 
 def _greedy(n):
@@ -81,7 +87,7 @@ def test_step_returns_incremental_tokens_and_abort(engine):
     assert third["a"].output.new_token_ids == []
     while engine.has_unfinished_requests():
         engine.step()
-    assert engine.num_running == 0 and engine.runner.num_free_slots == 2
+    assert engine.num_running == 0 and engine.num_waiting == 0
 
 
 def test_seeded_sampling_is_reproducible_and_independent_of_batch(engine):
@@ -123,8 +129,9 @@ def test_top_k_top_p_filtering_exact():
     assert greedy == [1]
 
 
-def test_gemma_batched_decode_across_the_window_matches_single():
-    engine = LLMEngine(load_prepared(GEMMA), max_num_seqs=2, max_model_len=1024)
+@pytest.mark.parametrize("engine_cls", ENGINES, ids=lambda cls: cls.__name__)
+def test_gemma_batched_decode_across_the_window_matches_single(engine_cls):
+    engine = engine_cls(load_prepared(GEMMA), max_num_seqs=2, max_model_len=1024)
     gen = torch.Generator().manual_seed(0)
     long_prompt = [2] + torch.randint(10, 5000, (520,), generator=gen).tolist()  # crosses W=512 while decoding
     short_prompt = [2] + torch.randint(10, 5000, (30,), generator=gen).tolist()
