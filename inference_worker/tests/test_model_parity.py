@@ -7,9 +7,11 @@ prompts each - including prompts of exactly 511, 512, 513 and 1500 tokens around
 * 32 greedy tokens: identical, except that a divergence is accepted at a step where the reference's top-2
   logit gap is below 1e-2 (a near-tie that float reduction order may flip); every such case is reported.
 
-Our side runs the prepared artifact (safetensors written by ``models prepare`` from the GGUF) through the
-contiguous runner with the SDPA kernel: all 12 prompts are prefilled into their own slots and then decoded
-together in ragged batches. The reference is transformers' own model class with a DynamicCache greedy loop.
+Our side runs the prepared artifact (safetensors written by ``models prepare`` from the GGUF) twice: through
+the contiguous runner with the SDPA kernel (all 12 prompts prefilled into their own slots, then decoded
+together in ragged batches), and through the paged engine (``LLMEngine``: continuous batching, chunked prefill
+in 512-token steps mixed with decodes over the paged KV cache). Both are held to the same rule against one
+reference run: transformers' own model class with a DynamicCache greedy loop (loaded once per model).
 """
 
 import warnings
@@ -18,10 +20,13 @@ import pytest
 import torch
 
 from inference_worker.engine.contiguous_runner import ContiguousModelRunner
+from inference_worker.engine.llm_engine import LLMEngine
+from inference_worker.engine.paged_engine import PagedLLMEngine
+from inference_worker.engine.sampling_params import SamplingParams
 from inference_worker.registry import gguf_path
 from inference_worker.testing import GEMMA, SMOLLM2, load_prepared
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]  # transformers loads the GGUF once per model
 torch.set_num_threads(1)
 
 NUM_NEW_TOKENS = 32
@@ -90,6 +95,15 @@ def _ours(loaded, prompts):
     return prefill_logits, tokens
 
 
+def _paged(loaded, prompts):
+    """Greedy tokens for every prompt, all 12 batched through the paged engine; KV fully freed after."""
+    engine = LLMEngine(loaded, max_num_seqs=len(prompts), max_model_len=2048, kv_cache_memory="256MiB",
+                       max_num_batched_tokens=512)
+    outputs = engine.generate(prompts, SamplingParams(max_tokens=NUM_NEW_TOKENS, temperature=0, ignore_eos=True))
+    assert engine.kv_cache_usage == 0.0
+    return [list(o.output.token_ids) for o in outputs]
+
+
 def _top2_gap(logits):
     top = torch.topk(logits, 2).values
     return float(top[0] - top[1])
@@ -110,13 +124,14 @@ def parity_run(request):
     hf_model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32,
                                                     attn_implementation="sdpa").eval()
     ours = _ours(loaded, prompts)
+    paged = _paged(loaded, prompts)
     reference = [_reference(hf_model, p) for p in prompts]
     del hf_model
-    return name, prompts, ours, reference
+    return name, prompts, ours, reference, paged
 
 
 def test_twelve_prompts_including_the_window_edges(parity_run):
-    name, prompts, _, _ = parity_run
+    name, prompts, _, _, _ = parity_run
     lengths = [len(p) for p in prompts]
     assert len(prompts) == 12
     assert lengths[-4:] == [511, 512, 513, 1500]
@@ -125,15 +140,14 @@ def test_twelve_prompts_including_the_window_edges(parity_run):
 
 
 def test_last_position_logits_match_transformers(parity_run):
-    name, prompts, (our_logits, _), reference = parity_run
+    name, prompts, (our_logits, _), reference, _ = parity_run
     diffs = [float((ours - ref[0]).abs().max()) for ours, ref in zip(our_logits, reference, strict=True)]
     print(f"\n{name}: max |logit diff| per prompt (lengths {[len(p) for p in prompts]}): "
           + ", ".join(f"{d:.2e}" for d in diffs))
     assert max(diffs) <= LOGIT_TOLERANCE
 
 
-def test_32_greedy_tokens_match_transformers(parity_run):
-    name, prompts, (_, our_tokens), reference = parity_run
+def _assert_greedy_tokens_match(label, prompts, our_tokens, reference):
     accepted = []
     for i, (ours, (_, ref_tokens, ref_logits)) in enumerate(zip(our_tokens, reference, strict=True)):
         assert len(ours) == len(ref_tokens) == NUM_NEW_TOKENS
@@ -141,11 +155,22 @@ def test_32_greedy_tokens_match_transformers(parity_run):
         if mismatch is None:
             continue
         gap = _top2_gap(ref_logits[mismatch])
-        case = (f"{name} prompt {i} ({len(prompts[i])} tokens): diverged at step {mismatch} "
+        case = (f"{label} prompt {i} ({len(prompts[i])} tokens): diverged at step {mismatch} "
                 f"(ours {ours[mismatch]}, reference {ref_tokens[mismatch]}, reference top-2 gap {gap:.2e})")
         assert gap < NEAR_TIE_GAP, case
         accepted.append(case)
     for case in accepted:
         warnings.warn(f"accepted near-tie divergence: {case}", stacklevel=1)
-    print(f"\n{name}: {len(prompts) - len(accepted)}/{len(prompts)} prompts identical over {NUM_NEW_TOKENS} tokens; "
-          f"accepted near-tie divergences: {accepted or 'none'}")
+    print(f"\n{label}: {len(prompts) - len(accepted)}/{len(prompts)} prompts identical over {NUM_NEW_TOKENS} "
+          f"tokens; accepted near-tie divergences: {accepted or 'none'}")
+
+
+def test_32_greedy_tokens_match_transformers(parity_run):
+    name, prompts, (_, our_tokens), reference, _ = parity_run
+    _assert_greedy_tokens_match(name, prompts, our_tokens, reference)
+
+
+def test_parity_prompts_through_the_paged_engine_match_transformers(parity_run):
+    name, prompts, _, reference, paged_tokens = parity_run
+    assert LLMEngine is PagedLLMEngine
+    _assert_greedy_tokens_match(f"{name} (paged engine)", prompts, paged_tokens, reference)
