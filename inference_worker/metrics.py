@@ -17,6 +17,8 @@ disaggregation work (sender/receiver) only increments them:
 - ``ferry_kv_transfer_raw_bytes_total`` / ``ferry_kv_transfer_wire_bytes_total{direction}``: KV
   payload bytes before compression and bytes actually on the wire (compressed, framed).
 - ``ferry_kv_transfer_seconds{direction}``: wall time of one transfer, histogram.
+- ``ferry_kv_recompute_total{reason}``: decode-side prefills recomputed locally after a failed KV
+  hand-off, by the failure reason.
 """
 
 from __future__ import annotations
@@ -34,8 +36,10 @@ REQUEST_OUTCOMES = ("success", "client_error", "server_error", "aborted", "rejec
 (4xx: invalid request), server_error (5xx, including injected faults), aborted (client went away
 or drain timed out), rejected (503 while draining). Rollout gates take server_error as errors."""
 
-KV_TRANSFER_REASONS = ("none", "timeout", "connection", "checksum", "auth", "version_mismatch", "capacity")
-"""Values of ``reason`` on ``ferry_kv_transfer_total``."""
+KV_TRANSFER_REASONS = ("none", "timeout", "connection", "checksum", "truncated", "auth", "version_mismatch",
+                       "protocol", "capacity", "late", "unexpected")
+"""Values of ``reason`` on ``ferry_kv_transfer_total`` (``none`` for successes; the others are the
+``reason`` of :mod:`inference_worker.kv_transfer.errors`' classes) and on ``ferry_kv_recompute_total``."""
 
 # Latency buckets, seconds: cover fast GPU decode (ms) up to slow CPU prefill (tens of seconds).
 LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75,
@@ -134,6 +138,10 @@ class WorkerMetrics:
             self._gpu_mem = Gauge("ferry_gpu_memory_used_bytes", "GPU memory in use on the device.", labels,
                                   registry=r)
         self.kv_transfer = kv_transfer_metrics(r)
+        self._kv_recompute = Counter(
+            "ferry_kv_recompute", "Prefills recomputed on the decode worker after a failed KV hand-off, by reason.",
+            [*labels, "reason"], registry=r,
+        )
         # Pre-create the per-outcome children so rates start from 0 rather than appearing late.
         for outcome in REQUEST_OUTCOMES:
             self._requests.labels(**self.identity, outcome=outcome)
@@ -146,6 +154,12 @@ class WorkerMetrics:
         if outcome not in REQUEST_OUTCOMES:
             raise ValueError(f"unknown request outcome {outcome!r}; allowed: {REQUEST_OUTCOMES}")
         self._requests.labels(**self.identity, outcome=outcome).inc()
+
+    def kv_recompute(self, reason: str) -> None:
+        """Count one local recompute after a failed KV hand-off. Raises ValueError for an unknown reason."""
+        if reason not in KV_TRANSFER_REASONS or reason == "none":
+            raise ValueError(f"unknown KV transfer failure reason {reason!r}; allowed: {KV_TRANSFER_REASONS[1:]}")
+        self._kv_recompute.labels(**self.identity, reason=reason).inc()
 
     def tokens(self, *, num_prompt_tokens: int = 0, num_generation_tokens: int = 0) -> None:
         """Add prefilled prompt tokens and generated tokens."""

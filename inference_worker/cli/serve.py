@@ -4,9 +4,26 @@ Example::
 
     python -m inference_worker serve --model gemma-3-270m --role colocated --host 127.0.0.1 --port 8001
 
-Roles ``prefill`` and ``decode`` are accepted and, until the disaggregation work lands, behave
-as ``colocated`` (the role is still exported as a metric label). ``--pool``, ``--track``,
-``--replica`` and ``--model-version`` only label the metrics.
+Roles (prefill/decode disaggregation, see :mod:`inference_worker.server.pd`):
+
+- ``colocated``: prefill and decode here;
+- ``prefill``: also serves ``POST /internal/prefill`` (prefill, send the KV to the decode worker's
+  receiver, return the first token); ``--kv-bandwidth-gbps`` caps each outgoing KV link (a local
+  link can emulate a 10 Gbit/s WAN);
+- ``decode``: runs a KV receiver on ``--kv-host``:``--kv-port`` (0: any free port; printed as
+  ``KV receiver listening on HOST:PORT`` and reported as ``kv_port`` by ``GET /health``); a request
+  carrying ``X-Ferry-Prefill-Endpoint`` (set by the router) is prefilled there, others here. A
+  failed hand-off is recomputed here unless ``--kv-recompute-on-failure false`` (then a 502 OpenAI
+  error ``kv_transfer_failed``); ``--kv-timeout`` bounds the wait for the KV.
+
+Prefill and decode need the same per-link secret: ``--kv-link-secret`` or the environment variable
+``FERRY_KV_LINK_SECRET`` (>= 16 bytes). ``--model-version`` labels the metrics and names the model
+version in KV payloads (KV from another version is refused). ``--pool``, ``--track`` and
+``--replica`` only label the metrics.
+
+``--fault-kv MODE`` is TEST ONLY (prefill role): damage the KV hand-off on purpose (``corrupt``,
+``truncate``, ``wrong-key``, ``wrong-version``, ``delay:S``, ``die-mid-send``, or ``header`` to take
+the mode per request from ``X-Ferry-Fault-KV``); see :mod:`inference_worker.server.pd_faults`.
 
 ``--fault-error-rate F`` is a test-only option: that fraction of valid completion requests
 fails with a 500 OpenAI error (``code: injected_fault``), chosen by an RNG seeded with
@@ -33,7 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Define the ``serve`` options on ``parser``."""
     parser.add_argument("--model", required=True, help="built-in name (gemma-3-270m), .gguf path or HF dir")
     parser.add_argument("--role", choices=ROLES, default="colocated",
-                        help="prefill and decode behave as colocated until disaggregation lands")
+                        help="colocated, prefill (serves /internal/prefill) or decode (KV receiver)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--served-model-name", help="model id in the API (default: --model)")
@@ -52,6 +69,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--track", default="", help="metrics label (stable, canary, blue, green)")
     parser.add_argument("--replica", default="", help="metrics label")
     parser.add_argument("--model-version", default="", help="metrics label")
+    parser.add_argument("--kv-host", default=None,
+                        help="decode: KV receiver address, bound and given to prefill workers (default: --host)")
+    parser.add_argument("--kv-port", type=int, default=0, help="decode: KV receiver port (0: any free port)")
+    parser.add_argument("--kv-link-secret", default=None,
+                        help="per-link HMAC secret, >= 16 bytes (default: env FERRY_KV_LINK_SECRET)")
+    parser.add_argument("--kv-bandwidth-gbps", type=float, default=None, metavar="GBPS",
+                        help="prefill: cap on each outgoing KV link in Gbit/s (emulates a WAN)")
+    parser.add_argument("--kv-timeout", type=float, default=30.0, metavar="S",
+                        help="decode: longest wait for one request's KV; prefill: send timeout")
+    parser.add_argument("--kv-recompute-on-failure", choices=("true", "false"), default="true",
+                        help="decode: prefill locally after a failed KV hand-off (false: 502 error)")
+    parser.add_argument("--kv-compression", choices=("none", "zstd"), default="none", help="prefill: KV payload compression")
+    parser.add_argument("--fault-kv", default=None, metavar="MODE",
+                        help="TEST ONLY (prefill): corrupt|truncate|wrong-key|wrong-version|delay:S|die-mid-send|header")
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
 
 
@@ -69,10 +100,31 @@ def validate(args: argparse.Namespace) -> None:
         raise ValueError(f"--max-num-seqs must be >= 1, got {args.max_num_seqs}")
     if not 0 < args.port < 65536:
         raise ValueError(f"--port must be in 1..65535, got {args.port}")
+    if args.role in ("prefill", "decode"):
+        secret = link_secret(args)
+        if secret is None or len(secret) < 16:
+            raise ValueError(f"--role {args.role} needs a per-link secret of >= 16 bytes: --kv-link-secret or "
+                             "FERRY_KV_LINK_SECRET")
+    if not 0 <= args.kv_port < 65536:
+        raise ValueError(f"--kv-port must be in 0..65535, got {args.kv_port}")
+    if args.kv_timeout <= 0:
+        raise ValueError(f"--kv-timeout must be > 0 seconds, got {args.kv_timeout}")
+    if args.kv_bandwidth_gbps is not None and args.kv_bandwidth_gbps <= 0:
+        raise ValueError(f"--kv-bandwidth-gbps must be > 0, got {args.kv_bandwidth_gbps}")
+    if args.fault_kv is not None:
+        from inference_worker.server.pd_faults import parse_fault
+
+        parse_fault(args.fault_kv)
     if args.kv_cache_memory is not None:
         from inference_worker.engine.kv_cache_sizing import parse_kv_cache_memory  # torch-free
 
         parse_kv_cache_memory(args.kv_cache_memory)
+
+
+def link_secret(args: argparse.Namespace) -> bytes | None:
+    """The per-link secret from ``--kv-link-secret`` or ``FERRY_KV_LINK_SECRET`` (None if neither)."""
+    value = args.kv_link_secret or os.environ.get("FERRY_KV_LINK_SECRET")
+    return value.encode() if value else None
 
 
 def load_model(args: argparse.Namespace, metrics: WorkerMetrics) -> LoadedModel:
@@ -105,4 +157,12 @@ def run(args: argparse.Namespace) -> int:
         fault_rng=random.Random(args.fault_seed),
         drain_timeout_s=args.drain_timeout,
     )
+    if args.role in ("prefill", "decode"):
+        from inference_worker.server.pd import PDService, PDSettings
+
+        state.pd = PDService(PDSettings(
+            role=args.role, link_secret=link_secret(args), model_version_id=args.model_version or "unversioned",
+            kv_host=args.kv_host or args.host, kv_port=args.kv_port, bandwidth_gbps=args.kv_bandwidth_gbps,
+            timeout_s=args.kv_timeout, recompute_on_failure=args.kv_recompute_on_failure == "true",
+            compression=args.kv_compression, fault_kv=args.fault_kv), state.metrics)
     return run_server(state, lambda: load_model(args, state.metrics), host=args.host, port=args.port, log_level=args.log_level)

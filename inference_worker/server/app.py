@@ -3,7 +3,10 @@
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (JSON or SSE streaming ending in
 ``data: [DONE]``), ``GET /v1/models``, ``GET /health`` (200 while the process and the engine
 loop are alive, including while loading), ``GET /ready`` (200 only when loaded and not
-draining, else 503), ``GET /metrics`` (Prometheus text from the worker's own registry).
+draining, else 503), ``GET /metrics`` (Prometheus text from the worker's own registry). Disaggregation (:mod:`.pd`):
+a prefill-role worker serves ``POST /internal/prefill``; a decode-role worker hands a request with
+``X-Ferry-Prefill-Endpoint`` to that prefill worker and reports its KV receiver port as ``kv_port``
+in ``/health``.
 
 Every error is OpenAI error JSON (see :mod:`inference_worker.server.errors`). A client that
 disconnects, streaming or not, has its engine requests aborted at once, which frees their KV.
@@ -63,7 +66,10 @@ def create_app(state: ServerState) -> FastAPI:
         if not state.engine_alive:
             return JSONResponse({"status": "error", "detail": state.model.engine_loop.fatal_error},
                                 status_code=503)
-        return JSONResponse({"status": "ok", "engine": "running"})
+        body = {"status": "ok", "engine": "running"}
+        if state.pd is not None:
+            body.update(role=state.pd.settings.role, kv_port=state.pd.kv_port)
+        return JSONResponse(body)
 
     @app.get("/ready")
     async def ready() -> JSONResponse:
@@ -91,6 +97,21 @@ def create_app(state: ServerState) -> FastAPI:
     async def chat_completions(request: Request) -> Response:
         return await _serve(state, request, chat=True)
 
+    if state.pd is not None and state.pd.settings.role == "prefill":
+        from inference_worker.server.pd import PREFILL_PATH
+
+        @app.post(PREFILL_PATH)
+        async def internal_prefill(request: Request) -> JSONResponse:
+            model = state.model
+            if state.draining or model is None or not model.engine_loop.alive:
+                raise OpenAIError(503, f"the worker is not ready: {state.readiness()[1]}", type="server_error",
+                                  code="not_ready")
+            state.request_started()
+            try:
+                return JSONResponse(await state.pd.handle_prefill(model, await request.body(), request.headers))
+            finally:
+                state.request_finished()
+
     return app
 
 
@@ -117,7 +138,7 @@ async def _serve(state: ServerState, request: Request, *, chat: bool) -> Respons
     state.request_started()
     handed_over, generation = False, None
     try:
-        generation, sampling = _prepare(state, model, await request.body(), chat=chat)
+        generation, sampling = _prepare(state, model, await request.body(), chat=chat, headers=request.headers)
         if sampling.stream:
             handed_over = True
             return _GenerationStream(state, generation, sampling, chat=chat)
@@ -135,7 +156,8 @@ async def _serve(state: ServerState, request: Request, *, chat: bool) -> Respons
             state.request_finished()
 
 
-def _prepare(state: ServerState, model: LoadedModel, raw: bytes, *, chat: bool) -> tuple[Generation, SamplingRequest]:
+def _prepare(state: ServerState, model: LoadedModel, raw: bytes, *, chat: bool,
+             headers=None) -> tuple[Generation, SamplingRequest]:
     body = parse_body(raw, ChatCompletionRequest if chat else CompletionRequest)
     if body.model != state.served_model_name:
         raise OpenAIError(404, f"model {body.model!r} does not exist; this worker serves "
@@ -185,8 +207,14 @@ def _prepare(state: ServerState, model: LoadedModel, raw: bytes, *, chat: bool) 
         )
 
     prefix = "chatcmpl" if chat else "cmpl"
+    remote_prefill = None
+    prefill_url = (headers or {}).get("X-Ferry-Prefill-Endpoint")
+    if prefill_url and state.pd is not None and state.pd.settings.role == "decode":
+        remote_prefill = state.pd.remote_prefill_for(prefill_url, headers)
+    forwarded = {"temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k,
+                 "seed": sampling.seed}
     generation = Generation(model.engine_loop, f"{prefix}-{uuid.uuid4().hex}", prompts, sampling.n, make_params,
-                            state.metrics)
+                            state.metrics, remote_prefill=remote_prefill, sampling=forwarded)
     state.generations.add(generation)
     try:
         generation.start()
@@ -217,7 +245,8 @@ async def _complete(state: ServerState, request: Request, generation: Generation
             return JSONResponse({}, status_code=499)
         collector.result()
     except GenerationError as exc:
-        raise OpenAIError(500, str(exc), type="server_error", code="engine_error") from None
+        raise OpenAIError(502 if exc.code == "kv_transfer_failed" else 500, str(exc), type="server_error",
+                          code=exc.code) from None
     finally:
         watcher.cancel()
     choices = []
@@ -286,7 +315,7 @@ class _GenerationStream(StreamingResponse):
                 yield chunk([choice(event)])
         except GenerationError as exc:
             self.outcome = "server_error"
-            yield sse(OpenAIError(500, str(exc), type="server_error", code="engine_error").body())
+            yield sse(OpenAIError(500, str(exc), type="server_error", code=exc.code).body())
             yield SSE_DONE
             return
         if sampling.include_usage:

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import torch
 
+from inference_worker.engine.kv_handoff import kv_layout
 from inference_worker.engine.llm_engine import LLMEngine
 from inference_worker.engine.sampling_params import SamplingParams
 from inference_worker.metrics import WorkerMetrics
+from inference_worker.model.prepare import weights_sha256
 from inference_worker.server.engine_loop import EngineLoop
 from inference_worker.server.state import LoadedModel
 from inference_worker.tokenization import ChatTemplate
@@ -48,7 +50,10 @@ def build_loaded_model(model: str, *, metrics: WorkerMetrics | None = None, max_
     def make_sampling_params(**options: object) -> SamplingParams:
         return SamplingParams(**options).validate()  # type: ignore[arg-type]
 
+    sha = loaded.sha256 or weights_sha256(loaded.path)
     return LoadedModel(
+        kv_layout=kv_layout(engine),
+        weights_sha256=sha,
         engine_loop=EngineLoop(engine, metrics),
         tokenizer=tokenizer,
         chat_template=chat_template,

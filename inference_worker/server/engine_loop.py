@@ -44,6 +44,7 @@ class SeqUpdate:
         finished: the request is done; no further updates follow.
         finish_reason: "stop" (EOS, stop token or stop string), "length", "abort" or "error".
         error: a message when ``finish_reason`` is "error".
+        error_code: OpenAI error code for ``error`` (None: ``engine_error``).
     """
 
     request_id: str
@@ -53,6 +54,7 @@ class SeqUpdate:
     finished: bool
     finish_reason: str | None = None
     error: str | None = None
+    error_code: str | None = None
 
 
 @dataclass
@@ -74,6 +76,30 @@ class _Abort:
     request_id: str
 
 
+@dataclass
+class _Export:
+    """Prefill role: run the prompt's prefill, then hand its KV and first token to ``future``."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: Any
+    future: asyncio.Future = field(repr=False)
+    loop: asyncio.AbstractEventLoop = field(repr=False)
+
+
+@dataclass
+class _Import:
+    """Decode role: continue a request whose prefill (KV + first token) was done elsewhere."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: Any
+    first_token_id: int
+    kv: Any = field(repr=False)
+    first_positions: list[int]
+    stream: _Stream = field(repr=False)
+
+
 class EngineLoop:
     """Runs ``engine.step()`` in a daemon thread and routes outputs to waiting coroutines.
 
@@ -88,6 +114,7 @@ class EngineLoop:
         self._metrics = metrics
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._streams: dict[str, _Stream] = {}
+        self._exports: dict[str, _Export] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
         self._fatal: str | None = None
@@ -140,6 +167,41 @@ class EngineLoop:
         """Abort a request (client went away); its KV blocks are freed on the engine's next turn."""
         self._commands.put(_Abort(request_id))
 
+    def prefill_export(self, request_id: str, prompt_token_ids: list[int], params: Any) -> asyncio.Future:
+        """Prefill role: run the prefill of ``prompt_token_ids`` and export its KV.
+
+        ``params`` must allow a second token (``max_tokens >= 2``, ``ignore_eos``, no stop strings) so
+        the request still holds its blocks after the first token; it is aborted (blocks freed) right
+        after the export, on the engine thread. Returns a future resolving to
+        ``(first_token_id, num_tokens, kv)`` (see ``engine.kv_handoff.export_prefill_kv``), or
+        failing with the engine's ValueError / RuntimeError.
+
+        Raises:
+            RuntimeError: the engine loop is not alive.
+        """
+        if not self.alive:
+            raise RuntimeError(f"engine loop is not running: {self._fatal or 'stopped'}")
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self._commands.put(_Export(request_id, list(prompt_token_ids), params, future, loop))
+        return future
+
+    def submit_prefilled(self, request_id: str, prompt_token_ids: list[int], params: Any, first_token_id: int,
+                         kv: Any, first_positions: list[int], updates: asyncio.Queue) -> None:
+        """Decode role: continue a request prefilled elsewhere (KV imported into the paged cache).
+
+        Updates arrive on ``updates`` as for :meth:`submit`, the first one carrying the first token.
+        When the engine has no room for the import right now the prompt is prefilled here instead.
+
+        Raises:
+            RuntimeError: the engine loop is not alive.
+        """
+        if not self.alive:
+            raise RuntimeError(f"engine loop is not running: {self._fatal or 'stopped'}")
+        stream = _Stream(loop=asyncio.get_running_loop(), queue=updates)
+        self._commands.put(_Import(request_id, list(prompt_token_ids), params, int(first_token_id), kv,
+                                   list(first_positions), stream))
+
     # ---- engine-thread side ----------------------------------------------------------------
     def _run(self) -> None:
         try:
@@ -158,6 +220,9 @@ class EngineLoop:
             self._fatal = f"{type(exc).__name__}: {exc}"
             for request_id in list(self._streams):
                 self._send(request_id, SeqUpdate(request_id, (), "", 0, True, "error", f"engine failed: {self._fatal}"))
+            for command in self._exports.values():
+                command.loop.call_soon_threadsafe(_set_exception, command.future,
+                                                  RuntimeError(f"engine failed: {self._fatal}"))
 
     def _drain_commands(self, *, block: bool) -> None:
         try:
@@ -171,7 +236,10 @@ class EngineLoop:
             except queue.Empty:
                 return
 
-    def _apply(self, command: _Add | _Abort) -> None:
+    def _apply(self, command: _Add | _Abort | _Export | _Import) -> None:
+        if isinstance(command, _Export | _Import):
+            self._apply_handoff(command)
+            return
         if isinstance(command, _Abort):
             if command.request_id in self._streams:
                 self._engine.abort_request(command.request_id)
@@ -183,8 +251,55 @@ class EngineLoop:
         except ValueError as exc:  # the engine refused the request (too long, bad params)
             self._send(command.request_id, SeqUpdate(command.request_id, (), "", len(command.prompt_token_ids), True, "error", str(exc)))
 
+    def _apply_handoff(self, command: _Export | _Import) -> None:
+        from inference_worker.engine import kv_handoff  # paged engine only; imported on first use
+
+        if isinstance(command, _Export):
+            try:
+                self._engine.add_request(command.request_id, command.prompt_token_ids, command.params)
+            except ValueError as exc:
+                command.loop.call_soon_threadsafe(_set_exception, command.future, exc)
+                return
+            self._exports[command.request_id] = command
+            return
+        self._streams[command.request_id] = command.stream
+        try:
+            output = kv_handoff.import_prefilled_request(
+                self._engine, command.request_id, command.prompt_token_ids, command.params, command.first_token_id,
+                command.kv, command.first_positions)
+        except kv_handoff.NoCapacity as exc:
+            logger.info("%s; prefilling it here instead", exc)
+            self._apply(_Add(command.request_id, command.prompt_token_ids, command.params, command.stream))
+            return
+        except ValueError as exc:
+            self._send(command.request_id, SeqUpdate(command.request_id, (), "", len(command.prompt_token_ids), True,
+                                                     "error", str(exc)))
+            return
+        self._deliver(output)
+
+    def _finish_export(self, output: Any) -> None:
+        """After a step: export the KV of a prefill-role request that has its first token, then free it."""
+        from inference_worker.engine import kv_handoff
+
+        command = self._exports.pop(output.request_id)
+        token_ids = output.outputs[0].token_ids
+        try:
+            if output.finished or not token_ids:
+                raise ValueError(f"prefill of {output.request_id!r} ended without a first token "
+                                 f"({output.outputs[0].finish_reason})")
+            num_tokens, kv = kv_handoff.export_prefill_kv(self._engine, output.request_id)
+        except ValueError as exc:
+            command.loop.call_soon_threadsafe(_set_exception, command.future, exc)
+        else:
+            command.loop.call_soon_threadsafe(_set_result, command.future, (int(token_ids[0]), num_tokens, kv))
+        finally:
+            self._engine.abort_request(output.request_id)
+
     def _deliver(self, output: Any) -> None:
         """Forward one ``RequestOutput`` (its single completion's per-step delta)."""
+        if output.request_id in self._exports:
+            self._finish_export(output)
+            return
         if output.request_id not in self._streams:  # aborted earlier; the engine reports it once more
             return
         completion = output.outputs[0]
@@ -218,6 +333,16 @@ class EngineLoop:
             waiting, running, kv_usage = engine_queue_stats(self._engine)
             self._metrics.set_engine_state(num_waiting=waiting, num_running=running, kv_cache_usage=kv_usage,
                                            busy_ratio=busy_ratio)
+
+
+def _set_result(future: asyncio.Future, value: Any) -> None:
+    if not future.done():
+        future.set_result(value)
+
+
+def _set_exception(future: asyncio.Future, exc: BaseException) -> None:
+    if not future.done():
+        future.set_exception(exc)
 
 
 def engine_queue_stats(engine: Any) -> tuple[int, int, float | None]:

@@ -48,6 +48,8 @@ class DrainingServer(uvicorn.Server):
 
     async def startup(self, sockets=None) -> None:
         self._loop = asyncio.get_running_loop()
+        if self.worker_state.pd is not None:  # the KV receiver listens before the HTTP port does
+            await self.worker_state.pd.start()
         await super().startup(sockets=sockets)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:

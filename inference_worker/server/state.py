@@ -42,6 +42,10 @@ class LoadedModel:
     max_model_len: int
     vocab_size: int
     make_sampling_params: Callable[..., Any]
+    kv_layout: Any = None
+    """The engine's KV transfer layout (:class:`~inference_worker.kv_transfer.layout.KVLayout`)."""
+    weights_sha256: str | None = None
+    """sha256 of the served weights (KV is only valid for these)."""
 
 
 @dataclass
@@ -62,6 +66,8 @@ class ServerState:
     fault_error_rate: float = 0.0
     fault_rng: random.Random = field(default_factory=lambda: random.Random(0))
     drain_timeout_s: float = 30.0
+    pd: Any = None
+    """The disaggregation service (:class:`~inference_worker.server.pd.PDService`) or None (colocated)."""
     model: LoadedModel | None = None
     load_error: str | None = None
     draining: bool = False
@@ -93,6 +99,8 @@ class ServerState:
 
     def set_model(self, model: LoadedModel) -> None:
         """Publish a loaded model (called from the loader thread)."""
+        if self.pd is not None:
+            self.pd.bind_model(model.kv_layout, model.weights_sha256)
         with self._lock:
             self.model = model
         self.metrics.set_ready(self.readiness()[0])

@@ -34,7 +34,15 @@ class ChoiceEvent:
 
 
 class GenerationError(Exception):
-    """The engine failed or refused one of the request's sequences (a 500-class error)."""
+    """The engine failed or refused one of the request's sequences (a 500-class error).
+
+    ``code`` is the OpenAI error code (``engine_error``, or ``kv_transfer_failed`` when a
+    disaggregated prefill failed and recompute is off).
+    """
+
+    def __init__(self, message: str, code: str = "engine_error"):
+        super().__init__(message)
+        self.code = code
 
 
 @dataclass
@@ -58,6 +66,10 @@ class Generation:
         n: choices per prompt.
         make_params: ``choice_index -> engine SamplingParams`` (seeds differ per choice).
         metrics: the worker's metrics (TTFT, TPOT, e2e and token counters per sequence).
+        remote_prefill: decode role with a prefill endpoint: ``async (engine_loop, request_id, prompt,
+            params, sampling, updates)`` that obtains the prefill from the prefill worker and submits
+            the sequence (see :mod:`.pd`); None submits to the engine directly.
+        sampling: the request's sampling options forwarded to the prefill worker.
     """
 
     engine_loop: EngineLoop
@@ -67,8 +79,11 @@ class Generation:
     make_params: Callable[[int], Any]
     metrics: WorkerMetrics | None = None
     arrival: float = field(default_factory=time.monotonic)
+    remote_prefill: Callable[..., Any] | None = None
+    sampling: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        self._tasks: set[asyncio.Task] = set()
         self._choices: dict[str, _Choice] = {}
         self._updates: asyncio.Queue[SeqUpdate] = asyncio.Queue()
         self._started = False
@@ -96,12 +111,20 @@ class Generation:
                 index = p * self.n + i
                 rid = f"{self.request_id}-{index}"
                 self._choices[rid] = _Choice(index, rid, len(prompt))
-                self.engine_loop.submit(rid, prompt, self.make_params(index), self._updates)
+                if self.remote_prefill is None:
+                    self.engine_loop.submit(rid, prompt, self.make_params(index), self._updates)
+                    continue
+                task = asyncio.ensure_future(self.remote_prefill(self.engine_loop, rid, prompt, self.make_params(index),
+                                                                 self.sampling, self._updates))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
         if self.metrics is not None:
             self.metrics.tokens(num_prompt_tokens=sum(len(p) for p in self.prompts) * self.n)
 
     def abort(self) -> None:
         """Abort every unfinished choice (client disconnected or drain timed out)."""
+        for task in list(self._tasks):  # hand-offs still fetching the KV end with "abort"
+            task.cancel()
         for choice in self._choices.values():
             if choice.finish_reason is None:
                 self.engine_loop.abort(choice.request_id)
@@ -127,7 +150,7 @@ class Generation:
         if update.finish_reason == "error":
             choice.finish_reason = "error"
             self.abort()
-            raise GenerationError(update.error or "the engine failed the request")
+            raise GenerationError(update.error or "the engine failed the request", update.error_code or "engine_error")
         if update.new_token_ids:
             if choice.first_token_at is None:
                 choice.first_token_at = now

@@ -1,0 +1,295 @@
+"""Prefill/decode disaggregation in the worker: the prefill hand-off endpoint and the decode side.
+
+Flow of one request the router sends to a decode worker with ``X-Ferry-Prefill-Endpoint: <URL>``:
+
+1. decode: ``receiver.expect(rid)``, then ``POST <URL>/internal/prefill`` with the prompt token ids,
+   the sampling options and its KV receiver's address; the body is signed with the per-link secret
+   (``X-Ferry-KV-Signature``: hex HMAC-SHA256 of the body), so only a decode worker holding the link
+   secret can make a prefill worker compute and send;
+2. prefill: runs the prefill on its engine, samples the first token, copies the KV the next decode
+   step reads out of its paged cache (N tokens for full layers, the last min(N, W-1) for sliding
+   ones), frees the request's blocks, sends the KV with :class:`~inference_worker.kv_transfer.transport.KVSender`
+   (HMAC, optional bandwidth cap) and answers with the first token, timings and byte counts;
+3. decode: waits for the payload (``--kv-timeout`` seconds at most), checks it carries this worker's
+   model version id, weights sha256 and the prompt's token count, writes it into its own paged cache
+   and continues decoding in the normal batch.
+
+Any failure (bad checksum, truncated, wrong key, another version's KV, timeout, late, prefill worker
+unreachable or dead) is counted under its reason on ``ferry_kv_transfer_total`` by the side that saw
+it; the decode worker then prefills the prompt itself (``--kv-recompute-on-failure``, the default,
+counted on ``ferry_kv_recompute_total{reason}``) or fails the request with a 502 OpenAI error
+``kv_transfer_failed``. The decode never runs on KV that did not verify, and never waits longer than
+the timeout. The KV receiver's port is printed at start-up and reported by ``GET /health``
+(``kv_port``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from inference_worker.kv_transfer.errors import ConnectionFailed, KVTransferError, ProtocolVersionMismatch
+from inference_worker.kv_transfer.receiver import KVReceiver
+from inference_worker.kv_transfer.recorder import RECEIVE, SEND, TransferRecorder
+from inference_worker.kv_transfer.transport import KVSender
+from inference_worker.kv_transfer.wire import encode_kv
+from inference_worker.server.engine_loop import SeqUpdate
+from inference_worker.server.errors import OpenAIError
+from inference_worker.server.pd_faults import FAULT_HEADER, RAW_MODES, parse_fault, send_faulty_frame
+
+logger = logging.getLogger(__name__)
+
+PREFILL_PATH = "/internal/prefill"
+SIGNATURE_HEADER = "X-Ferry-KV-Signature"
+PREFILL_ENDPOINT_HEADER = "X-Ferry-Prefill-Endpoint"
+
+
+@dataclass
+class PDSettings:
+    """Disaggregation options of one worker (``serve --kv-*``)."""
+
+    role: str
+    link_secret: bytes
+    model_version_id: str
+    kv_host: str = "127.0.0.1"
+    """Decode: address the KV receiver binds and tells the prefill worker to connect to."""
+    kv_port: int = 0
+    """Decode: KV receiver port (0: any free port, reported by /health)."""
+    bandwidth_gbps: float | None = None
+    """Prefill: cap on each outgoing KV link, Gbit/s (None: uncapped)."""
+    timeout_s: float = 30.0
+    """Decode: longest wait for the KV of one request; prefill: connect/IO timeout of a send."""
+    recompute_on_failure: bool = True
+    compression: str = "none"
+    fault_kv: str | None = None
+    """TEST ONLY (see :mod:`.pd_faults`)."""
+
+
+def sign(secret: bytes, body: bytes) -> str:
+    """Hex HMAC-SHA256 of ``body`` under ``secret``."""
+    return hmac.new(secret, body, hashlib.sha256).hexdigest()
+
+
+class KVHandoffFailed(Exception):
+    """The KV of one request could not be obtained; ``reason`` is a ``ferry_kv_transfer_total`` reason."""
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason
+
+
+class PDService:
+    """The disaggregation state of one worker: KV receiver (decode) or senders (prefill).
+
+    Args:
+        settings: the options.
+        metrics: the worker's :class:`~inference_worker.metrics.WorkerMetrics`.
+    """
+
+    def __init__(self, settings: PDSettings, metrics):
+        self.settings = settings
+        self.metrics = metrics
+        self.recorder = TransferRecorder(metrics.kv_transfer, metrics.identity)
+        self.fault = parse_fault(settings.fault_kv)
+        self.receiver: KVReceiver | None = None
+        self._senders: dict[tuple[str, int], KVSender] = {}
+        self._client: httpx.AsyncClient | None = None
+        self.layout = None
+        self.weights_sha256 = "0" * 64
+
+    # ---- start-up -------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Decode role: start the KV receiver (on the server's event loop)."""
+        if self.settings.role != "decode":
+            return
+        self.receiver = await KVReceiver(
+            link_secret=self.settings.link_secret, model_version_id=self.settings.model_version_id,
+            weights_sha256=self.weights_sha256, layout=self.layout, host=self.settings.kv_host,
+            port=self.settings.kv_port, read_timeout_s=self.settings.timeout_s, recorder=self.recorder).start()
+        print(f"KV receiver listening on {self.settings.kv_host}:{self.receiver.port}", flush=True)
+        logger.info("KV receiver listening on %s:%d", self.settings.kv_host, self.receiver.port)
+
+    def bind_model(self, kv_layout, weights_sha256: str) -> None:
+        """Adopt the loaded model's KV layout and weights hash (KV is only valid for these weights)."""
+        self.layout, self.weights_sha256 = kv_layout, weights_sha256
+        if self.receiver is not None:
+            self.receiver.layout, self.receiver.weights_sha256 = kv_layout, weights_sha256
+
+    @property
+    def kv_port(self) -> int | None:
+        """The KV receiver's port (decode role, once started)."""
+        return None if self.receiver is None else self.receiver.port
+
+    # ---- prefill role -----------------------------------------------------------------------
+    async def handle_prefill(self, model, raw: bytes, headers) -> dict:
+        """Serve ``POST /internal/prefill``: prefill, send the KV, return the first token.
+
+        Raises:
+            OpenAIError: 401 bad signature, 400 bad body, 409 another model version, 502 the KV
+                could not be delivered (``error.reason`` is the transfer failure reason).
+        """
+        if not hmac.compare_digest(sign(self.settings.link_secret, raw), headers.get(SIGNATURE_HEADER, "")):
+            raise OpenAIError(401, "invalid or missing KV link signature", type="authentication_error",
+                              code="invalid_signature")
+        try:
+            body = json.loads(raw)
+            rid, prompt = str(body["request_id"]), [int(t) for t in body["prompt_token_ids"]]
+            host, port, sampling = str(body["kv_host"]), int(body["kv_port"]), dict(body.get("sampling") or {})
+        except (ValueError, KeyError, TypeError) as exc:
+            raise OpenAIError(400, f"invalid prefill request: {exc!r}") from None
+        if body.get("model_version_id") != self.settings.model_version_id:
+            raise OpenAIError(409, f"this prefill worker serves model version {self.settings.model_version_id!r}, "
+                              f"not {body.get('model_version_id')!r}", code="version_mismatch")
+        fault = self.fault
+        if fault is not None and fault[0] == "header":
+            fault = parse_fault(headers.get(FAULT_HEADER))
+        params = model.make_sampling_params(max_tokens=2, ignore_eos=True, **{
+            k: sampling[k] for k in ("temperature", "top_p", "top_k", "seed") if sampling.get(k) is not None})
+        started = time.perf_counter()
+        try:
+            first, num_tokens, kv = await model.engine_loop.prefill_export(f"prefill-{rid}", prompt, params)
+        except ValueError as exc:
+            raise OpenAIError(400, str(exc), code="invalid_prompt") from None
+        prefill_s = time.perf_counter() - started
+        self.metrics.tokens(num_prompt_tokens=num_tokens)
+        version = self.settings.model_version_id + ("-other" if fault and fault[0] == "wrong-version" else "")
+        frame = encode_kv(request_id=rid, model_version_id=version, weights_sha256=self.weights_sha256,
+                          layout=self.layout, num_tokens=num_tokens, kv=kv, compression=self.settings.compression)
+        try:
+            if fault and fault[0] == "delay":
+                await asyncio.sleep(fault[1])
+            if fault and fault[0] in RAW_MODES:
+                try:
+                    await send_faulty_frame(fault[0], frame, host=host, port=port,
+                                            link_secret=self.settings.link_secret, timeout_s=self.settings.timeout_s)
+                except KVTransferError as exc:
+                    self.recorder.failure(SEND, exc.reason)
+                    raise
+                transfer_s = 0.0
+            else:
+                transfer_s = await self._sender(host, port).send(frame)
+        except KVTransferError as exc:
+            raise OpenAIError(502, f"KV transfer to {host}:{port} failed ({exc.reason}): {exc}", type="server_error",
+                              code="kv_transfer_failed", param=exc.reason) from None
+        return {"request_id": rid, "first_token_id": first, "num_tokens": num_tokens, "prefill_seconds": prefill_s,
+                "transfer_seconds": transfer_s, "raw_bytes": frame.raw_bytes, "wire_bytes": frame.wire_bytes,
+                "layer_groups": frame.header["layer_groups"]}
+
+    def _sender(self, host: str, port: int) -> KVSender:
+        key = (host, port)
+        if key not in self._senders:
+            self._senders[key] = KVSender(host, port, link_secret=self.settings.link_secret,
+                                          bandwidth_gbps=self.settings.bandwidth_gbps,
+                                          connect_timeout_s=min(5.0, self.settings.timeout_s),
+                                          io_timeout_s=self.settings.timeout_s, recorder=self.recorder)
+        return self._senders[key]
+
+    # ---- decode role ------------------------------------------------------------------------
+    def remote_prefill_for(self, prefill_url: str, headers) -> Any:
+        """The ``Generation.remote_prefill`` callable for a request routed with a prefill endpoint."""
+        fault = headers.get(FAULT_HEADER)
+
+        async def run(engine_loop, request_id: str, prompt: list[int], params, sampling: dict,
+                      updates: asyncio.Queue) -> None:
+            await self._continue_remote(engine_loop, prefill_url, fault, request_id, prompt, params, sampling, updates)
+
+        return run
+
+    async def _continue_remote(self, engine_loop, prefill_url: str, fault: str | None, request_id: str,
+                               prompt: list[int], params, sampling: dict, updates: asyncio.Queue) -> None:
+        try:
+            first, payload = await self._fetch(prefill_url, fault, request_id, prompt, sampling)
+        except KVHandoffFailed as exc:
+            logger.warning("KV hand-off for %s failed (%s): %s", request_id, exc.reason, exc)
+            if not self.settings.recompute_on_failure:
+                updates.put_nowait(SeqUpdate(request_id, (), "", len(prompt), True, "error",
+                                             f"KV transfer failed ({exc.reason}): {exc}", "kv_transfer_failed"))
+                return
+            self.metrics.kv_recompute(exc.reason)
+            engine_loop.submit(request_id, prompt, params, updates)
+            return
+        except asyncio.CancelledError:
+            updates.put_nowait(SeqUpdate(request_id, (), "", len(prompt), True, "abort"))
+            raise
+        engine_loop.submit_prefilled(request_id, prompt, params, first, payload.layers, payload.first_positions,
+                                     updates)
+
+    async def _fetch(self, prefill_url: str, fault: str | None, request_id: str, prompt: list[int],
+                     sampling: dict):
+        """Ask the prefill worker for ``request_id``'s KV; return ``(first_token_id, KVPayload)``.
+
+        Raises:
+            KVHandoffFailed: with the failure reason; the receiver has given the request id up.
+        """
+        receiver, timeout_s = self.receiver, self.settings.timeout_s
+        if receiver is None:
+            raise KVHandoffFailed("connection", "this worker has no KV receiver (role is not decode)")
+        if self._client is None:
+            self._client = httpx.AsyncClient()
+        body = json.dumps({"request_id": request_id, "prompt_token_ids": prompt, "sampling": sampling,
+                           "kv_host": self.settings.kv_host, "kv_port": receiver.port,
+                           "model_version_id": self.settings.model_version_id}).encode()
+        headers = {SIGNATURE_HEADER: sign(self.settings.link_secret, body), "Content-Type": "application/json"}
+        if fault:
+            headers[FAULT_HEADER] = fault
+        receiver.expect(request_id)
+        http = asyncio.ensure_future(self._client.post(prefill_url.rstrip("/") + PREFILL_PATH, content=body,
+                                                       headers=headers, timeout=timeout_s + 5.0))
+        wait = asyncio.ensure_future(receiver.wait(request_id, timeout_s))
+        ok = False
+        try:
+            pending = {http, wait}
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                if wait in done and wait.exception() is not None:
+                    exc = wait.exception()
+                    raise KVHandoffFailed(getattr(exc, "reason", "timeout"), str(exc))
+                if http in done:
+                    self._check_prefill_answer(http, prefill_url)
+            payload, first = wait.result(), int(http.result().json()["first_token_id"])
+            ok = True
+        finally:
+            for task in (http, wait):
+                if not task.done():
+                    task.cancel()
+            if not ok:
+                receiver.give_up(request_id)
+        if payload.num_tokens != len(prompt):
+            self.recorder.failure(RECEIVE, ProtocolVersionMismatch.reason)
+            raise KVHandoffFailed("protocol", f"KV for {payload.num_tokens} tokens, the prompt has {len(prompt)}")
+        return first, payload
+
+    def _check_prefill_answer(self, http: asyncio.Future, prefill_url: str) -> None:
+        """Raise KVHandoffFailed unless the prefill worker's answer is a 200."""
+        exc = http.exception()
+        if exc is not None:
+            if isinstance(exc, httpx.ConnectError):  # nothing was ever sent: the receiver saw nothing
+                self.recorder.failure(RECEIVE, ConnectionFailed.reason)
+            raise KVHandoffFailed("connection", f"prefill worker {prefill_url}: {exc!r}")
+        response = http.result()
+        if response.status_code == 200:
+            return
+        try:
+            error = response.json()["error"]
+            reason = error.get("param") if error.get("code") == "kv_transfer_failed" else None
+            message = error.get("message", "")
+        except (ValueError, KeyError, TypeError, AttributeError):
+            reason, message = None, response.text[:500]
+        raise KVHandoffFailed(reason or "protocol", f"prefill worker answered {response.status_code}: {message}")
+
+    async def close(self) -> None:
+        """Stop the receiver and close the senders and the HTTP client."""
+        if self.receiver is not None:
+            await self.receiver.close()
+        for sender in self._senders.values():
+            await sender.close()
+        if self._client is not None:
+            await self._client.aclose()
