@@ -4,7 +4,8 @@ Pure functions (no processes started here), so the process list and the environm
 
 - :func:`child_env` — the environment of every child: ``REDIS_URL`` (reachable or embedded), the agent
   and service tokens, ``DEBUG`` on unless set, the demo's remote-prefill threshold and worker settings
-  (one torch thread per worker per four cores, a 256 MiB KV cache), each only when not already set;
+  (one torch thread per worker per four cores, a 256 MiB KV cache, KV links capped at 10 Gbit/s), each
+  only when not already set, and the per-link KV secret always in the workers' environment;
 - :func:`procfile` — one line per process, each ``exec``-ed so honcho's SIGTERM reaches the program
   itself: ``web`` (daphne, the ASGI app), ``worker`` (Celery: Actions, rollouts), ``ticks`` (Celery:
   reconcile and autoscale on their own queue, never queued behind a long Action), ``beat``,
@@ -23,9 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 BASE_DIR = Path(__file__).resolve().parent.parent
-TOKEN_NAMES = ("FERRY_AGENT_TOKEN", "FERRY_SERVICE_TOKEN")
+TOKEN_NAMES = ("FERRY_AGENT_TOKEN", "FERRY_SERVICE_TOKEN", "FERRY_KV_LINK_SECRET")
 DEMO_REMOTE_PREFILL_THRESHOLD_TOKENS = 256
-DEMO_WORKER_EXTRA_ARGS = "--max-num-seqs 8 --kv-cache-memory 256MiB"
+DEMO_LINK_BANDWIDTH_GBPS = 10  # the demo's emulated WAN between dc-prefill and dc-decode (apps.core.demo)
+DEMO_WORKER_EXTRA_ARGS = f"--max-num-seqs 8 --kv-cache-memory 256MiB --kv-bandwidth-gbps {DEMO_LINK_BANDWIDTH_GBPS}"
 
 
 @dataclass(frozen=True)
@@ -67,7 +69,8 @@ def _url_host(host: str) -> str:
 
 
 def launcher_tokens(var_dir: Path, environ: dict[str, str]) -> dict[str, str]:
-    """The agent and service tokens: from the environment, else created once in ``<var>/launcher_tokens.json``.
+    """The agent and service tokens and the KV link secret (``TOKEN_NAMES``): from the environment, else
+    created once in ``<var>/launcher_tokens.json``.
 
     The file is created with mode 0600; tokens are 32 URL-safe random bytes (``secrets.token_urlsafe``).
 
@@ -101,6 +104,9 @@ def child_env(config: LaunchConfig, environ: dict[str, str], *, redis_url: str, 
 
     Values already in ``environ`` win, except ``REDIS_URL`` (the launcher decided it) and
     ``FERRY_VAR_DIR`` (made absolute).
+
+    Raises:
+        ValueError: ``FERRY_WORKER_ENV`` is not a JSON object.
     """
     threads = str(worker_threads(cpu_count if cpu_count is not None else os.cpu_count()))
     defaults = {
@@ -110,6 +116,12 @@ def child_env(config: LaunchConfig, environ: dict[str, str], *, redis_url: str, 
         "FERRY_WORKER_EXTRA_ARGS": DEMO_WORKER_EXTRA_ARGS,
     }
     env = {**defaults, **environ, **tokens}
+    # prefill and decode workers share the per-link KV secret (inference_worker serve: FERRY_KV_LINK_SECRET)
+    worker_env = json.loads(env["FERRY_WORKER_ENV"])
+    if not isinstance(worker_env, dict):
+        raise ValueError('FERRY_WORKER_ENV must be a JSON object, e.g. {"OMP_NUM_THREADS": "1"}')
+    worker_env.setdefault("FERRY_KV_LINK_SECRET", tokens["FERRY_KV_LINK_SECRET"])
+    env["FERRY_WORKER_ENV"] = json.dumps(worker_env)
     env.update(REDIS_URL=redis_url, FERRY_VAR_DIR=str(Path(config.var_dir).resolve()), PYTHONUNBUFFERED="1",
                DJANGO_SETTINGS_MODULE="controlplane.settings")
     return env

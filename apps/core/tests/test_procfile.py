@@ -35,13 +35,22 @@ def test_child_env_keeps_user_values_but_not_their_redis_url():
     config = LaunchConfig(var_dir="relative/var")
     env = child_env(config, {"DEBUG": "0", "REDIS_URL": "redis://down:6379/0", "PATH": "/bin"},
                     redis_url="redis://127.0.0.1:4242/0", tokens={"FERRY_AGENT_TOKEN": "a" * 20,
-                                                                  "FERRY_SERVICE_TOKEN": "s" * 20}, cpu_count=16)
+                                                                  "FERRY_SERVICE_TOKEN": "s" * 20,
+                                                                  "FERRY_KV_LINK_SECRET": "k" * 20}, cpu_count=16)
     assert env["REDIS_URL"] == "redis://127.0.0.1:4242/0"
     assert env["DEBUG"] == "0" and env["PATH"] == "/bin"
     assert env["FERRY_VAR_DIR"] == os.path.abspath("relative/var")
-    assert json.loads(env["FERRY_WORKER_ENV"]) == {"TORCH_NUM_THREADS": "4", "OMP_NUM_THREADS": "4"}
+    assert json.loads(env["FERRY_WORKER_ENV"]) == {"TORCH_NUM_THREADS": "4", "OMP_NUM_THREADS": "4",
+                                                   "FERRY_KV_LINK_SECRET": "k" * 20}
+    assert env["FERRY_WORKER_EXTRA_ARGS"] == "--max-num-seqs 8 --kv-cache-memory 256MiB --kv-bandwidth-gbps 10"
     assert env["FERRY_REMOTE_PREFILL_THRESHOLD_TOKENS"] == "256"
     assert (env["FERRY_AGENT_TOKEN"], env["FERRY_SERVICE_TOKEN"]) == ("a" * 20, "s" * 20)
+
+
+def test_a_users_worker_env_keeps_its_values_and_gains_the_kv_link_secret():
+    env = child_env(LaunchConfig(), {"FERRY_WORKER_ENV": '{"OMP_NUM_THREADS": "3"}'}, redis_url="redis://r:1/0",
+                    tokens={"FERRY_AGENT_TOKEN": "a", "FERRY_SERVICE_TOKEN": "s", "FERRY_KV_LINK_SECRET": "k" * 16})
+    assert json.loads(env["FERRY_WORKER_ENV"]) == {"OMP_NUM_THREADS": "3", "FERRY_KV_LINK_SECRET": "k" * 16}
 
 
 def test_worker_threads_is_a_quarter_of_the_cores_at_least_one():
@@ -52,7 +61,7 @@ def test_tokens_are_created_once_with_mode_0600_and_the_environment_wins(tmp_pat
     first = launcher_tokens(tmp_path, {})
     path = tmp_path / "launcher_tokens.json"
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
-    assert sorted(first) == ["FERRY_AGENT_TOKEN", "FERRY_SERVICE_TOKEN"]
+    assert sorted(first) == ["FERRY_AGENT_TOKEN", "FERRY_KV_LINK_SECRET", "FERRY_SERVICE_TOKEN"]
     assert all(len(v) >= 40 for v in first.values())
     assert launcher_tokens(tmp_path, {}) == first
     assert launcher_tokens(tmp_path, {"FERRY_AGENT_TOKEN": "x" * 16})["FERRY_AGENT_TOKEN"] == "x" * 16
