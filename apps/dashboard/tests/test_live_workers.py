@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import threading
 import time
 
@@ -126,12 +127,21 @@ def test_operator_watches_live_charts_scales_the_pool_and_starts_a_canary(
         page.goto(f"{server.base_url}/pools/{pool.pk}/")
         # The busy ratio of the live worker (CPU: labelled as the engine's busy ratio, not GPU utilization).
         page.wait_for_function(f"{trace('utilization')}.some(v => v !== null)", timeout=60_000)
-        assert "Engine busy ratio" in page.inner_text("#chart-utilization .gtitle")
+        title = page.evaluate("document.getElementById('chart-utilization').layout.title.text")
+        assert title.startswith("Engine busy ratio (CPU workers") and "not GPU utilization" in title
         before = page.evaluate(f"{trace('utilization', axis='x')}.length")
         page.wait_for_timeout(10_000)
         after = page.evaluate(f"{trace('utilization', axis='x')}.length")
         assert after - before >= 5, (before, after)  # one poll per second, on a loaded 2-core machine
-        page.wait_for_function(f"{trace('tokens', 1)}.some(v => v !== null && v > 0)", timeout=60_000)
+        try:  # generation tokens/s of the load, charted
+            page.wait_for_function(f"{trace('tokens', 1)}.some(v => v !== null && v > 0)", timeout=60_000)
+        except Exception as exc:
+            page.screenshot(path=str(ARTIFACTS / "live-pool-no-tokens.png"), full_page=True)
+            charts = page.evaluate("Object.fromEntries(['tokens', 'running', 'ttft'].map(c => [c, "
+                                   "document.getElementById('chart-' + c).data.map(t => t.y.slice(-5))]))")
+            raise AssertionError(f"no generation tokens/s charted; completions done {load.done}; charts {charts}; "
+                                 f"stats {page.evaluate('window.ferryStats')}; poller log "
+                                 f"{stack['poller'].log()[-2000:]}") from exc
         page.screenshot(path=str(ARTIFACTS / "live-pool-charts.png"), full_page=True)
     finally:
         load.stop()
@@ -155,7 +165,7 @@ def test_operator_watches_live_charts_scales_the_pool_and_starts_a_canary(
     page.select_option("#rc-target", label="gemma-3-270m:v2")
     page.fill("#rc-steps", '[{"set_weight": 50}, {"pause": {}}]')
     page.click("#rc-submit")
-    page.wait_for_url("**/rollouts/*/")
+    page.wait_for_url(re.compile(r".*/rollouts/[0-9]+/$"))
     page.click("#rollout-controls button[data-verb=start]")
     page.wait_for_function("document.getElementById('rollout-state').textContent === 'progressing'")
     page.wait_for_function("document.getElementById('rollout-step').textContent === '1'",

@@ -65,7 +65,7 @@ const Ferry = {
     container.replaceChildren(...Object.values(alerts).map(a => Ferry.el("span",
       {class: `badge alert-${a.severity}`, title: `${a.signal} ${a.comparison} ${a.threshold} (value ${Ferry.fmt(a.value)})`},
       a.rule)));
-    if (!Object.keys(alerts).length) container.append(Ferry.el("span", {class: "badge ok"}, "healthy"));
+    if (!Object.keys(alerts).length) container.append(Ferry.el("span", {class: "badge ok"}, "no alerts"));
   },
 
   applyAlert(alerts, alert) {

@@ -30,7 +30,8 @@
         Ferry.el("h4", {}, `${c.name} `, Ferry.el("span", {class: "muted"}, `${c.kind} · ${c.status}`)),
         Ferry.el("table", {class: "grid"},
           Ferry.el("thead", {}, Ferry.el("tr", {}, ...["Pool", "Role", "Version", "Ready / desired", "Utilization", "Requests/s", "Health"].map(h => Ferry.el("th", {}, h)))),
-          Ferry.el("tbody", {}, ...c.pools.map(poolRow))))))));
+          Ferry.el("tbody", {}, ...(c.pools.length ? c.pools.map(poolRow)
+            : [Ferry.el("tr", {}, Ferry.el("td", {colspan: 7, class: "muted"}, "No pools in this cluster."))]))))))));
     const links = document.querySelector("#links tbody");
     links.replaceChildren(...overview.links.map(l => {
       const rates = l.source_pool_ids.map(id => (signals[id] || {}).kv_transfer_bytes_per_s).filter(v => v !== null && v !== undefined);
