@@ -17,7 +17,8 @@ Roles (prefill/decode disaggregation, see :mod:`inference_worker.server.pd`):
   error ``kv_transfer_failed``); ``--kv-timeout`` bounds the wait for the KV.
 
 Prefill and decode need the same per-link secret: ``--kv-link-secret`` or the environment variable
-``FERRY_KV_LINK_SECRET`` (>= 16 bytes). ``--model-version`` labels the metrics and names the model
+``FERRY_KV_LINK_SECRET`` (>= 16 bytes); without one a prefill/decode worker logs a warning and
+prefills every prompt itself (no ``/internal/prefill``, no KV receiver). ``--model-version`` labels the metrics and names the model
 version in KV payloads (KV from another version is refused). ``--pool``, ``--track`` and
 ``--replica`` only label the metrics.
 
@@ -100,11 +101,9 @@ def validate(args: argparse.Namespace) -> None:
         raise ValueError(f"--max-num-seqs must be >= 1, got {args.max_num_seqs}")
     if not 0 < args.port < 65536:
         raise ValueError(f"--port must be in 1..65535, got {args.port}")
-    if args.role in ("prefill", "decode"):
-        secret = link_secret(args)
-        if secret is None or len(secret) < 16:
-            raise ValueError(f"--role {args.role} needs a per-link secret of >= 16 bytes: --kv-link-secret or "
-                             "FERRY_KV_LINK_SECRET")
+    secret = link_secret(args)
+    if secret is not None and len(secret) < 16:
+        raise ValueError("the KV link secret (--kv-link-secret or FERRY_KV_LINK_SECRET) must be >= 16 bytes")
     if not 0 <= args.kv_port < 65536:
         raise ValueError(f"--kv-port must be in 0..65535, got {args.kv_port}")
     if args.kv_timeout <= 0:
@@ -157,7 +156,11 @@ def run(args: argparse.Namespace) -> int:
         fault_rng=random.Random(args.fault_seed),
         drain_timeout_s=args.drain_timeout,
     )
-    if args.role in ("prefill", "decode"):
+    if args.role in ("prefill", "decode") and link_secret(args) is None:
+        logging.getLogger(__name__).warning(
+            "--role %s without a KV link secret (--kv-link-secret or FERRY_KV_LINK_SECRET): disaggregation is off, "
+            "the worker prefills every prompt itself", args.role)
+    elif args.role in ("prefill", "decode"):
         from inference_worker.server.pd import PDService, PDSettings
 
         state.pd = PDService(PDSettings(
