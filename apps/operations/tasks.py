@@ -2,7 +2,9 @@
 
 * ``operations.execute_action`` (queue ``operations``): claim an Action and run its handler. Idempotent
   (the claim is a conditional update, so a redelivery does nothing), hence ``acks_late``. Retryable
-  backend failures are retried with exponential backoff (:func:`execution.retry_countdown_s`).
+  backend failures are retried with exponential backoff (:func:`execution.retry_countdown_s`). Time
+  limits (soft 900 s, hard 960 s) bound one attempt: a longer drain or wait fails the Action as
+  retryable. Liveness is the lease heartbeat's job, not the time limit's.
 * ``operations.reconcile`` (queue ``reconcile``, beat every few seconds): take over expired leases,
   re-enqueue lost Actions, observe every pool, refresh ``Replica`` rows, converge desired vs observed
   through Actions, publish the routing table. Not ``acks_late``: a lost tick is replaced by the next.
@@ -19,7 +21,7 @@ MAX_RETRIES = 5
 
 
 @shared_task(bind=True, name="operations.execute_action", acks_late=True, ignore_result=True,
-             max_retries=MAX_RETRIES, soft_time_limit=300, time_limit=360)
+             max_retries=MAX_RETRIES, soft_time_limit=900, time_limit=960)
 def execute_action(self, action_id: int) -> str:
     """Run Action ``action_id``; returns ``"skipped"``, ``"succeeded"``, ``"failed"`` or ``"lost-lease"``."""
     try:

@@ -36,7 +36,7 @@ def test_tasks_have_explicit_names_and_queues():
     assert route({}, "operations.reconcile")["queue"].name == "reconcile"
     assert route({}, "operations.autoscale")["queue"].name == "reconcile"
     execute = app.tasks["operations.execute_action"]
-    assert (execute.acks_late, execute.max_retries, execute.soft_time_limit) == (True, 5, 300)
+    assert (execute.acks_late, execute.max_retries, execute.soft_time_limit, execute.time_limit) == (True, 5, 900, 960)
     assert app.tasks["operations.reconcile"].acks_late is False
 
 
