@@ -108,7 +108,7 @@ def action_execute(*, action_id: int, retries: int = 0, max_retries: int = 5, le
         reason = f"{type(exc).__name__}: {exc}" if isinstance(exc, BackendError) else str(exc)
         if isinstance(exc, BackendError) and retryable and retries < max_retries:
             countdown = retry_countdown_s(retries)
-            services.action_release(action_id=action_id, owner=owner,
+            services.action_release(action_id=action_id, owner=owner, retry_in_s=countdown,
                                     reason=f"{reason}; retry {retries + 1}/{max_retries} in {countdown:.0f}s")
             raise RetryLater(reason, countdown) from exc
         services.action_finish(action_id=action_id, succeeded=False, error=reason, retryable=retryable, owner=owner)

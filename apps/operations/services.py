@@ -188,11 +188,16 @@ def action_finish(*, action_id: int, succeeded: bool, error: str = "", retryable
     return done
 
 
-def action_release(*, action_id: int, owner: str, reason: str) -> bool:
-    """Give a running Action back to pending (a retryable failure about to be retried by Celery)."""
+def action_release(*, action_id: int, owner: str, reason: str, retry_in_s: float = 0.0) -> bool:
+    """Give a running Action back to pending (a retryable failure about to be retried by Celery).
+
+    ``queued_at`` is set to when the retry is due, so reconcile's re-enqueue of stale pending
+    Actions does not pre-empt the backoff.
+    """
     with transaction.atomic():
         done = _running(action_id, owner).update(
-            status=Action.Status.PENDING, lease_expires_at=None, lease_owner="", queued_at=timezone.now(),
+            status=Action.Status.PENDING, lease_expires_at=None, lease_owner="",
+            queued_at=timezone.now() + timedelta(seconds=retry_in_s),
         ) == 1
         if done:
             action_log_append(action_id=action_id, message=reason)

@@ -67,6 +67,7 @@ def test_retryable_backend_error_requeues_and_invalid_spec_fails_for_good(db, po
     assert calls == [1, 2]
     assert (action.status, action.retryable, action.attempts) == ("failed", False, 2)
     assert action.error == "InvalidSpec: pool name too long"
+    assert action.queued_at > action.started_at  # released with the retry's due time, not "now"
     messages = [line["message"] for line in action.log]
     assert "BackendUnavailable: agent down; retry 1/5 in 2s" in messages
     assert messages[-1] == "failed: InvalidSpec: pool name too long (not retryable)"
