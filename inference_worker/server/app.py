@@ -5,8 +5,9 @@ Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (JSON or SSE str
 loop are alive, including while loading), ``GET /ready`` (200 only when loaded and not
 draining, else 503), ``GET /metrics`` (Prometheus text from the worker's own registry). Disaggregation (:mod:`.pd`):
 a prefill-role worker serves ``POST /internal/prefill``; a decode-role worker hands a request with
-``X-Ferry-Prefill-Endpoint`` to that prefill worker and reports its KV receiver port as ``kv_port``
-in ``/health``.
+``X-Ferry-Prefill-Endpoint`` to that prefill worker. ``/health`` of both roles adds ``role``,
+``model_version_id``, ``weights_sha256`` (the identity KV payloads must carry) and, on decode,
+``kv_port`` (the KV receiver's TCP port).
 
 Every error is OpenAI error JSON (see :mod:`inference_worker.server.errors`). A client that
 disconnects, streaming or not, has its engine requests aborted at once, which frees their KV.
@@ -68,7 +69,9 @@ def create_app(state: ServerState) -> FastAPI:
                                 status_code=503)
         body = {"status": "ok", "engine": "running"}
         if state.pd is not None:
-            body.update(role=state.pd.settings.role, kv_port=state.pd.kv_port)
+            body.update(role=state.pd.settings.role, kv_port=state.pd.kv_port,
+                        model_version_id=state.pd.settings.model_version_id,
+                        weights_sha256=state.pd.weights_sha256)
         return JSONResponse(body)
 
     @app.get("/ready")

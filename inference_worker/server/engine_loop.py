@@ -6,6 +6,12 @@ hands work over through a command queue (add, abort) and receives per-request
 ``loop.call_soon_threadsafe`` so no request waits on another's HTTP I/O and the HTTP side never
 waits on ``step()``.
 
+Prefill/decode hand-off (:mod:`inference_worker.server.pd`) adds two commands, both run on the
+engine thread: :meth:`EngineLoop.prefill_export` (prefill role: prefill, copy the request's KV out
+of the paged cache after its first token, free its blocks) and :meth:`EngineLoop.submit_prefilled`
+(decode role: import received KV and continue decoding in the normal batch); see
+:mod:`inference_worker.engine.kv_handoff`.
+
 The loop also measures the engine busy ratio (fraction of wall time inside ``step()`` over the
 last :data:`BUSY_WINDOW_S` seconds; the CPU substitute for GPU utilization) and publishes queue
 depth and KV cache usage to the worker metrics.
