@@ -90,6 +90,7 @@ def session_cookie(user) -> str:
 def run(args: argparse.Namespace) -> int:
     import logging
 
+    from django.db import connections
     from prometheus_client import start_http_server
 
     from apps.accounts.services import user_create_with_role
@@ -122,7 +123,14 @@ def run(args: argparse.Namespace) -> int:
     daphne = Daphne(tmp).start()
     poller = TelemetryPoller(window_s=10.0, interval_s=args.interval, endpoints=lambda: [endpoint])
     stop = threading.Event()
-    poll_thread = threading.Thread(target=poller.run, args=(stop,), daemon=True)
+
+    def poll() -> None:
+        try:
+            poller.run(stop)
+        finally:
+            connections.close_all()  # so the throwaway database can be dropped
+
+    poll_thread = threading.Thread(target=poll, daemon=True)
     poll_thread.start()
     try:
         result = asyncio.run(measure(args, pool.pk, daphne.port, cookie, metrics))

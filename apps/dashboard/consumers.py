@@ -14,7 +14,11 @@ Client -> server: ``{"type": "resync", "stream": ...}`` when the client sees a g
 sequence numbers (or after reconnecting); the consumer answers with that stream's snapshot.
 
 Connections without an authenticated user are refused (close before accept: HTTP 403 at the
-handshake); the ASGI stack (``controlplane.asgi``) also rejects foreign origins.
+handshake); the ASGI stack (``controlplane.asgi``) also rejects foreign origins. An authenticated
+connection is accepted at once and then looks its target up (an unknown pool or rollout closes with
+code 4404): daphne drops handshakes the application has not accepted within its websocket connect
+timeout (5 s by default), and 50 tabs opening together must not queue their snapshot reads behind
+the handshake. Snapshot reads run on a thread pool (``thread_sensitive=False``), not one shared thread.
 """
 
 from __future__ import annotations
@@ -26,6 +30,12 @@ from apps.dashboard import selectors
 from apps.fleet.models import Pool
 from apps.rollouts.models import RolloutPlan
 from apps.telemetry.broadcast import FLEET_GROUP, pool_group
+
+
+def reads(func):
+    """Run a read-only ORM/Redis function from a consumer on the thread pool, closing its connection after."""
+    return database_sync_to_async(func, thread_sensitive=False)
+
 
 CLOSE_UNAUTHENTICATED = 4401
 CLOSE_NOT_FOUND = 4404
@@ -54,6 +64,7 @@ class StreamConsumer(AsyncJsonWebsocketConsumer):
         if user is None or not user.is_authenticated:
             await self.close(code=CLOSE_UNAUTHENTICATED)
             return
+        await self.accept()
         streams = await self.resolve_streams()
         if streams is None:
             await self.close(code=CLOSE_NOT_FOUND)
@@ -61,7 +72,6 @@ class StreamConsumer(AsyncJsonWebsocketConsumer):
         self.streams = streams
         for group in self.streams.values():
             await self.channel_layer.group_add(group, self.channel_name)
-        await self.accept()
         for stream in self.streams:
             await self.send_json(await self.snapshot(stream))
 
@@ -100,7 +110,7 @@ class FleetConsumer(StreamConsumer):
     async def resolve_streams(self) -> dict[str, str]:
         return {"fleet": FLEET_GROUP}
 
-    @database_sync_to_async
+    @reads
     def snapshot(self, stream: str) -> dict:
         return selectors.fleet_snapshot()
 
@@ -108,14 +118,14 @@ class FleetConsumer(StreamConsumer):
 class PoolConsumer(StreamConsumer):
     """``ws/pools/<pool_id>/``: one pool's group (pool-level and per-track signals, its alerts)."""
 
-    @database_sync_to_async
+    @reads
     def resolve_streams(self) -> dict[str, str] | None:
         pool_id = self.scope["url_route"]["kwargs"]["pool_id"]
         if not Pool.objects.filter(pk=pool_id).exists():
             return None
         return {selectors.pool_stream(pool_id): pool_group(pool_id)}
 
-    @database_sync_to_async
+    @reads
     def snapshot(self, stream: str) -> dict:
         return selectors.pool_snapshot(int(stream.split(".", 1)[1]))
 
@@ -123,7 +133,7 @@ class PoolConsumer(StreamConsumer):
 class RolloutConsumer(StreamConsumer):
     """``ws/rollouts/<rollout_id>/``: the groups of the rollout's pools and the rollout's own group."""
 
-    @database_sync_to_async
+    @reads
     def resolve_streams(self) -> dict[str, str] | None:
         rollout_id = self.scope["url_route"]["kwargs"]["rollout_id"]
         try:
@@ -134,7 +144,7 @@ class RolloutConsumer(StreamConsumer):
         streams[f"rollout.{rollout_id}"] = rollout_group(rollout_id)
         return streams
 
-    @database_sync_to_async
+    @reads
     def snapshot(self, stream: str) -> dict:
         kind, _, ident = stream.partition(".")
         if kind == "rollout":

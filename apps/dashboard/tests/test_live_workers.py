@@ -107,7 +107,7 @@ def trace(chart: str, index: int = 0, axis: str = "y") -> str:
 
 def replica_count_is(page, text: str, timeout_s: float) -> None:
     page.wait_for_function(f"document.getElementById('replica-count').textContent === {text!r}",
-                           timeout=timeout_s * 1000)
+                           timeout=timeout_s * 1000, polling=500)
 
 
 def test_operator_watches_live_charts_scales_the_pool_and_starts_a_canary(
@@ -126,7 +126,7 @@ def test_operator_watches_live_charts_scales_the_pool_and_starts_a_canary(
         context, page, guard = signed_in(browser, server, "olga")
         page.goto(f"{server.base_url}/pools/{pool.pk}/")
         # The busy ratio of the live worker (CPU: labelled as the engine's busy ratio, not GPU utilization).
-        page.wait_for_function(f"{trace('utilization')}.some(v => v !== null)", timeout=60_000)
+        page.wait_for_function(f"{trace('utilization')}.some(v => v !== null)", timeout=60_000, polling=500)
         title = page.evaluate("document.getElementById('chart-utilization').layout.title.text")
         assert title.startswith("Engine busy ratio (CPU workers") and "not GPU utilization" in title
         before = page.evaluate(f"{trace('utilization', axis='x')}.length")
@@ -134,17 +134,17 @@ def test_operator_watches_live_charts_scales_the_pool_and_starts_a_canary(
         after = page.evaluate(f"{trace('utilization', axis='x')}.length")
         assert after - before >= 5, (before, after)  # one poll per second, on a loaded 2-core machine
         try:  # generation tokens/s of the load, charted
-            page.wait_for_function(f"{trace('tokens', 1)}.some(v => v !== null && v > 0)", timeout=60_000)
+            page.wait_for_function(f"{trace('tokens', 1)}.some(v => v !== null && v > 0)", timeout=90_000,
+                                   polling=500)
         except Exception as exc:
-            page.screenshot(path=str(ARTIFACTS / "live-pool-no-tokens.png"), full_page=True)
             charts = page.evaluate("Object.fromEntries(['tokens', 'running', 'ttft'].map(c => [c, "
                                    "document.getElementById('chart-' + c).data.map(t => t.y.slice(-5))]))")
             raise AssertionError(f"no generation tokens/s charted; completions done {load.done}; charts {charts}; "
                                  f"stats {page.evaluate('window.ferryStats')}; poller log "
                                  f"{stack['poller'].log()[-2000:]}") from exc
-        page.screenshot(path=str(ARTIFACTS / "live-pool-charts.png"), full_page=True)
     finally:
         load.stop()
+    page.screenshot(path=str(ARTIFACTS / "live-pool-charts.png"), full_page=True, timeout=120_000)
     assert load.done > 0
 
     # Scale from the page: 1 -> 2, then back to 1; the count shows ready / desired.
@@ -154,7 +154,7 @@ def test_operator_watches_live_charts_scales_the_pool_and_starts_a_canary(
         page.click("#scale-submit")
         page.wait_for_function("document.getElementById('scale-result').textContent.includes('pool.scale')")
         replica_count_is(page, text, READY_TIMEOUT_S)
-        page.screenshot(path=str(ARTIFACTS / f"live-pool-scaled-to-{target}.png"), full_page=True)
+        page.screenshot(path=str(ARTIFACTS / f"live-pool-scaled-to-{target}.png"), full_page=True, timeout=120_000)
     page.wait_for_selector("#actions tr.status-succeeded")
 
     # A canary from the rollout pages: create (list page), start, step advances, abort with confirmation.
@@ -169,10 +169,10 @@ def test_operator_watches_live_charts_scales_the_pool_and_starts_a_canary(
     page.click("#rollout-controls button[data-verb=start]")
     page.wait_for_function("document.getElementById('rollout-state').textContent === 'progressing'")
     page.wait_for_function("document.getElementById('rollout-step').textContent === '1'",
-                           timeout=READY_TIMEOUT_S * 1000)
+                           timeout=READY_TIMEOUT_S * 1000, polling=500)
     assert page.inner_text("#steps li.current") == "pause until resumed"
     page.wait_for_function(f"{trace('canary-weight')}.includes(50)", timeout=30_000)  # the 50% step, charted
-    page.screenshot(path=str(ARTIFACTS / "live-rollout-step-advanced.png"), full_page=True)
+    page.screenshot(path=str(ARTIFACTS / "live-rollout-step-advanced.png"), full_page=True, timeout=120_000)
 
     dialogs = []
     page.once("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
@@ -184,6 +184,6 @@ def test_operator_watches_live_charts_scales_the_pool_and_starts_a_canary(
     page.wait_for_function("document.getElementById('rollout-state').textContent === 'aborted'")
     assert [m.startswith("Abort rollout gemma-v2-canary?") for m in dialogs] == [True, True]
     page.wait_for_selector("#events td:text('rollout.abort')")
-    page.screenshot(path=str(ARTIFACTS / "live-rollout-aborted.png"), full_page=True)
+    page.screenshot(path=str(ARTIFACTS / "live-rollout-aborted.png"), full_page=True, timeout=120_000)
     assert guard.remote == []
     context.close()
