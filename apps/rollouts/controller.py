@@ -114,6 +114,8 @@ def canary_settled(plan: RolloutPlan, views: list[PoolView]) -> str | None:
             track = view.tracks[name]
             if track.replicas != want or _ready(view, name) < want:
                 return f"{view.pool} {name}: {_ready(view, name)}/{want} ready (desired {track.replicas})"
+            if want == 0 and name != NEW_TRACK and view.alive.get(name, 0):  # stable empty before it changes version
+                return f"{view.pool} {name}: {view.alive[name]} replica(s) still running (desired 0)"
     wanted = prog["weight"] if prog["mode"] == "canary" else 0
     if prog.get("applied_weight", 0) != wanted:
         return f"canary weight {prog.get('applied_weight', 0)}% (target {wanted}%)"

@@ -10,6 +10,7 @@ own change is this desired-state write, made in the same transaction as the stat
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 import httpx
@@ -22,6 +23,7 @@ from apps.fleet.services import routing_table_publish
 from apps.operations.models import Action
 from apps.rollouts.models import RolloutPlan
 
+logger = logging.getLogger(__name__)
 ACTIVE_NAMES = (PoolTrack.Name.STABLE, PoolTrack.Name.BLUE, PoolTrack.Name.GREEN)
 SERVING_ROLES = (Pool.Role.DECODE, Pool.Role.COLOCATED)
 
@@ -33,6 +35,8 @@ class PoolView:
     pool: Pool
     tracks: dict[str, PoolTrack]
     ready: dict[str, int] = field(default_factory=dict)
+    alive: dict[str, int] = field(default_factory=dict)
+    """Observed replicas per track that are still running, whatever their version or readiness."""
     total: int = 0
 
     @property
@@ -48,7 +52,7 @@ def pool_views(plan: RolloutPlan) -> list[PoolView]:
     """The plan's pools with tracks and ready replica counts (3 queries), ordered by pool id.
 
     A replica counts as ready for a track when it is ready, alive, and runs the track's model
-    version (or reports none). ``total`` is the pool total recorded at start (``progress.totals``),
+    version (or reports none); ``alive`` counts every running replica of a track. ``total`` is the pool total recorded at start (``progress.totals``),
     else the current sum of desired replicas.
     """
     pools = list(plan.pools.select_related("cluster").order_by("id"))
@@ -56,15 +60,18 @@ def pool_views(plan: RolloutPlan) -> list[PoolView]:
     by_pool: dict[int, dict[str, PoolTrack]] = {p.pk: {} for p in pools}
     for track in tracks:
         by_pool[track.pool_id][track.name] = track
-    counts = (Replica.objects.filter(pool__in=pools, ready=True, alive=True)
-              .values("pool_id", "track", "version").annotate(n=Count("id")))
+    counts = list(Replica.objects.filter(pool__in=pools, alive=True)
+                  .values("pool_id", "track", "version", "ready").annotate(n=Count("id")))
     totals = (plan.progress or {}).get("totals", {})
     views = []
     for pool in pools:
         view = PoolView(pool, by_pool[pool.pk])
         for row in counts:
+            if row["pool_id"] != pool.pk:
+                continue
+            view.alive[row["track"]] = view.alive.get(row["track"], 0) + row["n"]
             track = view.tracks.get(row["track"])
-            if row["pool_id"] == pool.pk and track is not None and row["version"] in ("", track.model_version.version):
+            if row["ready"] and track is not None and row["version"] in ("", track.model_version.version):
                 view.ready[row["track"]] = view.ready.get(row["track"], 0) + row["n"]
         view.total = int(totals.get(view.key, sum(t.replicas for t in view.tracks.values())))
         views.append(view)
@@ -103,11 +110,20 @@ def track_write(track: PoolTrack, **values: object) -> bool:
 
 
 def track_delete(view: PoolView, name: str) -> bool:
-    """Remove a track row (reconcile then deletes its backend objects). Returns whether it existed."""
+    """Remove a track row and its backend objects (``delete_track``; a backend failure is logged and
+    left to reconcile, which deletes backend tracks that are not desired). Returns whether it existed."""
+    from apps.operations.backends import backend_session, pool_ref
+    from apps.orchestrators.base import BackendError
+
     track = view.tracks.pop(name, None)
     if track is None:
         return False
     track.delete()
+    try:
+        with backend_session(view.pool.cluster) as backend:
+            backend.delete_track(pool_ref(view.pool), name)
+    except BackendError as exc:
+        logger.warning("pool %s: delete_track(%s) failed, reconcile will retry: %s", view.pool, name, exc)
     return True
 
 

@@ -97,6 +97,9 @@ def rollout_plan_delete(*, plan: RolloutPlan) -> None:
     """Delete a plan that is pending or finished. Raises ConflictError while it is progressing or paused."""
     if plan.state in (RolloutPlan.State.PROGRESSING, RolloutPlan.State.PAUSED):
         raise ConflictError(f"Rollout {plan.name!r} is {plan.state}; abort it before deleting.")
+    if (plan.progress or {}).get("cleanup"):
+        raise ConflictError(f"Rollout {plan.name!r} is still returning traffic to stable; delete it once that "
+                            "finished (progress.cleanup is false).")
     with transaction.atomic():
         plan.delete()
 
