@@ -151,8 +151,9 @@ def test_operator_watches_live_charts_scales_the_pool_and_starts_a_canary(
     replica_count_is(page, "1 / 1", 30)
     for target, text in ((2, "2 / 2"), (1, "1 / 1")):
         page.fill("#scale-replicas", str(target))
-        page.click("#scale-submit")
-        page.wait_for_function("document.getElementById('scale-result').textContent.includes('pool.scale')")
+        page.click("#scale-submit", no_wait_after=True)  # the form posts with fetch: no navigation to wait for
+        page.wait_for_function("document.getElementById('scale-result').textContent.includes('pool.scale')",
+                               timeout=120_000, polling=500)
         replica_count_is(page, text, READY_TIMEOUT_S)
         page.screenshot(path=str(ARTIFACTS / f"live-pool-scaled-to-{target}.png"), full_page=True, timeout=120_000)
     page.wait_for_selector("#actions tr.status-succeeded")
@@ -166,8 +167,9 @@ def test_operator_watches_live_charts_scales_the_pool_and_starts_a_canary(
     page.fill("#rc-steps", '[{"set_weight": 50}, {"pause": {}}]')
     page.click("#rc-submit")
     page.wait_for_url(re.compile(r".*/rollouts/[0-9]+/$"))
-    page.click("#rollout-controls button[data-verb=start]")
-    page.wait_for_function("document.getElementById('rollout-state').textContent === 'progressing'")
+    page.click("#rollout-controls button[data-verb=start]", no_wait_after=True)
+    page.wait_for_function("document.getElementById('rollout-state').textContent === 'progressing'",
+                           timeout=120_000, polling=500)
     page.wait_for_function("document.getElementById('rollout-step').textContent === '1'",
                            timeout=READY_TIMEOUT_S * 1000, polling=500)
     assert page.inner_text("#steps li.current") == "pause until resumed"
@@ -176,12 +178,13 @@ def test_operator_watches_live_charts_scales_the_pool_and_starts_a_canary(
 
     dialogs = []
     page.once("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
-    page.click("#rollout-controls button[data-verb=abort]")
+    page.click("#rollout-controls button[data-verb=abort]", no_wait_after=True)
     page.wait_for_timeout(1_000)
     assert page.inner_text("#rollout-state") == "progressing"  # dismissed: nothing sent
     page.once("dialog", lambda d: (dialogs.append(d.message), d.accept()))
-    page.click("#rollout-controls button[data-verb=abort]")
-    page.wait_for_function("document.getElementById('rollout-state').textContent === 'aborted'")
+    page.click("#rollout-controls button[data-verb=abort]", no_wait_after=True)
+    page.wait_for_function("document.getElementById('rollout-state').textContent === 'aborted'",
+                           timeout=120_000, polling=500)
     assert [m.startswith("Abort rollout gemma-v2-canary?") for m in dialogs] == [True, True]
     page.wait_for_selector("#events td:text('rollout.abort')")
     page.screenshot(path=str(ARTIFACTS / "live-rollout-aborted.png"), full_page=True, timeout=120_000)
