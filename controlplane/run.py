@@ -11,7 +11,8 @@
    ``STOP_TIMEOUT_S``. The agent drains its model workers before it exits.
 4. A thread waits for :mod:`controlplane.readiness` and prints the URLs and "Ferry is ready".
 5. After honcho returns: any process group still alive and any model worker the agent left
-   behind (read from its state file) is killed, then the embedded Redis is stopped.
+   behind (read from its state file) is killed, then the embedded Redis is stopped. The next run
+   starts the agent on a fresh process table (:func:`agent_state_reset`).
 
 Exit status: 0 after a Ctrl-C/SIGTERM shutdown, otherwise the status of the process that stopped first
 (honcho stops everything when one process exits), 2 for a port already in use.
@@ -167,6 +168,29 @@ def sweep(process_group_ids: list[int], agent_state_dir: Path) -> list[str]:
     return killed
 
 
+def agent_state_reset(agent_state_dir: Path) -> bool:
+    """Forget the previous run's agent table when none of its workers still runs; returns True if removed.
+
+    A clean stop leaves the agent's track templates behind with their replica counts but no processes;
+    the desired state lives in the database, so reconcile re-applies every track from it on a fresh
+    table. Workers still running (the launcher was SIGKILLed) keep the table so the agent re-adopts them.
+    """
+    from inference_worker.agent.processes import read_cmdline
+    from inference_worker.agent.state import StateStore
+
+    path = agent_state_dir / "agent.json"
+    if not path.exists():
+        return False
+    try:
+        records = StateStore(agent_state_dir).load().processes.values()
+    except ValueError:
+        records = []
+    if any(read_cmdline(r.pid) == r.cmdline for r in records):
+        return False
+    path.unlink()
+    return True
+
+
 def run_processes(config: LaunchConfig, env: dict[str, str], summary: dict, *, ready_timeout_s: float) -> int:
     """Run the Procfile under honcho until Ctrl-C or until one process exits; returns the exit status."""
     from inference_worker.registry import model_cache_dir
@@ -175,6 +199,8 @@ def run_processes(config: LaunchConfig, env: dict[str, str], summary: dict, *, r
     text = procfile(config, python=sys.executable, tokenizer_dir=tokenizer_dir if tokenizer_dir.is_dir() else None)
     procfile_path = Path(config.var_dir) / "Procfile"
     procfile_path.write_text(text)
+    if agent_state_reset(Path(config.var_dir) / "agent"):
+        say("agent: previous run's process table cleared (reconcile re-applies the pools from the database)")
     say(f"processes: {', '.join(parse_procfile(text).processes)} (from {procfile_path})")
     honcho_manager.KILL_WAIT = STOP_TIMEOUT_S  # honcho reads this module constant while stopping
     manager = honcho_manager.Manager(Printer(sys.stdout))

@@ -1,0 +1,76 @@
+"""Launcher pieces (controlplane.run): the ready banner, the agent table reset, the leftover sweep, busy ports."""
+
+import socket
+import subprocess
+import time
+
+from controlplane.procfile import LaunchConfig
+from controlplane.run import agent_state_reset, port_in_use, ready_banner, sweep
+from inference_worker.agent.processes import read_cmdline
+from inference_worker.agent.state import AgentState, ProcessRecord, StateStore
+
+
+def _record(name: str, pid: int, cmdline: list[str]) -> ProcessRecord:
+    return ProcessRecord(name=name, args=["serve"], env={}, labels={}, drain_timeout_s=10, port=1, pid=pid,
+                         cmdline=cmdline, log_path="/dev/null", started_at=0.0)
+
+
+def _sleeper() -> subprocess.Popen:
+    process = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    for _ in range(100):  # until exec has replaced the forked child's command line
+        if read_cmdline(process.pid) == ["sleep", "60"]:
+            break
+        time.sleep(0.01)
+    return process
+
+
+def test_banner_shows_urls_first_run_password_token_and_a_curl():
+    summary = {"users": [{"username": "operator", "role": "operator", "password": "pw-1", "token": "tok-1"}]}
+    lines = ready_banner(LaunchConfig(host="0.0.0.0", port=8001, router_port=8081), summary, 83.4)
+    assert lines[0] == "Ferry is ready (83 s)"
+    assert lines[1] == "  dashboard  http://127.0.0.1:8001/   login: operator / pw-1"
+    assert lines[2] == "  API        http://127.0.0.1:8001/api/v1/   header: Authorization: Token tok-1"
+    assert lines[4] == "  router     http://127.0.0.1:8081/v1/completions   metrics: http://127.0.0.1:8081/metrics"
+    assert lines[5].startswith("  try        curl -s http://127.0.0.1:8081/v1/completions ")
+    later = ready_banner(LaunchConfig(), {"users": [{"username": "operator", "password": None, "token": "t"}]}, 1)
+    assert "changepassword operator" in later[1]
+
+
+def test_agent_table_of_a_cleanly_stopped_run_is_cleared_but_kept_while_a_worker_runs(tmp_path):
+    store = StateStore(tmp_path)
+    store.save(AgentState(processes={"decode-stable-0": _record("decode-stable-0", 2**22 + 7, ["gone"])},
+                          templates={"decode-stable": {"replicas": 2}}))
+    assert agent_state_reset(tmp_path) is True
+    assert not (tmp_path / "agent.json").exists()
+    assert agent_state_reset(tmp_path) is False  # nothing to clear
+
+    sleeper = _sleeper()
+    try:
+        store.save(AgentState(processes={"w": _record("w", sleeper.pid, read_cmdline(sleeper.pid))}))
+        assert agent_state_reset(tmp_path) is False
+        assert (tmp_path / "agent.json").exists()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_sweep_kills_live_process_groups_and_workers_the_agent_left(tmp_path):
+    group, worker = _sleeper(), _sleeper()
+    StateStore(tmp_path).save(AgentState(processes={"decode-stable-0": _record(
+        "decode-stable-0", worker.pid, read_cmdline(worker.pid))}))
+    killed = sweep([group.pid], tmp_path)
+    assert killed == [f"process group {group.pid}", f"model worker decode-stable-0 (pid {worker.pid})"]
+    assert (group.wait(10), worker.wait(10)) == (-9, -9)
+    assert sweep([group.pid], tmp_path) == []  # both gone: nothing left to kill
+
+
+def test_port_in_use_sees_a_listener():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        assert port_in_use("127.0.0.1", sock.getsockname()[1]) is True
+    free = socket.socket()
+    free.bind(("127.0.0.1", 0))
+    port = free.getsockname()[1]
+    free.close()
+    assert port_in_use("127.0.0.1", port) is False
