@@ -21,6 +21,11 @@ counted on ``ferry_kv_recompute_total{reason}``) or fails the request with a 502
 ``kv_transfer_failed``. The decode never runs on KV that did not verify, and never waits longer than
 the timeout. The KV receiver's port is printed at start-up and reported by ``GET /health``
 (``kv_port``).
+
+Sampling: the first token is sampled on the prefill worker with the request's temperature, top_p,
+top_k and seed, the rest on the decode worker with its own generator; greedy output is the same as
+colocated, a seeded non-greedy request is reproducible per path but not token-identical to the
+colocated path. Each of ``n`` choices is handed off separately.
 """
 
 from __future__ import annotations
