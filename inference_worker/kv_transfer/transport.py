@@ -77,6 +77,8 @@ class KVSender:
         self.recorder = recorder if recorder is not None else TransferRecorder()
         self.num_attempts = 0
         """Attempts made over this sender's life (retries included)."""
+        self.num_failed_attempts = 0
+        """Attempts that raised (the retried ones and the last failed one)."""
         self._idle: list[SocketConnection | StreamConnection] = []
 
     async def send(self, frame: KVFrame) -> float:
@@ -95,6 +97,7 @@ class KVSender:
                 break
             except KVTransferError as exc:
                 attempt += 1
+                self.num_failed_attempts += 1
                 if not exc.retryable or attempt >= self.max_attempts:
                     self.recorder.failure(SEND, exc.reason)
                     raise

@@ -210,7 +210,7 @@ async def test_retry_succeeds_once_the_receiver_is_up():
         port = sock.getsockname()[1]
     s = KVSender("127.0.0.1", port, link_secret=SECRET, max_attempts=3, backoff_s=0.3)
     task = asyncio.create_task(s.send(frame()))
-    while s.num_attempts < 1:
+    while s.num_failed_attempts < 1:  # the first attempt was refused, not merely started
         await asyncio.sleep(0.005)
     receiver = await start_receiver(port=port)
     receiver.expect("req-1")
