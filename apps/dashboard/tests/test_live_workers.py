@@ -170,17 +170,21 @@ def test_operator_watches_live_charts_scales_the_pool_and_starts_a_canary(
     page.click("#rollout-controls button[data-verb=start]", no_wait_after=True)
     page.wait_for_function("document.getElementById('rollout-state').textContent === 'progressing'",
                            timeout=120_000, polling=500)
-    page.wait_for_function("document.getElementById('rollout-step').textContent === '1'",
-                           timeout=READY_TIMEOUT_S * 1000, polling=500)
-    assert page.inner_text("#steps li.current") == "pause until resumed"
+    page.wait_for_function(  # set_weight 50 applied (canary ready): the pause step is the current one
+        "document.querySelector('#steps li.current')?.textContent === 'pause until resumed'",
+        timeout=READY_TIMEOUT_S * 1000, polling=500)
+    assert int(page.inner_text("#rollout-step")) >= 1
+    assert page.locator("#steps li.done").all_inner_texts() == ["set weight 50%"]
     page.wait_for_function(f"{trace('canary-weight')}.includes(50)", timeout=30_000)  # the 50% step, charted
     page.screenshot(path=str(ARTIFACTS / "live-rollout-step-advanced.png"), full_page=True, timeout=120_000)
 
+    state = page.inner_text("#rollout-state")  # at a pause step without seconds: paused until resumed
+    assert state == "paused"
     dialogs = []
     page.once("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
     page.click("#rollout-controls button[data-verb=abort]", no_wait_after=True)
-    page.wait_for_timeout(1_000)
-    assert page.inner_text("#rollout-state") == "progressing"  # dismissed: nothing sent
+    page.wait_for_timeout(3_000)
+    assert page.inner_text("#rollout-state") == state  # dismissed: nothing sent
     page.once("dialog", lambda d: (dialogs.append(d.message), d.accept()))
     page.click("#rollout-controls button[data-verb=abort]", no_wait_after=True)
     page.wait_for_function("document.getElementById('rollout-state').textContent === 'aborted'",

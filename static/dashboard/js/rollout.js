@@ -31,9 +31,13 @@
         b.disabled = !rollout.allowed_verbs.includes(b.dataset.verb);
       });
     }
+    // current_step_index is the next step to run; a rollout paused by a pause step has moved past it.
+    let current = rollout.current_step_index;
+    const previous = rollout.steps[current - 1];
+    if (rollout.state === "paused" && previous && "pause" in previous) current -= 1;
+    const active = ["progressing", "paused", "pending"].includes(rollout.state);
     document.getElementById("steps").replaceChildren(...rollout.steps.map((s, i) => Ferry.el("li", {
-      class: i === rollout.current_step_index && ["progressing", "paused", "pending"].includes(rollout.state) ? "current"
-        : (i < rollout.current_step_index ? "done" : ""), "data-index": i}, stepText(s))));
+      class: active && i === current ? "current" : (i < current ? "done" : ""), "data-index": i}, stepText(s))));
   }
 
   function compare(value, op, threshold) {
