@@ -56,8 +56,11 @@ class ReconcileResult:
 def pool_drift(pool: Pool, observed: ObservedState) -> dict[str, str]:
     """Tracks whose observed state differs from the desired one: track -> what differs ("" = none).
 
-    Differences: backend replica count != desired, a replica running another model version, a
-    backend track that is not desired, a desired track with replicas that the backend lacks.
+    Differences: backend replica count != desired, fewer replicas (alive or dead) than desired (the
+    backend kept the count but lost the processes, e.g. a local agent restarted after a clean stop), a
+    replica running another model version, a backend track that is not desired, a desired track with
+    replicas that the backend lacks. Dead replicas that still exist are restarted separately, so only
+    missing ones count here; surplus replicas (pods still terminating) are not drift.
     """
     drift: dict[str, str] = {}
     desired = {t.name: t for t in pool.tracks.all()}
@@ -69,6 +72,9 @@ def pool_drift(pool: Pool, observed: ObservedState) -> dict[str, str]:
             continue
         if seen.desired_replicas != track.replicas:
             drift[name] = f"backend replicas {seen.desired_replicas} != desired {track.replicas}"
+            continue
+        if len(seen.replicas) < track.replicas:
+            drift[name] = f"backend runs {len(seen.replicas)} replicas, desired {track.replicas}"
             continue
         wrong = sorted(r.name for r in seen.replicas if r.version and r.version != track.model_version.version)
         if wrong:
