@@ -19,7 +19,8 @@ import os
 import shlex
 from collections.abc import Iterator
 from contextlib import contextmanager
-from urllib.parse import urlsplit
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
 
 from django.conf import settings
 
@@ -72,12 +73,22 @@ def pool_ref(pool: Pool) -> PoolRef:
     return PoolRef(pool_id=pool.pk, pool_name=pool.name, namespace=pool.cluster.namespace or "default")
 
 
-def model_ref(version: ModelVersion) -> ModelRef:
-    """The worker's view of a model version; weights URIs the init step cannot fetch are left to the image."""
-    fetchable = urlsplit(version.weights_uri).scheme in FETCHABLE_SCHEMES
+def model_ref(version: ModelVersion, *, local: bool = False) -> ModelRef:
+    """The worker's view of a model version; weights URIs the init step cannot fetch are left to the image.
+
+    ``local``: the track runs on this host (a ``local`` cluster), so a ``file://`` weights URI naming an
+    existing path is loaded from there (``ModelRef.local_path``) instead of by the model's name — otherwise
+    every version of a model would load the same built-in artifact whatever its ``sha256``.
+    """
+    parts = urlsplit(version.weights_uri)
+    fetchable = parts.scheme in FETCHABLE_SCHEMES
+    local_path = ""
+    if local and parts.scheme == "file" and Path(unquote(parts.path)).exists():
+        local_path = unquote(parts.path)
     return ModelRef(
         name=version.name, version=version.version, image=version.container_image or DEFAULT_IMAGE,
         weights_uri=version.weights_uri if fetchable else "", sha256=version.sha256 if fetchable else "",
+        local_path=local_path,
     )
 
 
@@ -95,7 +106,7 @@ def track_spec(pool: Pool, track: PoolTrack) -> PoolTrackSpec:
         for t in pool.tolerations
     )
     return PoolTrackSpec(
-        pool=pool_ref(pool), role=pool.role, track=track.name, model=model_ref(track.model_version),
+        pool=pool_ref(pool), role=pool.role, track=track.name, model=model_ref(track.model_version, local=pool.cluster.kind == "local"),
         replicas=track.replicas, extra_args=worker_extra_args(), env=worker_env(),
         resources=Resources(gpu_count=pool.gpu_count, cpu=pool.cpu or None, memory=pool.memory or None),
         node_selector=dict(pool.node_selector), tolerations=tolerations,

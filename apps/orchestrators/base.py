@@ -115,6 +115,10 @@ class ModelRef:
     image: str = "ferry/inference-worker:latest"  # container image (Kubernetes only)
     weights_uri: str = ""  # http(s):// or file:// URI the init step fetches; "" = baked into the image
     sha256: str = ""  # lowercase hex digest of the weights file; required when weights_uri is set
+    # Local backend only: the prepared model on this host (a directory or file). When set the worker loads
+    # it (--model PATH) and still answers to ``name`` (--served-model-name), so two versions of one model
+    # (e.g. fp32 and bf16 artifacts) run their own weights under the same API model id.
+    local_path: str = ""
 
     def __post_init__(self) -> None:
         if not self.name or any(c.isspace() for c in self.name):
@@ -218,7 +222,8 @@ class PoolTrackSpec:
         return [
             "serve",
             "--role", self.role,
-            "--model", self.model.name,
+            *(["--model", self.model.local_path, "--served-model-name", self.model.name] if self.model.local_path
+              else ["--model", self.model.name]),
             "--model-version", self.model.version,
             "--pool", self.pool.pool_name,
             "--track", self.track,
