@@ -24,6 +24,21 @@ def replica_list() -> QuerySet[Replica]:
     return Replica.objects.select_related("pool", "pool__cluster")
 
 
+def replica_logs(*, replica: Replica, tail: int) -> list[str]:
+    """The last ``tail`` lines of ``replica``'s stdout/stderr, read from its cluster's backend.
+
+    Raises:
+        apps.orchestrators.base.NotFound: the backend no longer has that replica.
+        apps.orchestrators.base.BackendUnavailable: the backend cannot be reached.
+        apps.orchestrators.base.InvalidSpec: the cluster's backend is not configured (e.g. no agent token).
+    """
+    from apps.operations.backends import backend_session, pool_ref  # operations builds on fleet, not back
+
+    with backend_session(replica.pool.cluster) as backend:
+        text = backend.logs(pool_ref(replica.pool), replica.name, tail)
+    return text.splitlines()[-tail:]
+
+
 def replica_endpoints() -> list:
     """Telemetry's endpoint provider: every observed replica with an endpoint, plus the static targets.
 

@@ -123,6 +123,31 @@ class ReplicaViewSet(viewsets.ReadOnlyModelViewSet):
     def get_queryset(self):
         return selectors.replica_list()
 
+    @extend_schema(
+        parameters=[OpenApiParameter("tail", OpenApiTypes.INT, description="lines to return, 1..5000 (default 200)")],
+        responses={200: OpenApiResponse(description='{"replica": name, "lines": [...]}'), 400: None, 404: None,
+                   503: None},
+    )
+    @action(detail=True, methods=["get"])
+    def logs(self, request: Request, pk: str | None = None) -> Response:
+        """``GET /api/v1/replicas/{id}/logs/?tail=N``: the replica's last log lines from its backend."""
+        from apps.orchestrators.base import BackendUnavailable, InvalidSpec, NotFound
+
+        replica = self.get_object()
+        raw = request.query_params.get("tail", "200")
+        if not raw.isdigit() or not 1 <= int(raw) <= 5000:
+            return Response({"tail": [f"must be an integer from 1 to 5000, got {raw!r}"]},
+                            status=status.HTTP_400_BAD_REQUEST)
+        try:
+            lines = selectors.replica_logs(replica=replica, tail=int(raw))
+        except NotFound:
+            return Response({"detail": f"the backend no longer has replica {replica.name!r}"},
+                            status=status.HTTP_404_NOT_FOUND)
+        except (BackendUnavailable, InvalidSpec) as exc:
+            return Response({"detail": f"logs of {replica.name!r} are unavailable: {exc}"},
+                            status=status.HTTP_503_SERVICE_UNAVAILABLE)
+        return Response({"replica": replica.name, "lines": lines})
+
 
 class RoutingTableView(APIView):
     """``GET /api/v1/routing-table/``: the published table for the router, with ``ETag`` / ``If-None-Match``.
