@@ -185,7 +185,8 @@ class Router:
                     if tried:
                         self.metrics.retries.labels(pool=replica.pool).inc()
                     elif plan.decision:
-                        self.metrics.decisions.labels(pool=replica.pool, decision=plan.decision).inc()
+                        self.metrics.decisions.labels(pool=replica.pool, decision=plan.decision,
+                                                      track=plan.track.name).inc()
                     tried.add(replica.name)
                     remaining = deadline - asyncio.get_running_loop().time()
                     if remaining <= 0 and not stream:

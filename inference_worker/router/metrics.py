@@ -1,6 +1,8 @@
 """Prometheus metrics of the router (DESIGN, "Metrics contract": ``ferry_`` prefix, labels pool, decision).
 
-``decision`` values are :data:`inference_worker.router.decisions.DECISIONS`.
+``decision`` values are :data:`inference_worker.router.decisions.DECISIONS`; ``track`` is the routing
+table track the request was split to (``stable``, ``canary``, ``blue``, ``green``), so a rollout can
+see traffic follow each weight step. Readers that want totals per pool and decision sum over ``track``.
 """
 
 from __future__ import annotations
@@ -11,7 +13,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 class RouterMetrics:
     """The router's series on its own registry.
 
-    - ``ferry_router_decisions_total{pool, decision}``: requests routed, by decode pool and prefill placement.
+    - ``ferry_router_decisions_total{pool, decision, track}``: requests routed, by decode pool, prefill
+      placement and traffic track (first attempts only; retries are counted in ``retries``).
     - ``ferry_router_requests_total{status}``: client requests answered, by HTTP status code.
     - ``ferry_router_upstream_errors_total{pool, replica, kind}``: failed upstream attempts
       (``kind`` connect | timeout | status | stream).
@@ -24,8 +27,9 @@ class RouterMetrics:
     def __init__(self, registry: CollectorRegistry | None = None):
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
-        self.decisions = Counter("ferry_router_decisions", "Requests routed, by decode pool and prefill placement.",
-                                 ["pool", "decision"], registry=r)
+        self.decisions = Counter("ferry_router_decisions",
+                                 "Requests routed, by decode pool, prefill placement and traffic track.",
+                                 ["pool", "decision", "track"], registry=r)
         self.requests = Counter("ferry_router_requests", "Client requests answered, by HTTP status.", ["status"],
                                 registry=r)
         self.upstream_errors = Counter("ferry_router_upstream_errors", "Failed upstream attempts.",

@@ -294,7 +294,8 @@ def test_router_sends_a_long_prompt_prefill_to_decode(prefill, decode, tokens, t
             assert response.headers["X-Ferry-Decision"] == decision
             assert response.json()["choices"][0]["text"] == reference
             assert transfers(decode.base_url, "receive") == before + transferred
-            key = ("ferry_router_decisions_total", frozenset({("pool", "decode-dc1"), ("decision", decision)}))
+            key = ("ferry_router_decisions_total", frozenset({("pool", "decode-dc1"), ("decision", decision),
+                                                                 ("track", "stable")}))
             assert metrics(url)[key] == 1
         wait_kv_free(prefill, decode)
     finally:

@@ -177,11 +177,18 @@ def test_split_is_deterministic_per_request_id(fleet):
     ids = [f"split-{i}" for i in range(100)]
     expected = {rid: "canary" if int(hashlib.sha256(rid.encode()).hexdigest()[:16], 16) % 10000 >= 9000 else "stable"
                 for rid in ids}
+    before = {t: metric(fleet.url, "ferry_router_decisions_total", {"track": t}) for t in ("stable", "canary")}
     with httpx.Client(headers=GOOD) as client:
         for rid in ids + ids[:20]:
             r = client.post(fleet.url + "/v1/completions", headers={"X-Request-Id": rid}, json={"prompt": "hi"})
             assert r.headers["x-ferry-track"] == expected[rid]
             assert (r.json()["replica"] == "d2") == (expected[rid] == "canary")
+    # the decision counter is labelled by track: its increase per track is exactly the split above
+    sent = [expected[rid] for rid in ids + ids[:20]]
+    after = {t: metric(fleet.url, "ferry_router_decisions_total", {"track": t}) for t in ("stable", "canary")}
+    assert {t: after[t] - before[t] for t in after} == {t: float(sent.count(t)) for t in after}
+    assert metric(fleet.url, "ferry_router_decisions_total", {"track": "canary", "pool": "decode-dc1",
+                                                              "decision": "local_prefill"}) >= sent.count("canary") > 0
 
 
 def test_streaming_is_passed_through(fleet):
