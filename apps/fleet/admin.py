@@ -63,7 +63,7 @@ class ClusterLinkAdmin(admin.ModelAdmin):
 class PoolTrackInline(admin.TabularInline):
     model = PoolTrack
     extra = 0
-    fields = ("name", "model_version", "replicas", "weight", "active")
+    fields = ("name", "model_version", "replicas", "weight", "active", "extra_args")
     readonly_fields = fields
     can_delete = False
 

@@ -25,6 +25,9 @@ from apps.fleet.validators import (
     validate_time_zone,
     validate_tolerations,
 )
+from apps.orchestrators.base import InvalidSpec
+from apps.orchestrators.worker_args import MAX_LENGTH as WORKER_ARGS_MAX_LENGTH
+from apps.orchestrators.worker_args import parse_worker_args
 
 MAX_REPLICAS = 10_000
 dns_label_validator = RegexValidator(DNS_LABEL, "Use lowercase letters, digits and '-' (max 63, a DNS label).")
@@ -38,6 +41,15 @@ def validate_positive_finite(value: float) -> None:
 def validate_non_negative_finite(value: float) -> None:
     if not math.isfinite(value) or value < 0:
         raise ValidationError("Must be a finite number >= 0.")
+
+
+def validate_worker_args(value: str) -> None:
+    """A shell line of extra ``serve`` options, checked with the worker's own parser
+    (:func:`apps.orchestrators.worker_args.parse_worker_args`); raises ValidationError with its message."""
+    try:
+        parse_worker_args(value)
+    except InvalidSpec as exc:
+        raise ValidationError(str(exc)) from exc
 
 
 class Cluster(models.Model):
@@ -218,6 +230,11 @@ class PoolTrack(models.Model):
     weight = models.PositiveSmallIntegerField(default=100, validators=[MinValueValidator(0), MaxValueValidator(100)],
                                               help_text="Share of the pool's traffic, percent.")
     active = models.BooleanField(default=True, help_text="Blue-green: this track serves traffic.")
+    extra_args = models.CharField(
+        max_length=WORKER_ARGS_MAX_LENGTH, blank=True, default="", validators=[validate_worker_args],
+        help_text="Extra 'serve' options of this track's workers (a shell line, after FERRY_WORKER_EXTRA_ARGS), "
+                  "e.g. --max-num-seqs 8. Set from the rollout plan's worker_args for a canary or preview track.",
+    )
 
     class Meta:
         ordering = ["pool_id", "name"]

@@ -9,7 +9,9 @@ The orchestrator package knows nothing of Django; this module is the one transla
   model version (image, weights URI + sha256 for the init step, resources, placement, drain timeout).
 
 Worker process settings shared by every pool come from settings: ``FERRY_WORKER_ENV`` (a dict of
-environment variables) and ``FERRY_WORKER_EXTRA_ARGS`` (arguments appended to ``serve``).
+environment variables) and ``FERRY_WORKER_EXTRA_ARGS`` (arguments appended to ``serve``). A track's own
+``PoolTrack.extra_args`` (e.g. a canary's ``--fault-error-rate 0.5``) come after the global ones, so
+argparse's last-value rule lets a track override a global option.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from apps.orchestrators.base import (
     Resources,
     Toleration,
 )
+from apps.orchestrators.worker_args import parse_worker_args
 
 DEFAULT_IMAGE = "ferry/inference-worker:latest"
 FETCHABLE_SCHEMES = ("http", "https", "file")  # what the Kubernetes init step can download
@@ -95,10 +98,12 @@ def model_ref(version: ModelVersion, *, local: bool = False) -> ModelRef:
 def track_spec(pool: Pool, track: PoolTrack) -> PoolTrackSpec:
     """Everything a backend needs to run ``track`` of ``pool`` at ``track.replicas`` replicas.
 
-    ``drain_timeout_s`` is clamped to the backend's 1..3600 s.
+    ``drain_timeout_s`` is clamped to the backend's 1..3600 s. ``extra_args``: ``FERRY_WORKER_EXTRA_ARGS``
+    then the track's ``extra_args`` (re-checked with the worker's parser).
 
     Raises:
-        InvalidSpec: a field the backend cannot express (name too long, bad toleration, ...).
+        InvalidSpec: a field the backend cannot express (name too long, bad toleration, worker
+            arguments the worker would refuse, ...).
     """
     tolerations = tuple(
         Toleration(key=t.get("key", ""), operator=t.get("operator", "Equal"), value=t.get("value") or None,
@@ -107,7 +112,8 @@ def track_spec(pool: Pool, track: PoolTrack) -> PoolTrackSpec:
     )
     return PoolTrackSpec(
         pool=pool_ref(pool), role=pool.role, track=track.name, model=model_ref(track.model_version, local=pool.cluster.kind == "local"),
-        replicas=track.replicas, extra_args=worker_extra_args(), env=worker_env(),
+        replicas=track.replicas, extra_args=worker_extra_args() + parse_worker_args(track.extra_args),
+        env=worker_env(),
         resources=Resources(gpu_count=pool.gpu_count, cpu=pool.cpu or None, memory=pool.memory or None),
         node_selector=dict(pool.node_selector), tolerations=tolerations,
         drain_timeout_s=min(max(pool.drain_timeout_s, 1), 3600),

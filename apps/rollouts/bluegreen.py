@@ -3,7 +3,8 @@
 Phases (``RolloutPlan.phase``) of a progressing blue-green rollout; the old active track (``stable``,
 ``blue`` or ``green``) keeps serving until the switch, the preview is the other colour:
 
-1. ``preview``: the preview track gets the pool total ``R`` replicas, inactive, weight 0; wait
+1. ``preview``: the preview track (with the plan's ``worker_args`` as its worker options; it keeps
+   them after promotion) gets the pool total ``R`` replicas, inactive, weight 0; wait
    until all ``R`` are ready in every pool (``progress_deadline_s``, else the rollout fails).
 2. ``smoke``: a real completion (``POST /v1/completions``, 4 tokens) through a ready preview
    replica of every serving pool; an error fails the rollout.
@@ -234,7 +235,7 @@ def start(plan: RolloutPlan, views: list[PoolView]) -> list[str]:
         new = preview_name(old)
         if new in view.tracks:
             raise RolloutFailure("fail", f"pool {view.pool} already has a {new} track; remove it first")
-        track_ensure(view, new, plan.target_model_version, active=False)
+        track_ensure(view, new, plan.target_model_version, active=False, extra_args=plan.worker_args)
         plan.progress["new_tracks"][view.key] = new
     plan.progress["mode"], plan.phase = "preview", "preview"
     return converge(plan, views)

@@ -11,8 +11,9 @@ Canary, per tick of a progressing plan (plan row locked, see :mod:`apps.rollouts
    older than ``progress_deadline_s``: then the rollout fails and traffic returns to stable.
 3. Settled: a running analysis is evaluated; else the next step is applied (claimed by index).
    After the last step the weight goes to 100 (a plan whose last weight is below 100 still ends
-   at 100%), then **finalize**: the stable track takes the new version and the replicas move back
-   from ``canary`` to it, the canary track is removed and the rollout is ``promoted``.
+   at 100%), then **finalize**: the stable track takes the new version and the plan's
+   ``worker_args`` (the new release's worker options) and the replicas move back from ``canary`` to
+   it, the canary track is removed and the rollout is ``promoted``.
 
 Abort and failure (**revert**) put traffic back on stable at once when stable has a ready replica,
 and keep converging (``progress.cleanup``) until the canary track is gone; an aborted rollout never
@@ -206,8 +207,10 @@ def canary_tick(plan: RolloutPlan, now: datetime) -> str:
         prog["mode"] = "finalize"
         plan.phase = "finalizing"
         for view in views:
-            track_write(view.tracks[prog["stable_tracks"][view.key]], model_version=plan.target_model_version)
-        lines = [f"finalize: stable tracks move to {plan.target_model_version}"]
+            track_write(view.tracks[prog["stable_tracks"][view.key]], model_version=plan.target_model_version,
+                        extra_args=plan.worker_args)
+        lines = [f"finalize: stable tracks move to {plan.target_model_version}"
+                 + (f" with worker options {plan.worker_args!r}" if plan.worker_args else "")]
     changes = canary_converge(plan, views)
     lines += changes
     publish_if_changed(plan, lines)

@@ -88,12 +88,13 @@ def active_track_name(view: PoolView) -> str:
     return max(candidates, key=lambda t: (t.weight, t.replicas, t.name)).name
 
 
-def track_ensure(view: PoolView, name: str, version: ModelVersion, *, active: bool) -> PoolTrack:
-    """Create track ``name`` at 0 replicas and weight 0 if missing (else return it unchanged)."""
+def track_ensure(view: PoolView, name: str, version: ModelVersion, *, active: bool, extra_args: str = "") -> PoolTrack:
+    """Create track ``name`` at 0 replicas and weight 0 with the worker options ``extra_args`` if missing
+    (else return it unchanged)."""
     track = view.tracks.get(name)
     if track is None:
         track = PoolTrack.objects.create(pool=view.pool, name=name, model_version=version, replicas=0, weight=0,
-                                         active=active)
+                                         active=active, extra_args=extra_args)
         view.tracks[name] = track
     return track
 

@@ -14,6 +14,7 @@ from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
+from apps.fleet.models import WORKER_ARGS_MAX_LENGTH, validate_worker_args
 from apps.rollouts.validators import validate_gates, validate_steps
 
 
@@ -62,6 +63,12 @@ class RolloutPlan(models.Model):
         max_length=300, blank=True,
         help_text="Base URL of the Ferry router fronting these pools; a step counts as applied once its /ready "
                   "reports the new routing table version. Blank: replica readiness only (replica ratio).",
+    )
+    worker_args = models.CharField(
+        max_length=WORKER_ARGS_MAX_LENGTH, blank=True, default="", validators=[validate_worker_args],
+        help_text="Extra 'serve' options of the new version's workers (the canary or preview track), a shell line "
+                  "checked with the worker's parser, e.g. --max-num-seqs 8. They stay with the track that serves "
+                  "the new version after promotion. To rehearse a bad release: --fault-error-rate 0.5 (test only).",
     )
     phase = models.CharField(max_length=24, blank=True, editable=False,
                              help_text="Where the controller is inside the state (e.g. preview, finalizing).")

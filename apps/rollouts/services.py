@@ -154,13 +154,16 @@ def rollout_start(*, plan: RolloutPlan, requested_by: AbstractBaseUser | None = 
                              "stable_tracks": {v.key: active_track_name(v) for v in views}}
         except ValueError as exc:
             raise ConflictError(str(exc)) from exc
+        # the stable release's worker options, for a rollback after promotion
+        plan.progress["stable_worker_args"] = {v.key: v.tracks[plan.progress["stable_tracks"][v.key]].extra_args
+                                               for v in views}
         plan.stable_model_version = pools[0].model_version
         if plan.strategy == RolloutPlan.Strategy.CANARY:
             _check_weights(plan, views)
             for view in views:
                 if canary_track(view):
                     raise ConflictError(f"Pool {view.pool} already has a canary track; remove it first.")
-                track_ensure(view, NEW_TRACK, plan.target_model_version, active=True)
+                track_ensure(view, NEW_TRACK, plan.target_model_version, active=True, extra_args=plan.worker_args)
             plan.progress.update({"mode": "canary", "weight": 0, "applied_weight": 0})
             plan.phase = "steps"
             lines = canary_converge(plan, views)
@@ -244,10 +247,17 @@ def rollout_abort(*, plan: RolloutPlan, requested_by: AbstractBaseUser | None = 
     return plan
 
 
+def _previous_worker_args(plan: RolloutPlan) -> str:
+    previous = (plan.progress or {}).get("stable_worker_args") or {}
+    return next((previous[key] for key in sorted(previous, key=int)), "")
+
+
 def rollout_rollback(*, plan: RolloutPlan, requested_by: AbstractBaseUser | None = None) -> RolloutPlan:
     """After promotion: create and start a new rollout of the same pools back to the previous version.
 
-    Canary rollbacks use one ``set_weight: 100`` step and no gates; blue-green ones the usual flow.
+    Canary rollbacks use one ``set_weight: 100`` step and no gates; blue-green ones the usual flow. The
+    rollback's ``worker_args`` are the ones the stable track ran before this rollout (those of the first
+    pool when the pools differed).
 
     Raises:
         ConflictError: the rollout is not promoted, or a pool is in another rollout.
@@ -263,7 +273,7 @@ def rollout_rollback(*, plan: RolloutPlan, requested_by: AbstractBaseUser | None
             steps=[{"set_weight": 100}] if plan.strategy == RolloutPlan.Strategy.CANARY else [],
             gates=[], max_surge=max(plan.max_surge, 1), progress_deadline_s=plan.progress_deadline_s,
             max_weight_skew=plan.max_weight_skew, scale_down_delay_s=plan.scale_down_delay_s,
-            router_url=plan.router_url,
+            router_url=plan.router_url, worker_args=_previous_worker_args(plan),
         )
         RolloutPlan.objects.filter(pk=back.pk).update(rollback_of=plan)
         record_action(plan, "rollout.rollback", [f"rollout #{back.pk} goes back to {plan.stable_model_version}"],

@@ -38,7 +38,7 @@ class ClusterLinkSerializer(serializers.ModelSerializer):
 class PoolTrackSerializer(serializers.ModelSerializer):
     class Meta:
         model = PoolTrack
-        fields = ["name", "model_version", "replicas", "weight", "active"]
+        fields = ["name", "model_version", "replicas", "weight", "active", "extra_args"]
         read_only_fields = fields
 
 

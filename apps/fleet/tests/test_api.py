@@ -92,7 +92,7 @@ def test_pool_create_list_filter_update_delete(admin_api, cluster, model_version
     body = r.json()
     assert body["replicas"] == 3
     assert body["tracks"] == [{"name": "stable", "model_version": model_version.pk, "replicas": 3, "weight": 100,
-                               "active": True}]
+                               "active": True, "extra_args": ""}]
     admin_api.post("/api/v1/pools/", _pool_body(cluster, model_version, name="prefill", role="prefill"),
                    format="json")
     assert [p["name"] for p in admin_api.get("/api/v1/pools/?role=prefill").json()["results"]] == ["prefill"]

@@ -17,7 +17,7 @@ class RolloutPlanSerializer(serializers.ModelSerializer):
         model = RolloutPlan
         fields = ["id", "name", "pools", "target_model_version", "strategy", "steps", "gates", "state", "phase",
                   "current_step_index", "next_step_at", "max_surge", "progress_deadline_s", "max_weight_skew",
-                  "scale_down_delay_s", "router_url", "stable_model_version", "rollback_of", "progress",
+                  "scale_down_delay_s", "router_url", "worker_args", "stable_model_version", "rollback_of", "progress",
                   "allowed_verbs", "message", "created_by", "created_at", "updated_at"]
         read_only_fields = ["state", "phase", "current_step_index", "next_step_at", "stable_model_version",
                             "rollback_of", "progress", "message", "created_by", "created_at", "updated_at"]
