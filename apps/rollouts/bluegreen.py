@@ -64,9 +64,16 @@ def converge(plan: RolloutPlan, views: list[PoolView]) -> list[str]:
     """Write desired replicas, active flags and weights for ``progress.mode``; returns change lines.
 
     Modes: ``preview`` (both at R, old active), ``switched`` (both at R, preview active), ``done``
-    (old at 0, preview active), ``revert`` (old at R and active, preview at 0).
+    (old at 0, preview active), ``revert`` (old at R and active, preview at 0). Traffic leaves a track
+    before its replicas do: a track losing replicas keeps them until the router reports the table that
+    moved its traffic (:func:`apps.rollouts.controller.scale_down_hold`), e.g. a switch-back sends
+    traffic to the old track first and stops the preview once the router applied that.
     """
+    from apps.rollouts.controller import scale_down_hold
+
     mode, lines = plan.progress["mode"], []
+    shrinks: list[tuple[PoolView, PoolTrack, int]] = []
+    weights_changed = False
     for view in views:
         old, new = _names(plan, view)
         new_serves = mode in ("switched", "done")
@@ -76,9 +83,26 @@ def converge(plan: RolloutPlan, views: list[PoolView]) -> list[str]:
                         "weight": 100 if new_serves else 0}}
         for name, values in wanted.items():
             track = view.tracks.get(name)
-            if track is not None and track_write(track, **values):
-                lines.append(f"{view.pool}: {name} replicas {values['replicas']}, "
+            if track is None:
+                continue
+            replicas = values["replicas"]
+            if replicas < track.replicas:
+                shrinks.append((view, track, replicas))
+                replicas = track.replicas
+            routing = {"active": values["active"], "weight": values["weight"]}
+            weights_changed |= any(getattr(track, f) != v for f, v in routing.items())
+            if track_write(track, replicas=replicas, **routing):
+                lines.append(f"{view.pool}: {name} replicas {replicas}, "
                              f"{'active' if values['active'] else 'inactive'}, weight {values['weight']}%")
+    held = scale_down_hold(plan, weights_changed=weights_changed) if shrinks else None
+    for view, track, replicas in shrinks:
+        before = track.replicas
+        if held is None and track_write(track, replicas=replicas):
+            lines.append(f"{view.pool}: {track.name} replicas {before} -> {replicas}")
+    if held is not None:
+        plan.progress["scale_down_held"] = held
+    else:
+        plan.progress.pop("scale_down_held", None)
     return lines
 
 
@@ -205,9 +229,13 @@ def tick(plan: RolloutPlan, now: datetime) -> str:
 
 
 def cleanup(plan: RolloutPlan, now: datetime) -> str:
-    """After an abort/failure: once the old track serves again, remove the preview track."""
+    """After an abort/failure: once the old track serves again and the router no longer sends traffic to
+    the preview (its replicas went to 0, see :func:`converge`), remove the preview track."""
     views = pool_views(plan)
     _publish(plan, converge(plan, views))
+    if any(v.tracks[_names(plan, v)[1]].replicas for v in views if _names(plan, v)[1] in v.tracks):
+        schedule(plan, now)
+        return "reverting"
     if plan.progress.get("switched_services") and switch_services(plan, views, to_new=False) is not None:
         schedule(plan, now)
         return "reverting"

@@ -68,8 +68,15 @@ def _ready(view: PoolView, name: str) -> int:
 
 
 def canary_converge(plan: RolloutPlan, views: list[PoolView]) -> list[str]:
-    """Write the next desired replicas and weights of every pool; returns lines describing changes."""
+    """Write the next desired replicas and weights of every pool; returns lines describing changes.
+
+    Traffic leaves a track before its replicas do: the weights are computed from the replica counts after
+    this move, but a shrinking track keeps its replicas until the router reports the routing table that
+    takes the traffic away (:func:`scale_down_hold`); growing tracks move at once.
+    """
     prog, lines = plan.progress, []
+    planned: dict[str, dict[str, int]] = {}
+    shrinks: list[tuple[PoolView, str, int, int]] = []
     for view in views:
         if NEW_TRACK not in view.tracks:
             continue
@@ -78,15 +85,22 @@ def canary_converge(plan: RolloutPlan, views: list[PoolView]) -> list[str]:
         ready = {name: _ready(view, name) for name in target}
         moved = next_replicas(desired=desired, ready=ready, target=target, total=view.total,
                               max_surge=plan.max_surge)
+        planned[view.key] = moved
         for name, replicas in moved.items():
-            if track_write(view.tracks[name], replicas=replicas):
+            if replicas < desired[name]:
+                shrinks.append((view, name, desired[name], replicas))
+            elif track_write(view.tracks[name], replicas=replicas):
                 lines.append(f"{view.pool}: {name} replicas {desired[name]} -> {replicas}")
+
+    def ready_after(view: PoolView, name: str) -> int:
+        return min(view.ready.get(name, 0), planned[view.key].get(name, 0))
+
     serving = [v for v in views if v.serving and NEW_TRACK in v.tracks] or [v for v in views if NEW_TRACK in v.tracks]
-    ready_new = sum(_ready(v, NEW_TRACK) for v in serving)
-    ready_stable = sum(_ready(v, prog["stable_tracks"][v.key]) for v in serving)
+    ready_new = sum(ready_after(v, NEW_TRACK) for v in serving)
+    ready_stable = sum(ready_after(v, prog["stable_tracks"][v.key]) for v in serving)
     previous = prog.get("applied_weight", 0)
     if prog["mode"] == "canary":
-        shares = {v.key: (_ready(v, NEW_TRACK), canary_targets(plan, v)[NEW_TRACK]) for v in views
+        shares = {v.key: (ready_after(v, NEW_TRACK), canary_targets(plan, v)[NEW_TRACK]) for v in views
                   if NEW_TRACK in v.tracks}
         weight = applied_weight(weight=prog["weight"], previous=previous, shares=shares,
                                 skew=plan.max_weight_skew, serving_ready=ready_new)
@@ -102,7 +116,35 @@ def canary_converge(plan: RolloutPlan, views: list[PoolView]) -> list[str]:
             changed |= track_write(view.tracks[prog["stable_tracks"][view.key]], weight=100 - weight)
     if changed:
         lines.append(f"canary weight {previous}% -> {weight}%")
+    held = scale_down_hold(plan, weights_changed=changed) if shrinks else None
+    for view, name, before, after in shrinks:
+        if held is None and track_write(view.tracks[name], replicas=after):
+            lines.append(f"{view.pool}: {name} replicas {before} -> {after}")
+    if held is not None:
+        prog["scale_down_held"] = held
+    else:
+        prog.pop("scale_down_held", None)
     return lines
+
+
+def scale_down_hold(plan: RolloutPlan, *, weights_changed: bool) -> str | None:
+    """Why replicas whose traffic was just moved away must stay for now (None: they may go).
+
+    With a router (``router_url``) a track's replicas are removed only once the router reports the
+    routing table that no longer sends them traffic: not in the tick that changes the weights, nor while
+    the router is behind. Otherwise a request routed by the old table reaches a draining replica, and a
+    retry cannot help when no other replica serves that track's version. The hold ends after
+    ``progress_deadline_s`` from the start of the step (a router that never answers does not keep the
+    replicas forever). Without a router nothing is held.
+    """
+    if not plan.router_url:
+        return None
+    started = plan.step_started_at
+    if started is not None and (timezone.now() - started).total_seconds() > plan.progress_deadline_s:
+        return None
+    if weights_changed:
+        return "the router to apply the new weights before replicas are removed"
+    return router_behind(plan)
 
 
 def canary_settled(plan: RolloutPlan, views: list[PoolView]) -> str | None:
@@ -113,6 +155,8 @@ def canary_settled(plan: RolloutPlan, views: list[PoolView]) -> str | None:
             continue
         for name, want in sorted(canary_targets(plan, view).items()):
             track = view.tracks[name]
+            if track.replicas > want and prog.get("scale_down_held"):
+                return prog["scale_down_held"]
             if track.replicas != want or _ready(view, name) < want:
                 return f"{view.pool} {name}: {_ready(view, name)}/{want} ready (desired {track.replicas})"
             if want == 0 and name != NEW_TRACK and view.alive.get(name, 0):  # stable empty before it changes version
