@@ -7,8 +7,13 @@ W=512 + 3 full, 1 KV head, head_dim 256, bf16):
   formula (``inference_worker.config.kv_bytes``: resident KV, min(N, W)) and the all-full equivalent;
 - loopback TCP transfer time and throughput with compression off and on (zstd level 1), with the
   receiver in its own process; time is measured from the first byte sent to the receiver's ack,
-  so it includes sealing (CRC-32 + HMAC-SHA256), validation and decoding to tensors;
-- a reference in the same run: the same raw bytes over plain loopback TCP (no framing, no HMAC);
+  so it includes sealing (keyed BLAKE3, protocol 2), verification and decoding to tensors. The
+  receiver consumes each payload as a decode worker does (awaits it, then drops it, which frees its
+  buffer); a receiver that kept every payload would land each frame in never-touched memory, whose
+  page faults cost several times the transfer itself on this VM;
+- a reference in the same run: the same raw bytes over plain loopback TCP (no framing, no MAC);
+- single-core rates of the candidate MACs and checksum on the 8K payload (1 MiB updates): keyed
+  BLAKE3 (protocol 2), HMAC-SHA256 and CRC-32 (protocol 1), the reason for protocol 2's choice;
 - CPU seconds per transfer on each side (``/proc``), and the throughput the busier side's CPU allows:
   on a shared, loaded machine wall time mostly measures waiting for a core;
 - the same transfer over an emulated 10 and 1 Gbit/s link (the sender's token bucket), vs the
@@ -26,6 +31,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
+import hmac
 import json
 import os
 import platform
@@ -35,8 +42,10 @@ import subprocess
 import sys
 import threading
 import time
+import zlib
 from pathlib import Path
 
+import blake3
 import numpy as np
 import torch
 
@@ -119,14 +128,22 @@ def raw_send(port: int, data: bytes, repeats: int) -> list[float]:
 
 
 async def serve_receiver() -> None:
-    """Child process: a receiver that expects bench-0..bench-9999, plus the raw TCP sink; prints both ports."""
+    """Child process: a receiver that expects bench-0..bench-9999 and consumes them in that order (each
+    payload dropped once delivered, as the decode worker drops it after copying it into its cache), plus
+    the raw TCP sink; prints both ports."""
     receiver = await KVReceiver(link_secret=SECRET, model_version_id="bench", weights_sha256=WEIGHTS,
                                 layout=LAYOUT, read_timeout_s=30).start()
     for i in range(10000):
         receiver.expect(f"bench-{i}")
+
+    async def consume() -> None:
+        for i in range(10000):
+            await receiver.wait(f"bench-{i}", 3600)
+
     sink = socket.create_server(("127.0.0.1", 0))
     threading.Thread(target=raw_sink, args=(sink,), daemon=True).start()
     print(receiver.port, sink.getsockname()[1], flush=True)
+    await consume()  # the parent kills this process when done
     await asyncio.Event().wait()
 
 
@@ -173,7 +190,8 @@ async def run(args) -> dict:
                                       weights_sha256=WEIGHTS, layout=LAYOUT, num_tokens=n, kv=kv,
                                       compression=compression) for _ in range(count)]
                 t0 = time.perf_counter()
-                encoded = frames(1)[0]
+                encoded = encode_kv(request_id="size-probe", model_version_id="bench", weights_sha256=WEIGHTS,
+                                    layout=LAYOUT, num_tokens=n, kv=kv, compression=compression)
                 encode_s = time.perf_counter() - t0
                 wire = encoded.wire_bytes
                 batch = frames(args.repeats)
@@ -191,15 +209,45 @@ async def run(args) -> dict:
                     row[compression][f"link_{gbps:g}gbps_s"] = link_s
                     row[compression][f"link_{gbps:g}gbps_theory_s"] = wire * 8 / (gbps * 1e9)
             rows.append(row)
+            last_raw = raw
     finally:
         child.kill()
         child.wait()
     return {"machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
             "load_average": os.getloadavg(), "torch": torch.__version__,
-            "repeats": args.repeats, "rows": rows}
+            "repeats": args.repeats, "hash_GBps": hash_rates(last_raw), "rows": rows}
+
+
+def hash_rates(data: bytes, chunk: int = 1 << 20, repeats: int = 5) -> dict:
+    """Single-core GB/s (best of ``repeats``) of each candidate over ``data`` fed in ``chunk``-byte updates."""
+    view, key = memoryview(data), bytes(range(32))
+
+    def run(make, update, finish) -> float:
+        best = float("inf")
+        for _ in range(repeats):
+            started = time.perf_counter()
+            state = make()
+            for i in range(0, len(view), chunk):
+                state = update(state, view[i:i + chunk])
+            finish(state)
+            best = min(best, time.perf_counter() - started)
+        return len(data) / best / 1e9
+
+    def feed(h, b):
+        h.update(b)
+        return h
+
+    return {
+        "blake3_keyed": run(lambda: blake3.blake3(key=key), feed, lambda h: h.digest()),
+        "hmac_sha256": run(lambda: hmac.new(key, digestmod=hashlib.sha256), feed, lambda h: h.digest()),
+        "crc32": run(lambda: 0, lambda c, b: zlib.crc32(b, c), lambda c: c),
+    }
 
 
 def print_table(result: dict) -> None:
+    rates = result["hash_GBps"]
+    print(f"\nMAC/checksum, one core, 1 MiB updates: keyed BLAKE3 {rates['blake3_keyed']:.2f} GB/s (protocol 2), "
+          f"HMAC-SHA256 {rates['hmac_sha256']:.2f} GB/s and CRC-32 {rates['crc32']:.2f} GB/s (protocol 1)")
     print(f"\nKV transfer, Gemma 3 270M shape (bf16), kv={result['rows'][0]['kv']}, median of "
           f"{result['repeats']} loopback transfers; {result['cpus']} CPUs, load average "
           f"{result['load_average'][0]:.1f}")

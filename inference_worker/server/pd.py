@@ -9,7 +9,7 @@ Flow of one request the router sends to a decode worker with ``X-Ferry-Prefill-E
 2. prefill: runs the prefill on its engine, samples the first token, copies the KV the next decode
    step reads out of its paged cache (N tokens for full layers, the last min(N, W-1) for sliding
    ones), frees the request's blocks, sends the KV with :class:`~inference_worker.kv_transfer.transport.KVSender`
-   (HMAC, optional bandwidth cap) and answers with the first token, timings and byte counts;
+   (keyed-BLAKE3 MAC, optional bandwidth cap) and answers with the first token, timings and byte counts;
 3. decode: waits for the payload (``--kv-timeout`` seconds at most), checks it carries this worker's
    model version id, weights sha256 and the prompt's token count, writes it into its own paged cache
    and continues decoding in the normal batch.

@@ -4,7 +4,7 @@ Never set in production. Modes (what the decode side then sees):
 
 - ``corrupt``: one payload byte flipped after sealing -> ``checksum``;
 - ``truncate``: half the frame, then the connection is closed -> ``truncated``;
-- ``wrong-key``: sealed with another HMAC key -> ``auth``;
+- ``wrong-key``: sealed with another link secret -> ``auth``;
 - ``wrong-version``: the frame names another model version -> ``version_mismatch``;
 - ``delay:S``: the frame is sent S seconds late -> ``timeout`` on decode, then ``late``;
 - ``die-mid-send``: half the frame, then the prefill process kills itself (SIGKILL) -> ``truncated``

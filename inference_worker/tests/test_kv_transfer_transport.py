@@ -1,6 +1,7 @@
 """KV transfer over real TCP: delivery, every failure rejected and counted by reason, retries, TLS, late KV."""
 
 import asyncio
+import dataclasses
 import os
 import ssl
 import subprocess
@@ -15,6 +16,8 @@ from inference_worker.kv_transfer.errors import (
     AuthenticationFailed,
     ConnectionFailed,
     LatePayload,
+    PayloadTooLarge,
+    ProtocolVersionMismatch,
     Timeout,
     UnexpectedPayload,
     WrongWeights,
@@ -177,6 +180,40 @@ async def test_stalled_sender_is_dropped_after_the_read_timeout():
     assert await asyncio.wait_for(reader.read(), 5) == b""  # the receiver closed the connection
     assert receiver.recorder.failures("receive") == {"timeout": 1}
     writer.close()
+    await receiver.close()
+
+
+def small_frame(request_id):
+    return encode_kv(request_id=request_id, model_version_id="v1", weights_sha256=WEIGHTS, layout=LAYOUT,
+                     num_tokens=10, kv=[(k[:10], v[:10]) for k, v in KV])
+
+
+@pytest.mark.parametrize("rejection", ["capacity", "protocol", "late"])
+async def test_the_frame_after_a_rejection_is_delivered_at_once(rejection):
+    """A rejected frame's connection is not reused: after a preamble it refuses, the receiver drops the
+    rest of that stream, and reusing it stalled the next frame until the I/O timeout (then a retry)."""
+    ok = small_frame("ok")
+    receiver = await start_receiver(max_payload_bytes=ok.payload_bytes)
+    s = sender(receiver, io_timeout_s=5.0)
+    if rejection == "capacity":
+        bad, error = frame("bad"), PayloadTooLarge
+    elif rejection == "protocol":
+        other = small_frame("bad")
+        bad, error = dataclasses.replace(other, prefix=other.prefix[:8] + b"\x00\x07" + other.prefix[10:]), \
+            ProtocolVersionMismatch
+    else:
+        with pytest.raises(Timeout):
+            await receiver.wait("bad", 0.01)
+        bad, error = small_frame("bad"), LatePayload
+    with pytest.raises(error):
+        await s.send(bad)
+    receiver.expect("ok")
+    seconds = await s.send(ok)
+    assert (await receiver.wait("ok", 5)).num_tokens == 10
+    assert seconds < 2.0 and s.num_attempts == 2 and s.num_failed_attempts == 1
+    assert receiver.recorder.failures("receive") == ({rejection: 1} if rejection != "late" else
+                                                     {"timeout": 1, "late": 1})
+    await s.close()
     await receiver.close()
 
 

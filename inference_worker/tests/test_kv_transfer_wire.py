@@ -2,6 +2,7 @@
 
 import struct
 
+import blake3
 import numpy as np
 import pytest
 import torch
@@ -16,7 +17,15 @@ from inference_worker.kv_transfer.errors import (
     WrongWeights,
 )
 from inference_worker.kv_transfer.layout import KVLayout, transfer_tokens
-from inference_worker.kv_transfer.wire import PREAMBLE, TRAILER, decode_frame, encode_kv
+from inference_worker.kv_transfer.wire import (
+    KEY_ID_OFFSET,
+    PREAMBLE,
+    PROTOCOL_VERSION,
+    TRAILER,
+    LinkKey,
+    decode_frame,
+    encode_kv,
+)
 
 torch.set_num_threads(1)
 SECRET = b"link-secret-0123456789abcdef"
@@ -149,18 +158,48 @@ def test_one_flipped_byte_is_corrupt(frame_bytes, position):
     assert exc.value.reason == "checksum"
 
 
-def test_flipped_byte_in_the_crc_field_alone_is_harmless(frame_bytes):
-    """The HMAC vouches for every covered byte; the CRC only classifies a failed HMAC."""
-    data = bytearray(frame_bytes)
-    data[len(data) - TRAILER.size] ^= 0x01
-    assert decode(bytes(data)).num_tokens == 513
+def test_trailer_is_keyed_blake3_under_the_documented_derivation(frame_bytes):
+    """Protocol 2: tag = BLAKE3 keyed_hash(derive_key(context, secret), preamble+header+payload); the key
+    id in the preamble is the first 8 bytes of derive_key(another context, secret). Pinned, so a change
+    of construction (which breaks interoperability) needs a protocol version bump."""
+    assert struct.unpack("!H", frame_bytes[8:10])[0] == PROTOCOL_VERSION == 2
+    header_len, payload_len = struct.unpack("!IQ", frame_bytes[12:24])
+    assert len(frame_bytes) == PREAMBLE.size + header_len + payload_len + TRAILER.size == PREAMBLE.size + header_len + \
+        513 * 1024 * 3 + 511 * 1024 * 15 + 32
+    mac_key = blake3.blake3(SECRET, derive_key_context="Ferry KV transfer 2026-11-30 per-link MAC key").digest()
+    key_id = blake3.blake3(SECRET, derive_key_context="Ferry KV transfer 2026-11-30 per-link key id").digest()[:8]
+    assert frame_bytes[-TRAILER.size:] == blake3.blake3(frame_bytes[:-TRAILER.size], key=mac_key).digest()
+    assert frame_bytes[KEY_ID_OFFSET:KEY_ID_OFFSET + 8] == key_id
+    link_key = LinkKey(SECRET)
+    assert (link_key.mac_key.hex(), link_key.key_id.hex()) == (
+        "987c79d590935961d40440f0ee590ee5fd29e2c14919c3366b2cee1b1fce965f", "608409b8bfe83703")
 
 
-def test_flipped_byte_in_the_mac_fails_authentication(frame_bytes):
+@pytest.mark.parametrize("index", [-1, -TRAILER.size, 11])  # tag's last and first byte, preamble flags
+def test_flipped_byte_in_the_tag_or_the_preamble_is_corrupt(frame_bytes, index):
+    """The frame still names this link's key, so a tag mismatch means bytes changed in flight."""
     data = bytearray(frame_bytes)
-    data[-1] ^= 0x80
-    with pytest.raises(AuthenticationFailed):
+    data[index] ^= 0x80
+    with pytest.raises(CorruptPayload) as exc:
         decode(bytes(data))
+    assert exc.value.reason == "checksum"
+
+
+def test_key_id_is_covered_by_the_tag(frame_bytes):
+    """A frame whose key id was rewritten does not verify (rejected as auth: it names another key)."""
+    data = bytearray(frame_bytes)
+    data[KEY_ID_OFFSET:KEY_ID_OFFSET + 8] = LinkKey(b"another-secret-0123456789").key_id
+    with pytest.raises(AuthenticationFailed, match="another link secret"):
+        decode(bytes(data))
+
+
+def test_forgery_naming_this_links_key_is_rejected(frame_bytes):
+    """Whoever lacks the secret cannot make a tag verify, even by copying the key id (counted as checksum)."""
+    forged = bytearray(frame_bytes)
+    forged[len(forged) // 2] ^= 0x01
+    forged[-TRAILER.size:] = blake3.blake3(bytes(forged[:-TRAILER.size]), key=bytes(32)).digest()
+    with pytest.raises(CorruptPayload):
+        decode(bytes(forged))
 
 
 @pytest.mark.parametrize("cut", [10, PREAMBLE.size + 3, 1_000_000, -1])
@@ -170,10 +209,11 @@ def test_truncation_is_detected(frame_bytes, cut):
     assert exc.value.reason == "truncated"
 
 
-def test_wrong_hmac_key_is_an_authentication_failure(frame_bytes):
+def test_wrong_link_secret_is_an_authentication_failure(frame_bytes):
     with pytest.raises(AuthenticationFailed) as exc:
         decode(frame_bytes, link_secret=b"another-secret-0123456789")
     assert exc.value.reason == "auth"
+    assert f"key id {LinkKey(SECRET).key_id.hex()}" in str(exc.value)
 
 
 @pytest.mark.parametrize("kw", [{"model_version_id": "v2"}, {"weights_sha256": "cd" * 32}])
@@ -183,10 +223,11 @@ def test_kv_of_another_model_version_or_weights_is_refused(frame_bytes, kw):
     assert exc.value.reason == "version_mismatch"
 
 
-def test_other_protocol_version_and_bad_magic(frame_bytes):
+@pytest.mark.parametrize("version", [1, 3])
+def test_other_protocol_version_and_bad_magic(frame_bytes, version):
     data = bytearray(frame_bytes)
-    data[8:10] = (2).to_bytes(2, "big")
-    with pytest.raises(ProtocolVersionMismatch):
+    data[8:10] = version.to_bytes(2, "big")  # 1: HMAC-SHA256 + CRC-32 frames
+    with pytest.raises(ProtocolVersionMismatch, match=f"protocol {version}, this side speaks 2"):
         decode(bytes(data))
     with pytest.raises(CorruptPayload, match="magic"):
         decode(b"HTTP/1.1" + frame_bytes[8:])
