@@ -8,6 +8,11 @@ from whatever is registered:
    orchestration app's ``AppConfig.ready`` — that is where orchestration plugs in), else
 2. ``settings.FERRY_TELEMETRY_STATIC_TARGETS``: a list of dicts
    ``{"pool": <pool id>, "track": "stable", "replica": "r0", "url": "http://host:port"}``.
+
+Routers (``python -m inference_worker router``) belong to no pool: their series name the pool
+in a label (``ferry_router_decisions_total{pool, decision}``). Direct scraping reads them from
+``settings.FERRY_ROUTER_METRICS_URLS`` (env ``FERRY_ROUTER_METRICS_URLS``, comma separated);
+Prometheus users add the job ``prometheus_router_scrape_config`` builds.
 """
 
 from __future__ import annotations
@@ -45,6 +50,45 @@ class ReplicaEndpoint:
     @property
     def key(self) -> tuple[str, str, str]:
         return (self.pool_id, self.track, self.replica)
+
+
+@dataclass(frozen=True)
+class RouterEndpoint:
+    """One router's metrics URL: ``http(s)://host:port[/path]``; no path means ``/metrics``.
+
+    Raises ``ValueError`` for a URL without scheme/host, or with a query or fragment.
+    """
+
+    url: str
+
+    def __post_init__(self):
+        parts = urlsplit(self.url)
+        if parts.scheme not in ("http", "https") or not parts.netloc or parts.query or parts.fragment:
+            raise ValueError(f"router metrics URL {self.url!r} is not http(s)://host:port[/metrics]")
+
+    @property
+    def metrics_url(self) -> str:
+        parts = urlsplit(self.url)
+        return self.url if parts.path not in ("", "/") else f"{parts.scheme}://{parts.netloc}/metrics"
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        """Never equal to a replica's key (those have a non-empty pool)."""
+        return ("", "router", self.metrics_url)
+
+
+def router_endpoints() -> list[RouterEndpoint]:
+    """The routers from ``settings.FERRY_ROUTER_METRICS_URLS`` (a list, or a comma-separated string).
+
+    Raises ``ValueError`` naming the setting for a malformed URL.
+    """
+    urls = getattr(settings, "FERRY_ROUTER_METRICS_URLS", []) or []
+    if isinstance(urls, str):
+        urls = [u.strip() for u in urls.split(",") if u.strip()]
+    try:
+        return [RouterEndpoint(str(url)) for url in urls]
+    except ValueError as exc:
+        raise ValueError(f"FERRY_ROUTER_METRICS_URLS: {exc}") from exc
 
 
 EndpointProvider = Callable[[], Iterable[ReplicaEndpoint]]
@@ -106,5 +150,27 @@ def prometheus_scrape_config(endpoints: Iterable[ReplicaEndpoint], *, interval_s
         "scrape_timeout": interval,
         "honor_labels": True,
         "metrics_path": "/metrics",
+        "static_configs": static_configs,
+    }
+
+
+def prometheus_router_scrape_config(routers: Iterable[RouterEndpoint], *, interval_s: float = 1.0) -> dict:
+    """A Prometheus ``scrape_configs`` job scraping the routers' metrics URLs, as a dict to dump as YAML.
+
+    ``honor_labels`` keeps the router's ``pool`` label (the decode pool's name), which is how
+    router series are attributed to pools; each target carries its own path and scheme
+    (``__metrics_path__``, ``__scheme__``).
+    """
+    static_configs = []
+    for router in routers:
+        parts = urlsplit(router.metrics_url)
+        static_configs.append({"targets": [parts.netloc],
+                               "labels": {"__metrics_path__": parts.path, "__scheme__": parts.scheme}})
+    interval = f"{round(interval_s * 1000)}ms"
+    return {
+        "job_name": "ferry-router",
+        "scrape_interval": interval,
+        "scrape_timeout": interval,
+        "honor_labels": True,
         "static_configs": static_configs,
     }

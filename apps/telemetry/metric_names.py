@@ -1,7 +1,7 @@
-"""The worker metric names and labels the telemetry layer reads (DESIGN, "Metrics contract").
+"""The worker and router metric names and labels the telemetry layer reads (DESIGN, "Metrics contract").
 
-The names are an interface between the inference worker (``inference_worker/metrics.py``
-defines them) and the control plane. This module is the single place on the control-plane
+The names are an interface between the inference worker (``inference_worker/metrics.py`` and
+``inference_worker/router/metrics.py`` define them) and the control plane. This module is the single place on the control-plane
 side that spells them, so aligning with the worker is a one-file change.
 """
 
@@ -43,6 +43,16 @@ KV_TRANSFER_WIRE_BYTES = "ferry_kv_transfer_wire_bytes_total"
 TTFT = "ferry_time_to_first_token_seconds"
 TPOT = "ferry_time_per_output_token_seconds"
 E2E = "ferry_e2e_request_latency_seconds"
+
+# Router counter: requests routed, labels ``pool`` (the decode pool's name), ``decision`` (values:
+# inference_worker.router.decisions.DECISIONS) and ``track``; pool signals sum over the other labels.
+ROUTER_DECISIONS = "ferry_router_decisions_total"
+ROUTER_DECISION_LABEL = "decision"
+# Where the prompt was prefilled. Local: on the decode pool itself, for a short prompt or, as a
+# fallback, for a long prompt when no prefill replica of the same model version was available.
+ROUTER_LOCAL_PREFILL_FALLBACK_DECISIONS = ("local_prefill_fallback",)
+ROUTER_LOCAL_PREFILL_DECISIONS = ("local_prefill", *ROUTER_LOCAL_PREFILL_FALLBACK_DECISIONS)
+ROUTER_REMOTE_PREFILL_DECISIONS = ("remote_prefill",)
 
 # NVIDIA DCGM exporter on Kubernetes: GPU utilization in percent (0..100), labelled by pod.
 DCGM_GPU_UTIL = "DCGM_FI_DEV_GPU_UTIL"

@@ -3,8 +3,10 @@
 Runs as its own process (``manage.py telemetry``), not inside the Celery worker that runs long
 actions. Each poll:
 
-1. lists pools (``selectors.poll_targets``) and replica endpoints (``endpoints.replica_endpoints``);
-2. refreshes each metric source (direct scrape: scrape the replicas of its clusters' pools);
+1. lists pools (``selectors.poll_targets``), replica endpoints (``endpoints.replica_endpoints``)
+   and routers (``endpoints.router_endpoints``);
+2. refreshes each metric source (direct scrape: scrape the replicas of its clusters' pools, and
+   once for all of them the routers, whose decisions count for the pool they name);
 3. computes pool-level and per-track ``SignalSet``s over ``window_s``;
 4. broadcasts them (``telemetry.signals`` to the pool group, ``telemetry.fleet`` to the fleet
    group) with Redis sequence numbers, and appends the same records to the Redis history;
@@ -28,7 +30,7 @@ from django.db import DatabaseError, close_old_connections
 
 from apps.telemetry.alerts import AlertEvaluator, RuleSpec
 from apps.telemetry.broadcast import FLEET_GROUP, pool_group, telemetry_broadcast
-from apps.telemetry.endpoints import ReplicaEndpoint, replica_endpoints
+from apps.telemetry.endpoints import ReplicaEndpoint, RouterEndpoint, replica_endpoints, router_endpoints
 from apps.telemetry.history import SignalHistory
 from apps.telemetry.models import Alert
 from apps.telemetry.selectors import SourceChoice, alert_rules_effective, history_scope, poll_targets
@@ -36,13 +38,19 @@ from apps.telemetry.services import alert_transitions_apply
 from apps.telemetry.signals import Scope
 from apps.telemetry.sources.base import MetricSource, MetricSourceError
 from apps.telemetry.sources.prometheus import PrometheusSource
-from apps.telemetry.sources.scrape import DirectScrapeSource
+from apps.telemetry.sources.scrape import DirectScrapeSource, SampleStore
 
 logger = logging.getLogger(__name__)
 
 
-def default_source_factory(choice: SourceChoice, *, window_s: float) -> MetricSource:
-    """Build the source for a cluster's ``SourceChoice``."""
+def scrape_retention_s(window_s: float) -> float:
+    """How long direct scraping keeps samples for a poller with window ``window_s`` (seconds)."""
+    return max(2 * window_s, window_s + 10.0)
+
+
+def default_source_factory(choice: SourceChoice, *, window_s: float, routers: SampleStore | None = None) -> MetricSource:
+    """Build the source for a cluster's ``SourceChoice``; ``routers``: the shared router samples
+    (direct scrape only; Prometheus scrapes the routers itself)."""
     if choice.kind == "prometheus":
         dcgm = None
         if choice.dcgm:
@@ -52,11 +60,12 @@ def default_source_factory(choice: SourceChoice, *, window_s: float) -> MetricSo
                 pod = f"{re.escape(scope.pool)}-{scope.track or '[a-z]+'}-.*"
                 return [("namespace", "=", namespace), ("pod", "=~", pod)] if namespace else [("pod", "=~", pod)]
         return PrometheusSource(choice.prometheus_url, dcgm_matchers=dcgm)
-    return DirectScrapeSource(retention_s=max(2 * window_s, window_s + 10.0))
+    return DirectScrapeSource(retention_s=scrape_retention_s(window_s), routers=routers)
 
 
 class TelemetryPoller:
-    """One poller. ``clock`` returns Unix seconds; ``endpoints`` lists replica endpoints."""
+    """One poller. ``clock`` returns Unix seconds; ``endpoints`` lists replica endpoints, ``routers``
+    the routers to scrape; ``router_source`` scrapes them (default: a ``DirectScrapeSource``)."""
 
     def __init__(
         self,
@@ -67,6 +76,8 @@ class TelemetryPoller:
         clock: Callable[[], float] = time.time,
         endpoints: Callable[[], Iterable[ReplicaEndpoint]] = replica_endpoints,
         source_factory: Callable[..., MetricSource] = default_source_factory,
+        routers: Callable[[], Iterable[RouterEndpoint]] = router_endpoints,
+        router_source: DirectScrapeSource | None = None,
     ):
         if window_s <= 0 or interval_s <= 0:
             raise ValueError("window_s and interval_s must be positive")
@@ -76,6 +87,8 @@ class TelemetryPoller:
         self._clock = clock
         self._endpoints = endpoints
         self._source_factory = source_factory
+        self._routers = routers
+        self.router_source = router_source or DirectScrapeSource(retention_s=scrape_retention_s(window_s))
         self.sources: dict[tuple, MetricSource] = {}
         self.evaluator = AlertEvaluator()
         for alert in Alert.objects.filter(state=Alert.State.FIRING):
@@ -83,7 +96,8 @@ class TelemetryPoller:
 
     def _source(self, choice: SourceChoice) -> MetricSource:
         if choice.key not in self.sources:
-            self.sources[choice.key] = self._source_factory(choice, window_s=self.window_s)
+            self.sources[choice.key] = self._source_factory(choice, window_s=self.window_s,
+                                                            routers=self.router_source.store)
         return self.sources[choice.key]
 
     def poll_once(self) -> dict[int, dict]:
@@ -91,6 +105,8 @@ class TelemetryPoller:
         now = self._clock()
         targets = poll_targets()
         endpoints = list(self._endpoints())
+        if any(t.source.kind == "scrape" for t in targets):
+            self.router_source.refresh(list(self._routers()), now)
         for choice in {t.source for t in targets}:
             pool_ids = {str(t.pool_id) for t in targets if t.source == choice}
             self._source(choice).refresh([e for e in endpoints if str(e.pool_id) in pool_ids], now)
@@ -146,3 +162,4 @@ class TelemetryPoller:
     def close(self) -> None:
         for source in self.sources.values():
             source.close()
+        self.router_source.close()

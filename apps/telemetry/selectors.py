@@ -40,8 +40,11 @@ class PoolTarget:
 
     def scope(self, track: str | None = None) -> Scope:
         """The pool's scope for its source: Prometheus selects by the workers' ``pool`` label (the
-        pool's name, as the orchestrator passes ``--pool``); direct scrape by endpoint pool id."""
-        return Scope(self.label if self.source.kind == "prometheus" else str(self.pool_id), track)
+        pool's name, as the orchestrator passes ``--pool``); direct scrape by endpoint pool id, and
+        router series (labelled with the pool's name) by that label."""
+        if self.source.kind == "prometheus":
+            return Scope(self.label, track)
+        return Scope(str(self.pool_id), track, label=self.label)
 
 
 def metric_source_choice(cluster: Cluster) -> SourceChoice:

@@ -59,7 +59,11 @@ def promql_selector(metric: str, matchers: Sequence[Matcher]) -> str:
 
 
 class SeriesView(Protocol):
-    """Samples of one scope (a pool or one track), as the direct-scrape source holds them."""
+    """Samples of one scope (a pool or one track), as the direct-scrape source holds them.
+
+    A scope's series are those of its replicas (by the endpoint they were scraped from) and those
+    of the routers whose labels name the scope's pool (and track): ``Scope.matchers``.
+    """
 
     def series(self, metric: str, matchers: Sequence[Matcher]) -> list[tuple[dict[str, str], list[Sample]]]:
         """Every matching series with its labels and time-ordered samples."""
@@ -198,7 +202,17 @@ def _dur(window_s: float) -> str:
     return f"{ms // 1000}s" if ms % 1000 == 0 else f"{ms}ms"
 
 
-_ERRORS = "|".join(re.escape(o) for o in m.REQUEST_ERROR_OUTCOMES)
+def _any_of(values: Sequence[str]) -> str:
+    """An anchored-alternation regex for ``=~`` (PromQL anchors it; ``labels_match`` fullmatches it)."""
+    return "|".join(re.escape(v) for v in values)
+
+
+def _router_decisions(decisions: Sequence[str]) -> CounterRate:
+    """Requests/s the router placed with one of ``decisions``, summed over routers and any other label."""
+    return CounterRate(m.ROUTER_DECISIONS, ((m.ROUTER_DECISION_LABEL, "=~", _any_of(decisions)),))
+
+
+_ERRORS = _any_of(m.REQUEST_ERROR_OUTCOMES)
 
 SIGNAL_SPECS: dict[str, object] = {
     "request_rate_per_s": CounterRate(m.REQUESTS),
@@ -225,6 +239,11 @@ SIGNAL_SPECS: dict[str, object] = {
     "engine_busy_ratio": Gauge(m.ENGINE_BUSY, "avg"),
     "gpu_utilization": Gauge(m.GPU_UTILIZATION, "avg"),
     "ready_replicas": ReadyReplicas(),
+    # Router decisions for requests whose decode pool is this pool (the router's ``pool`` label).
+    # Local includes the fallback; remote: the prompt went to a prefill pool and its KV came back.
+    "router_local_prefill_per_s": _router_decisions(m.ROUTER_LOCAL_PREFILL_DECISIONS),
+    "router_remote_prefill_per_s": _router_decisions(m.ROUTER_REMOTE_PREFILL_DECISIONS),
+    "router_local_prefill_fallback_per_s": _router_decisions(m.ROUTER_LOCAL_PREFILL_FALLBACK_DECISIONS),
 }
 """Signal name -> spec. Names carry units; every value may be ``None`` (no data)."""
 
@@ -235,14 +254,25 @@ SIGNAL_NAMES: tuple[str, ...] = tuple(SIGNAL_SPECS)
 class Scope:
     """What a signal set describes: a pool (``track`` None: all tracks) or one track of it.
 
-    ``pool`` is the value of the workers' ``pool`` label (see ``endpoints.pool_label``).
+    ``pool`` identifies the pool to the source: the Prometheus source selects series by the
+    ``pool`` label (the pool's name); the direct-scrape source selects worker series by the
+    scraped endpoint's pool id. ``label`` is the pool's ``pool`` label value when ``pool`` is
+    not it (direct scrape: ``pool`` is the id): series that carry the pool only as a label,
+    like the router's, are selected by it. ``None``: ``pool`` is the label value.
     """
 
     pool: str
     track: str | None = None
+    label: str | None = None
+
+    @property
+    def pool_label(self) -> str:
+        """The value of the ``pool`` label of this scope's series."""
+        return self.pool if self.label is None else self.label
 
     def matchers(self) -> tuple[Matcher, ...]:
-        base: tuple[Matcher, ...] = ((m.LABEL_POOL, "=", self.pool),)
+        """``pool`` (and ``track``) label matchers selecting this scope's series by their labels."""
+        base: tuple[Matcher, ...] = ((m.LABEL_POOL, "=", self.pool_label),)
         return base if self.track is None else (*base, (m.LABEL_TRACK, "=", self.track))
 
     @property

@@ -8,6 +8,10 @@ its retention. Signals are then evaluated with the same specs and math as PromQL
 Replica state follows Prometheus' staleness idea: a replica whose last scrape failed is "down";
 its gauges stop counting at once (like stale markers), while its counter samples already in
 the window still count towards rates.
+
+Routers (``RouterEndpoint``) are scraped the same way but belong to no pool: a pool's view
+takes router series by their ``pool`` label (``Scope.matchers``), from the store itself and
+from a shared router store (the poller scrapes the routers once per poll for every cluster).
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from apps.telemetry import metric_names as m
-from apps.telemetry.endpoints import ReplicaEndpoint
+from apps.telemetry.endpoints import ReplicaEndpoint, RouterEndpoint
 from apps.telemetry.signals import Matcher, Scope, SignalSet, evaluate_signals, labels_match
 from apps.telemetry.sources.base import MetricSource
 
@@ -31,18 +35,23 @@ logger = logging.getLogger(__name__)
 
 ReplicaKey = tuple[str, str, str]
 SeriesKey = tuple[ReplicaKey, str, tuple[tuple[str, str], ...]]
+Endpoint = ReplicaEndpoint | RouterEndpoint
 
 
 @dataclass
 class _ReplicaState:
-    endpoint: ReplicaEndpoint
+    endpoint: Endpoint
     last_seen_s: float
     up: bool
     last_ok_s: float | None = None
 
+    @property
+    def is_router(self) -> bool:
+        return isinstance(self.endpoint, RouterEndpoint)
+
 
 class SampleStore:
-    """Recent samples per series per replica, trimmed to ``retention_s`` seconds.
+    """Recent samples per series per replica (or router), trimmed to ``retention_s`` seconds.
 
     Raises ``ValueError`` for a non-positive retention or unparsable exposition text.
     """
@@ -54,12 +63,12 @@ class SampleStore:
         self._series: dict[SeriesKey, deque[tuple[float, float]]] = {}
         self._replicas: dict[ReplicaKey, _ReplicaState] = {}
 
-    def ingest(self, endpoint: ReplicaEndpoint, text: str, at_s: float) -> int:
+    def ingest(self, endpoint: Endpoint, text: str, at_s: float) -> int:
         """Parse exposition ``text`` scraped from ``endpoint`` at ``at_s``; returns samples stored."""
         try:
             families = list(text_string_to_metric_families(text))
         except ValueError as exc:
-            raise ValueError(f"replica {endpoint.replica} returned unparsable metrics: {exc}") from exc
+            raise ValueError(f"{endpoint.metrics_url} returned unparsable metrics: {exc}") from exc
         stored = 0
         for family in families:
             for sample in family.samples:
@@ -75,12 +84,12 @@ class SampleStore:
         state.endpoint, state.last_seen_s, state.up, state.last_ok_s = endpoint, at_s, True, at_s
         return stored
 
-    def mark_down(self, endpoint: ReplicaEndpoint, at_s: float) -> None:
+    def mark_down(self, endpoint: Endpoint, at_s: float) -> None:
         """Record a failed scrape: the replica's gauges stop counting until it answers again."""
         state = self._replicas.setdefault(endpoint.key, _ReplicaState(endpoint, at_s, False))
         state.endpoint, state.last_seen_s, state.up = endpoint, at_s, False
 
-    def forget_missing(self, present: Sequence[ReplicaEndpoint]) -> None:
+    def forget_missing(self, present: Sequence[Endpoint]) -> None:
         """Replicas no longer listed are down (their samples age out with the retention)."""
         keys = {ep.key for ep in present}
         for key, state in self._replicas.items():
@@ -99,38 +108,58 @@ class SampleStore:
         for key in [k for k, s in self._replicas.items() if s.last_seen_s < horizon]:
             del self._replicas[key]
 
-    def view(self, scope: Scope) -> ScopeView:
-        """A ``SeriesView`` over the replicas of ``scope``."""
+    def view(self, scope: Scope, routers: SampleStore | None = None) -> ScopeView:
+        """A ``SeriesView`` over the replicas of ``scope`` (by endpoint pool id and track) and the
+        router series labelled with the scope's pool (and track), here and in ``routers``."""
         replicas = {
             key: state
             for key, state in self._replicas.items()
-            if state.endpoint.pool_id == scope.pool and (scope.track is None or state.endpoint.track == scope.track)
+            if not state.is_router and state.endpoint.pool_id == scope.pool
+            and (scope.track is None or state.endpoint.track == scope.track)
         }
-        return ScopeView(self, replicas)
+        stores = [self] if routers is None or routers is self else [self, routers]
+        return ScopeView(self, replicas, router_stores=stores, router_matchers=scope.matchers())
+
+    def routers(self) -> dict[ReplicaKey, _ReplicaState]:
+        """The routers this store has samples of."""
+        return {key: state for key, state in self._replicas.items() if state.is_router}
 
 
 class ScopeView:
-    """The ``SeriesView`` of one scope inside a ``SampleStore``."""
+    """The ``SeriesView`` of one scope inside a ``SampleStore``.
 
-    def __init__(self, store: SampleStore, replicas: dict[ReplicaKey, _ReplicaState]):
+    ``replicas``: the scope's replicas in ``store``. ``router_stores``: stores whose router
+    series count when their labels satisfy ``router_matchers`` (the scope's pool/track labels).
+    """
+
+    def __init__(self, store: SampleStore, replicas: dict[ReplicaKey, _ReplicaState], *,
+                 router_stores: Sequence[SampleStore] = (), router_matchers: Sequence[Matcher] = ()):
         self._store = store
         self._replicas = replicas
+        self._routers = [(s, routers) for s in router_stores if (routers := s.routers())]
+        self._router_matchers = tuple(router_matchers)
+
+    def _matching(self, metric: str, matchers: Sequence[Matcher]):
+        """``(state, labels, samples)`` of every matching series of the scope's replicas and routers."""
+        for (replica, name, labels), samples in self._store._series.items():
+            state = self._replicas.get(replica)
+            if name == metric and state is not None and labels_match(dict(labels), matchers):
+                yield state, dict(labels), samples
+        router_matchers = (*self._router_matchers, *matchers)
+        for store, routers in self._routers:
+            for (router, name, labels), samples in store._series.items():
+                state = routers.get(router)
+                if name == metric and state is not None and labels_match(dict(labels), router_matchers):
+                    yield state, dict(labels), samples
 
     def series(self, metric: str, matchers: Sequence[Matcher]):
-        out = []
-        for (replica, name, labels), samples in self._store._series.items():
-            if name == metric and replica in self._replicas and labels_match(dict(labels), matchers):
-                out.append((dict(labels), list(samples)))
-        return out
+        return [(labels, list(samples)) for _, labels, samples in self._matching(metric, matchers)]
 
     def latest(self, metric: str, matchers: Sequence[Matcher]) -> list[float]:
         values = []
-        for (replica, name, labels), samples in self._store._series.items():
-            state = self._replicas.get(replica)
-            if name != metric or state is None or not state.up or not labels_match(dict(labels), matchers):
-                continue
+        for state, _, samples in self._matching(metric, matchers):
             t, value = samples[-1]
-            if t == state.last_ok_s:  # the series was in the replica's latest exposition
+            if state.up and t == state.last_ok_s:  # the series was in the latest exposition
                 values.append(value)
         return values
 
@@ -150,10 +179,13 @@ class ScopeView:
 
 
 class DirectScrapeSource(MetricSource):
-    """Scrapes replicas itself and evaluates signals from the samples it keeps.
+    """Scrapes replicas (and routers) itself and evaluates signals from the samples it keeps.
 
     ``timeout_s`` bounds each scrape; ``retention_s`` must cover the longest window asked
     for. ``clock`` returns seconds (``time.time`` by default; tests pass a fake clock).
+    ``routers``: a store of router samples that another source fills (shared by the poller's
+    scrape sources, so each router is scraped once per poll); pool signals read router series
+    from it and from this source's own store.
     """
 
     name = "scrape"
@@ -166,14 +198,16 @@ class DirectScrapeSource(MetricSource):
         client: httpx.Client | None = None,
         clock: Callable[[], float] = time.time,
         max_workers: int = 8,
+        routers: SampleStore | None = None,
     ):
         self.store = SampleStore(retention_s)
+        self.routers = routers
         self._client = client or httpx.Client(timeout=timeout_s)
         self._owns_client = client is None
         self._clock = clock
         self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="ferry-scrape")
 
-    def _scrape(self, endpoint: ReplicaEndpoint) -> tuple[ReplicaEndpoint, str | None, float]:
+    def _scrape(self, endpoint: Endpoint) -> tuple[Endpoint, str | None, float]:
         try:
             response = self._client.get(endpoint.metrics_url)
             response.raise_for_status()
@@ -182,7 +216,7 @@ class DirectScrapeSource(MetricSource):
             logger.info("scrape of %s failed: %s", endpoint.metrics_url, exc)
             return endpoint, None, self._clock()
 
-    def refresh(self, endpoints: Sequence[ReplicaEndpoint], now_s: float) -> None:
+    def refresh(self, endpoints: Sequence[Endpoint], now_s: float) -> None:
         """Scrape every endpoint once; failures mark the replica down (logged, not raised)."""
         for endpoint, text, at_s in self._pool.map(self._scrape, endpoints):
             if text is None:
@@ -199,7 +233,7 @@ class DirectScrapeSource(MetricSource):
     def signals(self, scope: Scope, *, window_s: float, at_s: float) -> SignalSet:
         if window_s > self.store.retention_s:
             raise ValueError(f"window {window_s} s exceeds the scrape retention {self.store.retention_s} s")
-        return evaluate_signals(self.store.view(scope), scope, at_s, window_s, self.name)
+        return evaluate_signals(self.store.view(scope, self.routers), scope, at_s, window_s, self.name)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False)

@@ -1,7 +1,8 @@
 """Test helper: a real Prometheus (Debian's ``prometheus`` package) on a free loopback port.
 
-Started with a temporary config scraping the given endpoints every second (the same job
-``endpoints.prometheus_scrape_config`` builds for operators) and a temporary TSDB directory;
+Started with a temporary config scraping the given endpoints and routers every second (the same
+jobs ``endpoints.prometheus_scrape_config`` and ``prometheus_router_scrape_config`` build for
+operators) and a temporary TSDB directory;
 stopped and removed after. Install with ``apt-get install -y prometheus``.
 """
 
@@ -16,7 +17,12 @@ from pathlib import Path
 import httpx
 import yaml
 
-from apps.telemetry.endpoints import ReplicaEndpoint, prometheus_scrape_config
+from apps.telemetry.endpoints import (
+    ReplicaEndpoint,
+    RouterEndpoint,
+    prometheus_router_scrape_config,
+    prometheus_scrape_config,
+)
 from inference_worker.server.testing import free_port
 
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
@@ -27,19 +33,22 @@ def prometheus_available() -> bool:
 
 
 class PrometheusProcess:
-    """``prometheus`` scraping ``endpoints`` every ``interval_s``; ``url`` once started.
+    """``prometheus`` scraping ``endpoints`` (and ``routers``) every ``interval_s``; ``url`` once started.
 
     ``start`` returns once every target has been scraped successfully, and raises
     ``RuntimeError`` (with the log tail) if Prometheus exits or that takes over ``timeout_s``.
     """
 
-    def __init__(self, endpoints: list[ReplicaEndpoint], *, interval_s: float = 1.0):
+    def __init__(self, endpoints: list[ReplicaEndpoint], *, interval_s: float = 1.0,
+                 routers: list[RouterEndpoint] = ()):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.dir = Path(tempfile.mkdtemp(prefix="ferry-prometheus-"))
         config = {"global": {"scrape_interval": f"{round(interval_s * 1000)}ms",
                              "evaluation_interval": f"{round(interval_s * 1000)}ms"},
                   "scrape_configs": [prometheus_scrape_config(endpoints, interval_s=interval_s)]}
+        if routers:
+            config["scrape_configs"].append(prometheus_router_scrape_config(routers, interval_s=interval_s))
         (self.dir / "prometheus.yml").write_text(yaml.safe_dump(config))
         self.proc: subprocess.Popen | None = None
 

@@ -10,15 +10,19 @@ import pytest
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.core.management import call_command
+from django.core.management.base import CommandError
 from prometheus_client import start_http_server
 
 from apps.telemetry.broadcast import FLEET_GROUP, pool_group
-from apps.telemetry.endpoints import ReplicaEndpoint, set_endpoint_provider
+from apps.telemetry.endpoints import ReplicaEndpoint, RouterEndpoint, set_endpoint_provider
 from apps.telemetry.history import SignalHistory
 from apps.telemetry.models import Alert
 from apps.telemetry.poller import TelemetryPoller
+from apps.telemetry.selectors import telemetry_signal
 from apps.telemetry.services import alert_rules_load_defaults
+from apps.telemetry.sources.scrape import DirectScrapeSource
 from inference_worker.metrics import WorkerMetrics
+from inference_worker.router.metrics import RouterMetrics
 
 
 @pytest.fixture
@@ -148,3 +152,56 @@ def test_telemetry_command_runs_as_a_process_loop_and_resumes_history(pool, expo
     finally:
         set_endpoint_provider(None)
         history.clear()
+
+
+@pytest.fixture
+def router_exporter():
+    """The router's real metrics registry (``inference_worker.router.metrics``) over HTTP."""
+    metrics = RouterMetrics()
+    server, _ = start_http_server(0, addr="127.0.0.1", registry=metrics.registry)
+    yield metrics, RouterEndpoint(f"http://127.0.0.1:{server.server_address[1]}")
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_router_decisions_reach_the_pool_they_name_scraped_once_for_every_cluster(
+        make_cluster, make_pool, router_exporter, history):
+    metrics, router = router_exporter
+    decode = make_pool("decode")
+    prefill = make_pool("prefill", role="prefill", cluster=make_cluster("dc-b"))
+    clock = Clock(1_780_000_000.0)
+    poller = TelemetryPoller(history=history, window_s=15, clock=clock, endpoints=lambda: [],
+                             routers=lambda: [router], router_source=DirectScrapeSource(retention_s=60, clock=clock))
+    local = metrics.decisions.labels(pool="decode", decision="local_prefill", track="stable")
+    remote = metrics.decisions.labels(pool="decode", decision="remote_prefill", track="stable")
+    local.inc(3)
+    first = poller.poll_once()
+    assert first[decode.pk]["signals"]["router_local_prefill_per_s"] is None  # one scrape: no rate yet
+    local.inc(5)
+    remote.inc(2)
+    clock.t += 10.0
+    records = poller.poll_once()
+    # 3 -> 8 in 10 s: 0.5/s (Prometheus' extrapolation to the window start stops where the counter was 0).
+    signals = records[decode.pk]["signals"]
+    assert signals["router_local_prefill_per_s"] == pytest.approx(0.5, rel=1e-12)
+    # 0 -> 2: a counter at 0 on its first sample is not extrapolated backwards, so 2 over the 15 s window.
+    assert signals["router_remote_prefill_per_s"] == pytest.approx(2 / 15, rel=1e-12)
+    assert signals["router_local_prefill_fallback_per_s"] is None
+    assert records[decode.pk]["tracks"]["stable"]["router_local_prefill_per_s"] == pytest.approx(0.5, rel=1e-12)
+    assert records[prefill.pk]["signals"]["router_remote_prefill_per_s"] is None  # counted on the decode pool
+    # What the dashboard and the gates read back is the same record.
+    assert telemetry_signal(pool_id=decode.pk, name="router_local_prefill_per_s", history=history,
+                            now_s=clock.t) == pytest.approx(0.5, rel=1e-12)
+    # One scrape source per cluster, the router scraped once per poll into the shared store.
+    assert len(poller.sources) == 2
+    assert all(source.store.routers() == {} for source in poller.sources.values())
+    assert list(poller.router_source.store.routers()) == [router.key]
+    poller.close()
+
+
+@pytest.mark.django_db
+def test_telemetry_command_refuses_a_malformed_router_url(settings):
+    settings.FERRY_ROUTER_METRICS_URLS = ["http://127.0.0.1:8080", "127.0.0.1:8081"]
+    with pytest.raises(CommandError, match="FERRY_ROUTER_METRICS_URLS: router metrics URL '127.0.0.1:8081'"):
+        call_command("telemetry", "--polls", "1", stdout=io.StringIO())

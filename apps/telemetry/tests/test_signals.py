@@ -1,12 +1,15 @@
 """Signals evaluated over scraped samples (real worker metric registries) and rendered as PromQL."""
 
 import pytest
-from prometheus_client import generate_latest
+from prometheus_client import CollectorRegistry, Counter, generate_latest
 
-from apps.telemetry.endpoints import ReplicaEndpoint
+from apps.telemetry import metric_names as m
+from apps.telemetry.endpoints import ReplicaEndpoint, RouterEndpoint
 from apps.telemetry.signals import SIGNAL_NAMES, SIGNAL_SPECS, Scope, evaluate_signals, labels_match
 from apps.telemetry.sources.scrape import SampleStore
 from inference_worker.metrics import WorkerMetrics
+from inference_worker.router.decisions import DECISIONS, LOCAL_PREFILL_FALLBACK
+from inference_worker.router.metrics import RouterMetrics
 
 
 def worker(replica, track):
@@ -71,6 +74,9 @@ POOL = {
     "engine_busy_ratio": 0.5,
     "gpu_utilization": None,  # CPU workers export no GPU series: no data, never 0
     "ready_replicas": 2.0,
+    "router_local_prefill_per_s": None,  # no router scraped: no data
+    "router_remote_prefill_per_s": None,
+    "router_local_prefill_fallback_per_s": None,
 }
 
 
@@ -165,3 +171,138 @@ def test_label_matchers_follow_promql(labels, matchers, expected):
 def test_unknown_matcher_operator_is_rejected():
     with pytest.raises(ValueError, match="unknown label matcher operator"):
         labels_match({"a": "b"}, [("a", "==", "b")])
+
+
+# --- Router decisions: series labelled with the decode pool's name, scraped from routers that belong to no pool.
+
+ROUTER_SIGNALS = ("router_local_prefill_per_s", "router_remote_prefill_per_s", "router_local_prefill_fallback_per_s")
+
+
+def router(url="http://127.0.0.1:1/r0"):
+    return RouterMetrics(), RouterEndpoint(url)
+
+
+def router_text(metrics):
+    return generate_latest(metrics.registry).decode()
+
+
+def test_control_plane_decision_names_are_the_routers():
+    local, remote = set(m.ROUTER_LOCAL_PREFILL_DECISIONS), set(m.ROUTER_REMOTE_PREFILL_DECISIONS)
+    assert local | remote == set(DECISIONS) and not local & remote
+    assert set(m.ROUTER_LOCAL_PREFILL_FALLBACK_DECISIONS) == {LOCAL_PREFILL_FALLBACK} <= local
+    assert RouterMetrics().decisions._name + "_total" == m.ROUTER_DECISIONS
+
+
+@pytest.mark.parametrize("window_s", [10.5, 15.0, 16.0])
+def test_two_scrapes_ten_seconds_apart_counting_3_then_8_give_half_a_request_per_second(window_s):
+    # Prometheus extrapolates the increase (5 over 10 s) to the window start, no further than where the
+    # counter would have been 0 (6 s before the first sample): any window of (10, 16] s gives 5 * 0.1/s.
+    store = SampleStore(retention_s=60)
+    metrics, endpoint = router()
+    child = metrics.decisions.labels(pool="decode", decision="local_prefill", track="stable")
+    child.inc(3)
+    store.ingest(endpoint, router_text(metrics), 0.0)
+    child.inc(5)
+    store.ingest(endpoint, router_text(metrics), 10.0)
+    scope = Scope("7", label="decode")
+    got = evaluate_signals(store.view(scope), scope, 10.0, window_s, "scrape").values
+    assert got["router_local_prefill_per_s"] == pytest.approx(0.5, rel=1e-12)
+    assert got["router_remote_prefill_per_s"] is None  # never counted: no series, no data
+    assert got["request_rate_per_s"] is None  # the router is no replica of the pool
+
+
+
+def untracked_router():
+    """A router from before the ``track`` label: ``ferry_router_decisions_total{pool, decision}``."""
+    registry = CollectorRegistry()
+    return registry, Counter("ferry_router_decisions", "Requests routed.", ["pool", "decision"], registry=registry)
+
+
+@pytest.fixture
+def routed():
+    """Two routers scraped every second for 10 s with steady, known decisions per second.
+
+    r0 (the router's RouterMetrics, with a track label): for "decode" 1 local_prefill on stable and 1 on
+    canary, 1 remote_prefill on stable, 1 local_prefill_fallback on canary; for "other" 5 local_prefill.
+    r1 (an older router without the track label): for "decode" 3 remote_prefill.
+    """
+    store = SampleStore(retention_s=60)
+    r0, e0 = router("http://10.0.0.1:8080")
+    (registry1, decisions1), e1 = untracked_router(), RouterEndpoint("http://10.0.0.2:8080/metrics")
+    for t in range(11):
+        if t > 0:
+            r0.decisions.labels(pool="decode", decision="local_prefill", track="stable").inc()
+            r0.decisions.labels(pool="decode", decision="local_prefill", track="canary").inc()
+            r0.decisions.labels(pool="decode", decision="remote_prefill", track="stable").inc()
+            r0.decisions.labels(pool="decode", decision="local_prefill_fallback", track="canary").inc()
+            r0.decisions.labels(pool="other", decision="local_prefill", track="stable").inc(5)
+            decisions1.labels(pool="decode", decision="remote_prefill").inc(3)
+        store.ingest(e0, router_text(r0), float(t))
+        store.ingest(e1, generate_latest(registry1).decode(), float(t))
+    return store, e0, e1
+
+
+@pytest.mark.parametrize(
+    ("scope", "expected"),
+    [
+        # local = local_prefill + fallback; summed over routers and over the track label.
+        (Scope("7", label="decode"), (3.0, 4.0, 1.0)),
+        (Scope("8", label="other"), (5.0, None, None)),
+        (Scope("7", "stable", label="decode"), (1.0, 1.0, None)),  # r1 has no track label: not in a track
+        (Scope("7", "canary", label="decode"), (2.0, None, 1.0)),
+        (Scope("9", label="idle"), (None, None, None)),
+        (Scope("decode"), (3.0, 4.0, 1.0)),  # no label: the pool is its own label (the Prometheus scopes)
+    ],
+)
+def test_router_decisions_count_for_the_pool_and_track_their_labels_name(routed, scope, expected):
+    store, _, _ = routed
+    got = evaluate_signals(store.view(scope), scope, 10.0, 10.0, "scrape").values
+    assert tuple(got[name] for name in ROUTER_SIGNALS) == tuple(
+        None if e is None else pytest.approx(e, rel=1e-12) for e in expected)
+
+
+def test_router_series_are_not_pool_replicas(routed, store):
+    routers, _, _ = routed
+    scope = Scope("p1", label="decode")
+    view = store.view(scope, routers)  # the workers' store plus the shared router store
+    got = evaluate_signals(view, scope, 10.0, 10.0, "scrape").values
+    assert got["router_local_prefill_per_s"] == pytest.approx(3.0)
+    assert got["request_rate_per_s"] == pytest.approx(6.0) and got["ready_replicas"] == 2.0
+    assert routers.view(scope).ready_replicas() is None  # a router is no replica
+
+
+def test_a_restarted_router_counts_from_zero_again_without_a_negative_rate():
+    # 1 decision/s; the router restarts between t=5 and t=6 and counts the decision of that second again.
+    store = SampleStore(retention_s=60)
+    endpoint = RouterEndpoint("http://127.0.0.1:1")
+    for t, count in enumerate((0, 1, 2, 3, 4, 5, 1, 2, 3, 4, 5)):
+        metrics = RouterMetrics()
+        if count:
+            metrics.decisions.labels(pool="decode", decision="remote_prefill", track="stable").inc(count)
+        store.ingest(endpoint, router_text(metrics), float(t))
+    scope = Scope("7", label="decode")
+    got = evaluate_signals(store.view(scope), scope, 10.0, 10.0, "scrape").values
+    assert got["router_remote_prefill_per_s"] == pytest.approx(1.0, rel=1e-12)  # not (5 - 1) / 9 s
+
+
+def test_an_unreachable_router_keeps_its_counted_decisions_in_the_window(routed):
+    store, e0, e1 = routed
+    store.mark_down(e1, 11.0)
+    scope = Scope("7", label="decode")
+    got = evaluate_signals(store.view(scope), scope, 10.0, 10.0, "scrape").values
+    assert got["router_remote_prefill_per_s"] == pytest.approx(4.0)
+
+
+@pytest.mark.parametrize(
+    ("name", "scope", "promql"),
+    [
+        ("router_local_prefill_per_s", Scope("decode"),
+         'sum(rate(ferry_router_decisions_total{pool="decode",decision=~"local_prefill|local_prefill_fallback"}[30s]))'),
+        ("router_remote_prefill_per_s", Scope("decode", "canary"),
+         'sum(rate(ferry_router_decisions_total{pool="decode",track="canary",decision=~"remote_prefill"}[30s]))'),
+        ("router_local_prefill_fallback_per_s", Scope("7", label="decode"),
+         'sum(rate(ferry_router_decisions_total{pool="decode",decision=~"local_prefill_fallback"}[30s]))'),
+    ],
+)
+def test_router_signals_render_promql_on_the_pool_label(name, scope, promql):
+    assert SIGNAL_SPECS[name].promql(scope.matchers(), 30) == promql

@@ -6,9 +6,11 @@ agree to 10% (the two scrapers sample at different instants, so the extrapolatio
 window edges differs by up to one scrape interval over the sampled span; seen: within 2%);
 ratios of counters to 0.01 absolute and histogram quantiles to 2% (the extrapolation factor
 cancels out; seen: equal to 1e-15); gauges exactly, read once the exporter has been idle
-longer than the worker's 5 s busy-ratio window.
+longer than the worker's 5 s busy-ratio window. The synthetic case adds a router (its real
+metrics registry): its decisions count for the pool their ``pool`` label names, in both sources.
 """
 
+import collections
 import importlib.util
 import random
 import threading
@@ -18,12 +20,13 @@ import httpx
 import pytest
 from prometheus_client import start_http_server
 
-from apps.telemetry.endpoints import ReplicaEndpoint
+from apps.telemetry.endpoints import ReplicaEndpoint, RouterEndpoint
 from apps.telemetry.signals import SIGNAL_NAMES, Scope
 from apps.telemetry.sources.prometheus import PrometheusSource
 from apps.telemetry.sources.scrape import DirectScrapeSource
 from apps.telemetry.tests.prometheus_process import PrometheusProcess, prometheus_available
 from inference_worker.metrics import WorkerMetrics
+from inference_worker.router.metrics import RouterMetrics
 from inference_worker.server.testing import WorkerProcess
 
 pytestmark = pytest.mark.skipif(not prometheus_available(),
@@ -41,6 +44,8 @@ TOLERANCE = {
     "num_requests_waiting": EXACT, "num_requests_running": EXACT, "kv_cache_usage": EXACT,
     "kv_cache_usage_max": EXACT, "engine_busy_ratio": EXACT, "gpu_utilization": EXACT,
     "ready_replicas": EXACT,
+    "router_local_prefill_per_s": REL_10, "router_remote_prefill_per_s": REL_10,
+    "router_local_prefill_fallback_per_s": REL_10,
 }
 # Signals that must have data after the load (so the comparison cannot pass on two Nones).
 MUST_HAVE_DATA = ("request_rate_per_s", "error_rate", "prompt_tokens_per_s", "generation_tokens_per_s",
@@ -71,16 +76,20 @@ def prometheus(endpoint):
 
 @pytest.fixture
 def synthetic():
-    """A worker metrics registry (the real ``WorkerMetrics``) over HTTP, without a model."""
+    """A worker metrics registry (the real ``WorkerMetrics``) and a router's (``RouterMetrics``) over
+    HTTP, without a model; the worker is pool id "7" of the pool named "synthetic"."""
     metrics = WorkerMetrics({"model": "gemma-3-270m", "role": "decode", "pool": "synthetic", "track": "stable",
                              "replica": "r0"})
     metrics.set_ready(True)
-    server, _ = start_http_server(0, addr="127.0.0.1", registry=metrics.registry)
-    endpoint = ReplicaEndpoint("synthetic", "stable", "r0", f"http://127.0.0.1:{server.server_address[1]}")
-    with PrometheusProcess([endpoint], interval_s=1.0) as prom:
-        yield metrics, endpoint, prom
-    server.shutdown()
-    server.server_close()
+    router = RouterMetrics()
+    servers = [start_http_server(0, addr="127.0.0.1", registry=r)[0] for r in (metrics.registry, router.registry)]
+    endpoint = ReplicaEndpoint("7", "stable", "r0", f"http://127.0.0.1:{servers[0].server_address[1]}")
+    router_endpoint = RouterEndpoint(f"http://127.0.0.1:{servers[1].server_address[1]}")
+    with PrometheusProcess([endpoint], interval_s=1.0, routers=[router_endpoint]) as prom:
+        yield metrics, router, [endpoint, router_endpoint], prom
+    for server in servers:
+        server.shutdown()
+        server.server_close()
 
 
 def send_load(base_url, num_threads=3, per_thread=5):
@@ -101,14 +110,15 @@ def send_load(base_url, num_threads=3, per_thread=5):
     return statuses
 
 
-def compare(endpoint, prometheus_url, scope, load):
-    """Scrape directly every second while ``load()`` runs; return both sources' signals at one instant."""
+def compare(endpoints, prometheus_url, scopes, load):
+    """Scrape ``endpoints`` directly every second while ``load()`` runs; return both sources' signals at
+    one instant (``scopes``: the direct-scrape scope, then the Prometheus one)."""
     direct = DirectScrapeSource(retention_s=300)
     stop = threading.Event()
 
     def scrape_every_second():
         while not stop.is_set():
-            direct.refresh([endpoint], time.time())
+            direct.refresh(endpoints, time.time())
             stop.wait(1.0)
 
     scraper = threading.Thread(target=scrape_every_second, daemon=True)
@@ -122,9 +132,9 @@ def compare(endpoint, prometheus_url, scope, load):
         time.sleep(7)
         at = time.time()
         window = min(290, int(at - started) + 5)  # covers the whole load
-        got_direct = direct.signals(scope, window_s=window, at_s=at).values
+        got_direct = direct.signals(scopes[0], window_s=window, at_s=at).values
         source = PrometheusSource(prometheus_url)
-        got_prom = source.signals(scope, window_s=window, at_s=at).values
+        got_prom = source.signals(scopes[1], window_s=window, at_s=at).values
         source.close()
     finally:
         stop.set()
@@ -154,8 +164,12 @@ def assert_agree(got_direct, got_prom, must_have_data):
 
 
 def test_prometheus_and_direct_scrape_agree_on_a_synthetic_exporter(synthetic):
-    metrics, endpoint, prom = synthetic
+    metrics, router, endpoints, prom = synthetic
     rng = random.Random(5)
+    decisions = {d: router.decisions.labels(pool="synthetic", decision=d, track="stable")
+                 for d in ("local_prefill", "remote_prefill", "local_prefill_fallback")}
+    other_pool = router.decisions.labels(pool="elsewhere", decision="remote_prefill", track="stable")
+    routed = collections.Counter()
 
     for outcome, reason in (("success", "none"), ("failure", "timeout")):  # series exist before the load,
         metrics.kv_transfer.transfers.labels(**metrics.identity, direction="send", outcome=outcome, reason=reason)
@@ -173,18 +187,33 @@ def test_prometheus_and_direct_scrape_agree_on_a_synthetic_exporter(synthetic):
             metrics.kv_transfer.wire_bytes.labels(**metrics.identity, direction="send").inc(rng.randint(100_000, 1_000_000))
             metrics.set_engine_state(num_waiting=rng.randint(0, 5), num_running=4, kv_cache_usage=rng.random(),
                                      busy_ratio=0.8)
+            decision = rng.choice(("local_prefill", "local_prefill", "remote_prefill", "local_prefill_fallback"))
+            decisions[decision].inc()
+            routed[decision] += 1
+            other_pool.inc(3)  # another pool's decisions: never this pool's
             time.sleep(0.1)
         metrics.set_engine_state(num_waiting=0, num_running=0, kv_cache_usage=0.125, busy_ratio=0.0)
 
-    got_direct, got_prom = compare(endpoint, prom.url, Scope("synthetic"), load)
-    assert_agree(got_direct, got_prom, (*MUST_HAVE_DATA, "kv_transfer_failure_rate", "kv_transfer_bytes_per_s"))
+    # Direct scrape selects the worker by its endpoint's pool id and router series by the pool's name;
+    # Prometheus selects both by the pool label.
+    got_direct, got_prom = compare(endpoints, prom.url, (Scope("7", label="synthetic"), Scope("synthetic")), load)
+    assert_agree(got_direct, got_prom, (*MUST_HAVE_DATA, "kv_transfer_failure_rate", "kv_transfer_bytes_per_s",
+                                        "router_local_prefill_per_s", "router_remote_prefill_per_s",
+                                        "router_local_prefill_fallback_per_s"))
     assert got_direct["kv_cache_usage"] == 0.125 and got_direct["gpu_utilization"] is None
+    # The decision series all start at 0 before the load and are sampled together, so one extrapolation
+    # factor scales them all: the rates stand in the ratio of the decisions made.
+    local = routed["local_prefill"] + routed["local_prefill_fallback"]
+    assert got_direct["router_local_prefill_per_s"] / got_direct["router_remote_prefill_per_s"] == pytest.approx(
+        local / routed["remote_prefill"], rel=1e-9)
+    assert got_direct["router_local_prefill_fallback_per_s"] / got_direct["router_local_prefill_per_s"] == (
+        pytest.approx(routed["local_prefill_fallback"] / local, rel=1e-9))
 
 
 @pytest.mark.slow
 def test_prometheus_and_direct_scrape_agree_on_one_worker_under_load(worker, endpoint, prometheus):
     statuses = []
-    got_direct, got_prom = compare(endpoint, prometheus.url, Scope("parity"),
+    got_direct, got_prom = compare([endpoint], prometheus.url, (Scope("parity"), Scope("parity")),
                                    lambda: statuses.extend(send_load(worker.base_url)))
     assert 500 in statuses and 200 in statuses, statuses  # injected faults make a non-zero error rate
     assert_agree(got_direct, got_prom, MUST_HAVE_DATA)

@@ -8,6 +8,7 @@ import threading
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
+from apps.telemetry.endpoints import router_endpoints
 from apps.telemetry.poller import TelemetryPoller
 
 
@@ -24,11 +25,16 @@ class Command(BaseCommand):
     def handle(self, *args, interval: float, window: float, polls: int | None, **options):
         if not (0 < interval <= 60) or window <= 0:
             raise CommandError("--interval must be in (0, 60] s and --window positive")
+        try:
+            routers = router_endpoints()
+        except ValueError as exc:
+            raise CommandError(str(exc)) from exc
         stop = threading.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
         poller = TelemetryPoller(window_s=window, interval_s=interval)
-        self.stdout.write(f"telemetry poller: every {interval:g} s, window {window:g} s")
+        scraped = ", ".join(r.metrics_url for r in routers) or "none (set FERRY_ROUTER_METRICS_URLS)"
+        self.stdout.write(f"telemetry poller: every {interval:g} s, window {window:g} s; routers: {scraped}")
         try:
             done = poller.run(stop, max_polls=polls)
         finally:
