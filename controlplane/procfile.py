@@ -4,8 +4,9 @@ Pure functions (no processes started here), so the process list and the environm
 
 - :func:`child_env` — the environment of every child: ``REDIS_URL`` (reachable or embedded), the agent
   and service tokens, ``DEBUG`` on unless set, the demo's remote-prefill threshold and worker settings
-  (one torch thread per worker per four cores, a 256 MiB KV cache, KV links capped at 10 Gbit/s), each
-  only when not already set, and the per-link KV secret always in the workers' environment;
+  (one torch thread per worker per four cores, a 256 MiB KV cache, KV links capped at 10 Gbit/s), the
+  router's metrics URL for the telemetry poller (router decisions per pool), each only when not already
+  set, and the per-link KV secret always in the workers' environment;
 - :func:`procfile` — one line per process, each ``exec``-ed so honcho's SIGTERM reaches the program
   itself: ``web`` (daphne, the ASGI app), ``worker`` (Celery: Actions, rollouts), ``ticks`` (Celery:
   reconcile and autoscale on their own queue, never queued behind a long Action), ``beat``,
@@ -114,6 +115,7 @@ def child_env(config: LaunchConfig, environ: dict[str, str], *, redis_url: str, 
         "FERRY_REMOTE_PREFILL_THRESHOLD_TOKENS": str(DEMO_REMOTE_PREFILL_THRESHOLD_TOKENS),
         "FERRY_WORKER_ENV": json.dumps({"TORCH_NUM_THREADS": threads, "OMP_NUM_THREADS": threads}),
         "FERRY_WORKER_EXTRA_ARGS": DEMO_WORKER_EXTRA_ARGS,
+        "FERRY_ROUTER_METRICS_URLS": f"{config.router_url}/metrics",
     }
     env = {**defaults, **environ, **tokens}
     # prefill and decode workers share the per-link KV secret (inference_worker serve: FERRY_KV_LINK_SECRET)
