@@ -145,6 +145,7 @@ class KVSender:
                 for chunk in frame.iter_chunks(self.chunk_bytes, key_id=self._link_key.key_id):
                     sealer.update(chunk)
                     if self.bucket is not None:
+                        deadline.reschedule(None)
                         await self.bucket.acquire(len(chunk))
                     deadline.reschedule(loop.time() + self.io_timeout_s)
                     await conn.send(chunk)

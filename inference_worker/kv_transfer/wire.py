@@ -178,7 +178,7 @@ class KVFrame:
         """``prefix`` with the sender's 8-byte key id in the preamble."""
         return self.prefix[:KEY_ID_OFFSET] + key_id + self.prefix[KEY_ID_OFFSET + 8:]
 
-    def iter_chunks(self, chunk_bytes: int = 1 << 20, key_id: bytes = _NO_KEY_ID) -> Iterator[memoryview]:
+    def iter_chunks(self, chunk_bytes: int = 1 << 20, *, key_id: bytes) -> Iterator[memoryview]:
         """Prefix (with ``key_id``), then the payload in slices of at most ``chunk_bytes`` (views, no
         copies); no trailer."""
         yield memoryview(self.sealed_prefix(key_id))

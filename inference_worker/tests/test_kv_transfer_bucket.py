@@ -3,11 +3,14 @@
 import asyncio
 
 import pytest
+import torch
 
 from inference_worker.kv_transfer.bucket import TokenBucket
+from inference_worker.kv_transfer.layout import KVLayout
 from inference_worker.kv_transfer.transport import KVSender
+from inference_worker.kv_transfer.wire import encode_kv
 from inference_worker.tests.test_kv_transfer_transport import frame, start_receiver
-from inference_worker.tests.test_kv_transfer_wire import SECRET
+from inference_worker.tests.test_kv_transfer_wire import SECRET, WEIGHTS, make_kv
 
 
 class VirtualClock:
@@ -66,5 +69,27 @@ async def test_link_cap_paces_a_real_transfer(gbps):
     # Every byte of the frame passed through the bucket; the waits add up to its time on a gbps link.
     assert bucket.total_tokens == f.wire_bytes
     assert bucket.total_wait_s == pytest.approx((f.wire_bytes - burst) / (gbps * 1e9 / 8), rel=1e-9)
+    await sender.close()
+    await receiver.close()
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(60)
+async def test_waiting_for_the_link_cap_is_not_an_io_timeout():
+    """Chunks wait ~0.15 s each for the bucket, longer than the 0.05 s I/O timeout: still one clean attempt."""
+    layout = KVLayout((None,), 1, 256, "bfloat16")  # one full layer: K and V of 300 KiB each at N=600
+    kv = make_kv(layout, 600)
+    f = encode_kv(request_id="req-1", model_version_id="v1", weights_sha256=WEIGHTS, layout=layout, num_tokens=600,
+                  kv=kv)
+    receiver = await start_receiver(layout=layout)
+    receiver.expect("req-1")
+    chunk = 1 << 17
+    bucket = TokenBucket(rate_per_s=chunk / 0.15, burst=chunk)
+    sender = KVSender("127.0.0.1", receiver.port, link_secret=SECRET, bucket=bucket, chunk_bytes=chunk,
+                      io_timeout_s=0.05, max_attempts=1)
+    await sender.send(f)
+    assert torch.equal((await receiver.wait("req-1", 5)).layers[0][1], kv[0][1])
+    assert sender.num_attempts == 1 and bucket.total_tokens == f.wire_bytes
+    assert bucket.total_wait_s > 0.5  # (wire bytes - burst) / rate = 0.55 s: ten I/O timeouts spent waiting
     await sender.close()
     await receiver.close()
