@@ -24,7 +24,7 @@ prefills one 8K-token text once and each N takes the KV of the first N positions
 to a prefill of N tokens). The ``kv`` column says which. Results: a table on stdout and JSON under
 ``bench/results/pd_transfer.json``.
 
-    .venv/bin/python bench/pd_transfer.py [--real-kv] [--device cuda] [--repeats 5]
+    .venv/bin/python bench/pd_transfer.py [--real-kv] [--device cuda] [--repeats 9]
 """
 
 from __future__ import annotations
@@ -274,7 +274,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--real-kv", action="store_true", help="KV from a real Gemma 3 270M prefill")
     parser.add_argument("--device", default="cpu", help="device of the --real-kv prefill")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=9, help="transfers per measurement (median reported)")
     parser.add_argument("--sizes", default=",".join(map(str, SIZES)), help="prompt lengths, comma-separated")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "pd_transfer.json"))
