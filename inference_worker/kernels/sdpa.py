@@ -1,7 +1,7 @@
 """Fast attention path: ``torch.nn.functional.scaled_dot_product_attention`` over a contiguous KV cache.
 
 Same arguments, shapes and mask as :mod:`inference_worker.kernels.reference` (which it is tested
-against). For a sliding window the keys that can be visible to any query are cut to the slice
+against). Decode folds the query heads that share a KV head into SDPA's query axis. For a sliding window the keys that can be visible to any query are cut to the slice
 ``[min(q_positions) - W + 1, max_kv_len)`` before calling SDPA, so a decode step on a long sequence
 touches only W keys of a sliding layer. GQA uses SDPA's ``enable_gqa`` (KV heads are not copied).
 A soft-cap cannot be expressed in SDPA; with ``softcap`` set this path falls back to the reference.
@@ -81,7 +81,31 @@ def decode_attention_sdpa(
         raise ValueError(f"decode q must be [B, H, D], got {tuple(q.shape)}")
     if bool((kv_lens < 1).any()):
         raise ValueError("decode needs kv_lens >= 1 (the new token's KV must be in the cache)")
-    positions = (kv_lens - 1).view(-1, 1)  # [B, 1]
-    out = prefill_attention_sdpa(q.unsqueeze(1), k_cache, v_cache, positions, kv_lens, scale=scale,
-                                 sliding_window=sliding_window, softcap=softcap)
-    return out.squeeze(1)
+    if softcap is not None:
+        positions = (kv_lens - 1).view(-1, 1)  # [B, 1]
+        return prefill_attention_reference(q.unsqueeze(1), k_cache, v_cache, positions, kv_lens, scale=scale,
+                                           sliding_window=sliding_window, softcap=softcap).squeeze(1)
+    validate_shapes(q.unsqueeze(1), k_cache, v_cache, (kv_lens - 1).view(-1, 1), kv_lens)
+    batch, num_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[2]
+    group = num_heads // num_kv_heads
+    # GQA folded into the query axis: the ``group`` query heads that share a KV head are ``group`` queries
+    # of that head at the same position, so SDPA reads each KV head once instead of once per query head.
+    # Query head h uses KV head h // group (HF's repeat_kv order), hence the [B, Hkv, group, D] view.
+    start = 0
+    if sliding_window is not None:
+        start = max(0, int(kv_lens.min()) - sliding_window)  # keys no row can see (host sync, as above)
+    k = k_cache[:, start:]  # [B, Tk', Hkv, D]
+    v = v_cache[:, start:]
+    j = torch.arange(start, start + k.shape[1], device=q.device)  # absolute key positions [Tk']
+    visible = j < kv_lens.view(-1, 1)  # [B, Tk']: the query at position kv_len - 1 sees keys j <= kv_len - 1
+    if sliding_window is not None:
+        visible &= j > (kv_lens.view(-1, 1) - 1 - sliding_window)
+    out = F.scaled_dot_product_attention(
+        q.view(batch, num_kv_heads, group, head_dim),  # [B, Hkv, group, D]
+        k.transpose(1, 2),  # [B, Hkv, Tk', D]
+        v.transpose(1, 2),
+        attn_mask=visible.view(batch, 1, 1, -1),  # same keys for every head and group member
+        scale=scale,
+    )  # [B, Hkv, group, D]; every row sees at least its own key, so no NaN rows
+    return out.reshape(batch, num_heads, head_dim)
