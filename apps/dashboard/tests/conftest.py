@@ -9,9 +9,10 @@ from prometheus_client import start_http_server
 
 from apps.accounts.services import user_create_with_role
 from apps.dashboard.tests.live_stack import ARTIFACTS, Daphne, launch_chromium
-from apps.telemetry.endpoints import ReplicaEndpoint
+from apps.telemetry.endpoints import ReplicaEndpoint, RouterEndpoint
 from apps.telemetry.history import SignalHistory
 from inference_worker.metrics import WorkerMetrics
+from inference_worker.router.metrics import RouterMetrics
 
 
 @pytest.fixture
@@ -51,6 +52,16 @@ def exporter(pool):
     metrics.set_engine_state(num_waiting=2, num_running=1, kv_cache_usage=0.25, busy_ratio=0.5)
     server, _thread = start_http_server(0, addr="127.0.0.1", registry=metrics.registry)
     yield metrics, ReplicaEndpoint(str(pool.pk), "stable", "r0", f"http://127.0.0.1:{server.server_address[1]}")
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture
+def router_exporter():
+    """A router's real metrics registry (``inference_worker.router.metrics``) served on a loopback port."""
+    metrics = RouterMetrics()
+    server, _thread = start_http_server(0, addr="127.0.0.1", registry=metrics.registry)
+    yield metrics, RouterEndpoint(f"http://127.0.0.1:{server.server_address[1]}")
     server.shutdown()
     server.server_close()
 

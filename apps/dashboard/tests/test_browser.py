@@ -36,7 +36,9 @@ def publish(pool_id: int, at: float, waiting: float, history) -> dict:
 
 def _publish(pool_id: int, at: float, waiting: float, history) -> dict:
     record = {"pool_id": pool_id, "at": at, "window_s": 10.0, "source": "scrape", "tracks": {},
-              "signals": {"num_requests_waiting": waiting, "engine_busy_ratio": 0.25, "ready_replicas": 1.0}}
+              "signals": {"num_requests_waiting": waiting, "engine_busy_ratio": 0.25, "ready_replicas": 1.0,
+                          "router_local_prefill_per_s": waiting / 2, "router_remote_prefill_per_s": 0.25,
+                          "router_local_prefill_fallback_per_s": None}}
     message = telemetry_broadcast(pool_group(pool_id), "telemetry.signals", record, history=history)
     history.append(f"pool:{pool_id}", at, message)
     return message
@@ -78,6 +80,11 @@ def test_pages_load_only_from_loopback_viewer_has_no_controls_and_gaps_resync(
             publish(pool.pk, time.time(), 10.0, telemetry_keys)  # the next message applies without a resync
             page.wait_for_function("document.getElementById('chart-queue-depth').data[0].x.length === 7")
             assert page.evaluate("window.ferryStats.resyncs") == 1
+            # Router decisions: local (fallback included) vs remote prefill, the fallback alone "no data".
+            router = page.evaluate("Array.from(document.getElementById('chart-router').data, "
+                                   "t => [t.name, t.y.length, t.y[t.y.length - 1]])")
+            assert router == [["local prefill", 7, 5.0], ["remote prefill", 7, 0.25],
+                              ["of local: fallback (no prefill replica)", 7, None]]
         if name == "rollout":
             page.wait_for_selector("#steps li.current")
             assert page.locator("#rollout-controls button[data-verb=abort]").count() == 1

@@ -19,10 +19,34 @@ from apps.rollouts.services import rollout_plan_create
 from apps.telemetry.broadcast import pool_group, telemetry_broadcast
 from apps.telemetry.history import SignalHistory
 from apps.telemetry.poller import TelemetryPoller
+from apps.telemetry.sources.scrape import DirectScrapeSource
 from controlplane.asgi import application
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True)]
 ORIGIN = (b"origin", b"http://127.0.0.1")
+
+
+async def closing_db(fn, *args, **kwargs):
+    """``fn(*args, **kwargs)`` in a worker thread that closes its database connections after, so the test
+    database can be dropped (``database_sync_to_async`` may keep them open)."""
+
+    def call():
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            connections.close_all()
+
+    return await asyncio.to_thread(call)
+
+
+class FakeClock:
+    """Unix seconds that move only when a test sets ``t``."""
+
+    def __init__(self, t: float):
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
 
 
 def communicator(path: str, session=None, origin=ORIGIN) -> WebsocketCommunicator:
@@ -172,3 +196,45 @@ async def test_rollout_stream_forwards_its_pools_and_rollout_state(make_pool, ma
     msg = await ws.receive_json_from(timeout=5)
     assert (msg["type"], msg["stream"], msg["state"]) == ("rollout.state", f"rollout.{plan.pk}", "progressing")
     await ws.disconnect()
+
+
+async def test_pool_snapshot_and_updates_carry_the_routers_local_and_remote_prefill_rates(
+        pool, exporter, router_exporter, viewer_session, telemetry_keys):
+    """The pool page's router chart reads ``router_local_prefill_per_s`` / ``router_remote_prefill_per_s``
+    from the same records as every chart: in the snapshot and in each live update."""
+    _, endpoint = exporter
+    router_metrics, router = router_exporter
+    clock = FakeClock(time.time() - 10.0)  # the history keeps the records the snapshot reads (last 15 min)
+    poller = await closing_db(TelemetryPoller, window_s=15, clock=clock, endpoints=lambda: [endpoint],
+                              routers=lambda: [router], router_source=DirectScrapeSource(retention_s=60, clock=clock))
+    local = router_metrics.decisions.labels(pool=pool.name, decision="local_prefill", track="stable")
+    remote = router_metrics.decisions.labels(pool=pool.name, decision="remote_prefill", track="stable")
+    local.inc(3)
+    remote.inc(6)
+    ws = communicator(f"/ws/pools/{pool.pk}/", viewer_session)
+    try:
+        await closing_db(poller.poll_once)
+        local.inc(5)  # 3 -> 8 in 10 s: 0.5/s
+        remote.inc(6)  # 6 -> 12 in 10 s: 0.6/s
+        clock.t += 10.0
+        await closing_db(poller.poll_once)
+        connected, _ = await ws.connect()
+        assert connected
+        snapshot = await ws.receive_json_from(timeout=5)
+        first, second = snapshot["records"]
+        assert (first["signals"]["router_local_prefill_per_s"], first["signals"]["router_remote_prefill_per_s"]) == (
+            None, None)  # one scrape: no rate yet (the chart shows "no data", not 0)
+        assert second["signals"]["router_local_prefill_per_s"] == pytest.approx(0.5, rel=1e-12)
+        assert second["signals"]["router_remote_prefill_per_s"] == pytest.approx(0.6, rel=1e-12)
+        remote.inc(10)  # the next 10 s: 12 -> 22
+        clock.t += 10.0
+        await closing_db(poller.poll_once)
+        update = await ws.receive_json_from(timeout=5)
+        assert (update["type"], update["seq"]) == ("telemetry.signals", snapshot["seq"] + 1)
+        # The window (5, 20] s after the first scrape holds the scrapes at 10 and 20 s: local 8 -> 8, remote
+        # 12 -> 22 extrapolated by 5 s to the window start (the counter was far from 0): 0/s and 15 / 15 s.
+        assert update["signals"]["router_local_prefill_per_s"] == 0.0
+        assert update["signals"]["router_remote_prefill_per_s"] == pytest.approx(1.0, rel=1e-12)
+    finally:
+        await ws.disconnect()
+        await asyncio.to_thread(poller.close)
