@@ -59,7 +59,7 @@ def metrics(url: str) -> dict:
     for family in text_string_to_metric_families(httpx.get(url + "/metrics").text):
         for s in family.samples:
             extra = frozenset((k, v) for k, v in s.labels.items()  # workers' identity labels are "" here
-                              if k in ("direction", "outcome", "reason", "decision", "pool") and v)
+                              if k in ("direction", "outcome", "reason", "decision", "pool", "track") and v)
             out[(s.name, extra)] = out.get((s.name, extra), 0.0) + s.value
     return out
 
