@@ -12,7 +12,8 @@ Pure functions (no processes started here), so the process list and the environm
   reconcile and autoscale on their own queue, never queued behind a long Action), ``beat``,
   ``telemetry`` (the poller), ``agent`` (the local agent; it owns the model workers, which reconcile
   starts through the local backend), ``router`` (pulls the routing table from ``web`` with the service
-  token) and, with ``load``, ``load`` (bench/serve_load.py against the router, bounded, in a loop).
+  token) and, with ``load``, ``load`` (bench/serve_load.py against the router, bounded, in a loop, from the moment the launcher
+  reports ready: ``<var>/ready``).
 """
 
 from __future__ import annotations
@@ -153,8 +154,9 @@ def procfile(config: LaunchConfig, *, python: str, tokenizer_dir: Path | None = 
     }
     if config.load:
         out = shlex.quote(str(var / "load" / "serve_load.json"))
+        ready = shlex.quote(str(var / "ready"))  # written by the launcher once every worker is ready
         lines["load"] = (
-            f"while :; do {py} bench/serve_load.py --base-url {config.router_url} --model gemma-3-270m "
+            f"until [ -e {ready} ]; do sleep 2; done; while :; do {py} bench/serve_load.py --base-url {config.router_url} --model gemma-3-270m "
             f"--concurrency 2 --num-prompts 8 --request-rate 0.5 --input-words 8:400 --output-tokens 8:32 "
             f"--timeout-s 120 --out {out}; sleep 3; done"
         )

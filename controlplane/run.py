@@ -122,16 +122,21 @@ def _post(manager: honcho_manager.Manager, text: str) -> None:
                                    colour=None))
 
 
+def ready_marker(config: LaunchConfig) -> Path:
+    """``<var>/ready``: exists while this launch is ready (the load generator waits for it)."""
+    return Path(config.var_dir).resolve() / "ready"
+
+
 def _watch(manager, config: LaunchConfig, target: ReadinessTarget, summary: dict, stop: threading.Event,
            timeout_s: float) -> None:
     started = datetime.datetime.now()
-    if wait_until_ready(target, stop=stop, report=lambda line: _post(manager, line), timeout_s=timeout_s):
+    ready = wait_until_ready(target, stop=stop, report=lambda line: _post(manager, line), timeout_s=timeout_s)
+    if not ready and not stop.is_set():
+        ready = wait_until_ready(target, stop=stop, report=lambda line: _post(manager, line), timeout_s=float("inf"))
+    if ready and not stop.is_set():
+        ready_marker(config).touch()
         elapsed = (datetime.datetime.now() - started).total_seconds()
         _post(manager, "\n".join(ready_banner(config, summary, elapsed)))
-    elif not stop.is_set():
-        wait_until_ready(target, stop=stop, report=lambda line: _post(manager, line), timeout_s=float("inf"))
-        if not stop.is_set():
-            _post(manager, "\n".join(ready_banner(config, summary, (datetime.datetime.now() - started).total_seconds())))
 
 
 def _group_alive(pgid: int) -> bool:
@@ -199,6 +204,7 @@ def run_processes(config: LaunchConfig, env: dict[str, str], summary: dict, *, r
     text = procfile(config, python=sys.executable, tokenizer_dir=tokenizer_dir if tokenizer_dir.is_dir() else None)
     procfile_path = Path(config.var_dir) / "Procfile"
     procfile_path.write_text(text)
+    ready_marker(config).unlink(missing_ok=True)
     if agent_state_reset(Path(config.var_dir) / "agent"):
         say("agent: previous run's process table cleared (reconcile re-applies the pools from the database)")
     say(f"processes: {', '.join(parse_procfile(text).processes)} (from {procfile_path})")
@@ -216,6 +222,7 @@ def run_processes(config: LaunchConfig, env: dict[str, str], summary: dict, *, r
         manager.loop()
     finally:
         stop.set()
+        ready_marker(config).unlink(missing_ok=True)
     pgids = [p["pid"] for p in manager._processes.values() if p.get("pid")]  # honcho keeps pids only here
     killed = sweep(pgids, Path(config.var_dir) / "agent")
     if killed:

@@ -284,4 +284,7 @@ LOGGING = {
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
+    # httpx logs every request at INFO: the telemetry poller and reconcile would print several lines a
+    # second and bury what matters (the ready banner, Actions). LOG_LEVEL=DEBUG shows them again.
+    "loggers": {"httpx": {"level": "DEBUG" if os.environ.get("LOG_LEVEL") == "DEBUG" else "WARNING"}},
 }

@@ -84,6 +84,7 @@ def test_launcher_comes_up_on_embedded_redis_and_sqlite_and_one_ctrl_c_stops_eve
         assert httpx.get(f"http://127.0.0.1:{ports['router']}/ready", timeout=10).status_code == 200
         redis_port = int(re.search(r"started embedded redis-server at redis://127\.0\.0\.1:(\d+)/0", output).group(1))
         assert (var_dir / "ferry.sqlite3").is_file()
+        assert (var_dir / "ready").is_file()  # the marker LOAD=1's generator waits for
         pids = {name: int(pid) for name, pid in re.findall(r"system\s+\| (\w+) started \(pid=(\d+)\)", output)}
         assert set(pids) == {"web", "worker", "ticks", "beat", "telemetry", "agent", "router"}
         assert all(_listening(p) for p in (*ports.values(), redis_port))
@@ -96,6 +97,7 @@ def test_launcher_comes_up_on_embedded_redis_and_sqlite_and_one_ctrl_c_stops_eve
             launcher.wait(10)
     output = log_path.read_text()
     assert "embedded Redis stopped" in output
+    assert not (var_dir / "ready").exists()
     assert "killed leftovers" not in output  # every process stopped on SIGTERM, nothing needed SIGKILL
     assert [name for name, pgid in pids.items() if _group_alive(pgid)] == []
     assert [port for port in (*ports.values(), redis_port) if _listening(port)] == []

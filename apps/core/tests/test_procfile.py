@@ -27,7 +27,9 @@ def test_load_adds_a_bounded_generator_loop_against_the_router_and_tokenizer_is_
     config = LaunchConfig(host="0.0.0.0", router_port=9090, load=True, var_dir="/v")
     processes = parse_procfile(procfile(config, python="py", tokenizer_dir="/m/gemma-3-270m")).processes
     assert processes["router"].endswith("--tokenizer /m/gemma-3-270m")
-    assert processes["load"].startswith("while :; do py bench/serve_load.py --base-url http://127.0.0.1:9090 ")
+    # the generator starts once the launcher reports ready (no 503s from a router without workers)
+    assert processes["load"].startswith("until [ -e /v/ready ]; do sleep 2; done; "
+                                        "while :; do py bench/serve_load.py --base-url http://127.0.0.1:9090 ")
     assert "--num-prompts 8" in processes["load"] and processes["load"].endswith("; sleep 3; done")
 
 
