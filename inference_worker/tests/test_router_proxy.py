@@ -289,7 +289,10 @@ def test_table_pulled_from_the_control_plane_with_token_and_etag(tmp_path):
         TableHandler.table = routing_table(urls, version=5)
         f.router(f"http://127.0.0.1:{server.server_port}/api/v1/routing-table/")
         assert httpx.get(f.url + "/ready").json()["routing_table_version"] == 5
-        time.sleep(1.0)
+        # a conditional pull of the version it holds (If-None-Match "5") before the table changes
+        deadline = time.monotonic() + 10
+        while ("Bearer service-token-123", '"5"') not in TableHandler.seen and time.monotonic() < deadline:
+            time.sleep(0.05)
         TableHandler.table = routing_table(urls, version=6)
         deadline = time.monotonic() + 10
         while metric(f.url, "ferry_router_routing_table_version") != 6 and time.monotonic() < deadline:
