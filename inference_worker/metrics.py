@@ -102,7 +102,8 @@ class WorkerMetrics:
         self._waiting = Gauge("ferry_num_requests_waiting", "Requests queued, not yet scheduled.", labels, registry=r)
         self._running = Gauge("ferry_num_requests_running", "Requests in the running batch.", labels, registry=r)
         self._requests = Counter(
-            "ferry_requests", "Completion requests finished, by outcome (see REQUEST_OUTCOMES).",
+            "ferry_requests",
+            "Completion (and, on a prefill worker, internal prefill) requests finished, by outcome (see REQUEST_OUTCOMES).",
             [*labels, "outcome"], registry=r,
         )
         self._prompt_tokens = Counter("ferry_prompt_tokens", "Prompt tokens prefilled.", labels, registry=r)

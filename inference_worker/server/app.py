@@ -105,15 +105,26 @@ def create_app(state: ServerState) -> FastAPI:
 
         @app.post(PREFILL_PATH)
         async def internal_prefill(request: Request) -> JSONResponse:
+            """A decode worker's prefill request; counted by outcome like a completion, so a prefill pool's
+            error rate (rollout gates, alerts) has data."""
             model = state.model
             if state.draining or model is None or not model.engine_loop.alive:
+                state.metrics.request_finished("rejected")
                 raise OpenAIError(503, f"the worker is not ready: {state.readiness()[1]}", type="server_error",
                                   code="not_ready")
             state.request_started()
             try:
-                return JSONResponse(await state.pd.handle_prefill(model, await request.body(), request.headers))
+                answer = await state.pd.handle_prefill(model, await request.body(), request.headers)
+            except OpenAIError as exc:
+                state.metrics.request_finished("client_error" if exc.status_code < 500 else "server_error")
+                raise
+            except Exception:
+                state.metrics.request_finished("server_error")
+                raise
             finally:
                 state.request_finished()
+            state.metrics.request_finished("success")
+            return JSONResponse(answer)
 
     return app
 

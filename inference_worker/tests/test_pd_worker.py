@@ -70,6 +70,11 @@ def transfers(url: str, direction: str, reason: str = "none") -> float:
     return metrics(url).get(("ferry_kv_transfer_total", key), 0.0)
 
 
+def outcomes(url: str, outcome: str) -> float:
+    """``ferry_requests_total{outcome}`` of a worker (a prefill worker counts its internal prefills)."""
+    return metrics(url).get(("ferry_requests_total", frozenset({("outcome", outcome)})), 0.0)
+
+
 def recomputes(url: str, reason: str) -> float:
     return metrics(url).get(("ferry_kv_recompute_total", frozenset({("reason", reason)})), 0.0)
 
@@ -123,9 +128,11 @@ def test_prefill_decode_output_equals_colocated(prefill, decode, tokens, num_tok
     prompt = tokens[:num_tokens]
     layout = KVLayout.from_model_config(_gemma_config(), dtype="float32")
     received_before = metrics(decode.base_url)
+    prefills_before = outcomes(prefill.base_url, "success")
     reference = complete(decode.base_url, prompt, max_tokens=8)
     disaggregated = complete(decode.base_url, prompt, max_tokens=8, prefill_url=prefill.base_url)
     received_after = metrics(decode.base_url)
+    assert outcomes(prefill.base_url, "success") == prefills_before + 1  # the prefill pool's requests count too
     raw_key = ("ferry_kv_transfer_raw_bytes_total", frozenset({("direction", "receive")}))
     assert received_after[raw_key] - received_before.get(raw_key, 0.0) == layout.transfer_bytes(num_tokens)
     ref_text, got_text = reference["choices"][0]["text"], disaggregated["choices"][0]["text"]
@@ -197,8 +204,10 @@ def test_bad_kv_is_rejected_counted_and_recomputed(prefill, decode, tokens, faul
     reference = complete(decode.base_url, prompt)["choices"][0]["text"]
     received, sent = transfers(decode.base_url, "receive", reason), transfers(prefill.base_url, "send", reason)
     recomputed = recomputes(decode.base_url, reason)
+    failed_prefills = outcomes(prefill.base_url, "server_error")
     got = complete(decode.base_url, prompt, prefill_url=prefill.base_url, fault=fault)["choices"][0]["text"]
     assert got == reference
+    assert outcomes(prefill.base_url, "server_error") == failed_prefills + 1  # its 502 is a failed prefill
     assert transfers(decode.base_url, "receive", reason) == received + 1
     assert transfers(prefill.base_url, "send", reason) == sent + 1
     assert recomputes(decode.base_url, reason) == recomputed + 1
