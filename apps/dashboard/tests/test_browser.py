@@ -84,7 +84,7 @@ def test_pages_load_only_from_loopback_viewer_has_no_controls_and_gaps_resync(
             router = page.evaluate("Array.from(document.getElementById('chart-router').data, "
                                    "t => [t.name, t.y.length, t.y[t.y.length - 1]])")
             assert router == [["local prefill", 7, 5.0], ["remote prefill", 7, 0.25],
-                              ["of local: fallback (no prefill replica)", 7, None]]
+                              ["fallback (local)", 7, None]]
         if name == "rollout":
             page.wait_for_selector("#steps li.current")
             assert page.locator("#rollout-controls button[data-verb=abort]").count() == 1

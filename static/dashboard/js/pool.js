@@ -17,6 +17,7 @@
     {id: "tpot", title: "TPOT", y: "seconds", signals: ["tpot_p50_s", "tpot_p99_s"]},
     {id: "tokens", title: "Tokens/s", y: "tokens per second", signals: ["prompt_tokens_per_s", "generation_tokens_per_s"]},
     // The router counts each request once, for its decode pool: a prefill pool's own chart stays empty.
+    // "fallback (local)" is part of "local prefill": long prompts prefilled locally for want of a prefill replica.
     {id: "router", title: pool.role === "prefill"
       ? "Router decisions (local vs remote prefill; counted on the decode pools)"
       : "Router decisions (local vs remote prefill)", y: "requests per second",
@@ -26,7 +27,7 @@
     ttft_p99_s: "p99", tpot_p50_s: "p50", tpot_p99_s: "p99", prompt_tokens_per_s: "prompt (prefill)",
     generation_tokens_per_s: "generation (decode)", router_local_prefill_per_s: "local prefill",
     router_remote_prefill_per_s: "remote prefill",
-    router_local_prefill_fallback_per_s: "of local: fallback (no prefill replica)"};
+    router_local_prefill_fallback_per_s: "fallback (local)"};
   let alerts = {};
   const container = document.getElementById("charts");
 
