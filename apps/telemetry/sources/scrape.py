@@ -9,6 +9,14 @@ Replica state follows Prometheus' staleness idea: a replica whose last scrape fa
 its gauges stop counting at once (like stale markers), while its counter samples already in
 the window still count towards rates.
 
+A counter (or histogram/summary count, sum or bucket) series that first appears in a scrape of an
+endpoint whose previous scrape succeeded without it is stored with a 0 sample at that previous
+scrape: prometheus-client creates a labelled series at its first increment, so without the 0 its
+first increments would never count (a router's two single decisions, ``local_prefill`` 1 and
+``remote_prefill`` 1, each a new series, charted as 0/s). Prometheus 2.x without created-timestamp
+ingestion misses these increments; series already present at an endpoint's first scrape, or after
+a failed scrape, get no 0 (their history is unknown).
+
 Routers (``RouterEndpoint``) are scraped the same way but belong to no pool: a pool's view
 takes router series by their ``pool`` label (``Scope.matchers``), from the store itself and
 from a shared router store (the poller scrapes the routers once per poll for every cluster).
@@ -44,10 +52,21 @@ class _ReplicaState:
     last_seen_s: float
     up: bool
     last_ok_s: float | None = None
+    series: frozenset[tuple[str, tuple[tuple[str, str], ...]]] = frozenset()  # (name, labels) in the last ok scrape
 
     @property
     def is_router(self) -> bool:
         return isinstance(self.endpoint, RouterEndpoint)
+
+
+_MONOTONIC_SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum"),
+                       "summary": ("_count", "_sum")}
+
+
+def _starts_at_zero(family_type: str, sample_name: str) -> bool:
+    """Whether a sample of this family type counts up from 0 when its series is created (counter
+    ``_total``; histogram ``_bucket``/``_count``/``_sum``; summary ``_count``/``_sum``)."""
+    return sample_name.endswith(_MONOTONIC_SUFFIXES.get(family_type, ()))
 
 
 class SampleStore:
@@ -69,19 +88,28 @@ class SampleStore:
             families = list(text_string_to_metric_families(text))
         except ValueError as exc:
             raise ValueError(f"{endpoint.metrics_url} returned unparsable metrics: {exc}") from exc
+        state = self._replicas.get(endpoint.key)
+        # The previous scrape answered: a monotonic series missing from it was created since (at 0).
+        previous_ok_s = (state.last_ok_s if state is not None and state.up and state.last_ok_s is not None
+                         and state.last_ok_s < at_s else None)
         stored = 0
+        seen: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
         for family in families:
             for sample in family.samples:
                 if sample.name.endswith("_created"):
                     continue
                 labels = tuple(sorted(sample.labels.items()))
                 series = self._series.setdefault((endpoint.key, sample.name, labels), deque())
+                if (previous_ok_s is not None and (sample.name, labels) not in state.series
+                        and _starts_at_zero(family.type, sample.name)):
+                    series.append((previous_ok_s, 0.0))
                 series.append((at_s, float(sample.value)))
+                seen.add((sample.name, labels))
                 stored += 1
-        state = self._replicas.get(endpoint.key)
         if state is None:
             state = self._replicas[endpoint.key] = _ReplicaState(endpoint, at_s, True)
         state.endpoint, state.last_seen_s, state.up, state.last_ok_s = endpoint, at_s, True, at_s
+        state.series = frozenset(seen)
         return stored
 
     def mark_down(self, endpoint: Endpoint, at_s: float) -> None:

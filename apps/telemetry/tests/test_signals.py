@@ -1,7 +1,7 @@
 """Signals evaluated over scraped samples (real worker metric registries) and rendered as PromQL."""
 
 import pytest
-from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Summary, generate_latest
 
 from apps.telemetry import metric_names as m
 from apps.telemetry.endpoints import ReplicaEndpoint, RouterEndpoint
@@ -210,6 +210,70 @@ def test_two_scrapes_ten_seconds_apart_counting_3_then_8_give_half_a_request_per
     assert got["router_remote_prefill_per_s"] is None  # never counted: no series, no data
     assert got["request_rate_per_s"] is None  # the router is no replica of the pool
 
+
+
+def test_single_decisions_that_create_their_series_count_from_zero():
+    # The user's two requests: the router's first local and first remote decision each create a labelled
+    # series at 1. Scraped before (no series) and after, each is 1 request over the 15 s window, not 0/s.
+    store = SampleStore(retention_s=60)
+    metrics, endpoint = router()
+    store.ingest(endpoint, router_text(metrics), 0.0)
+    metrics.decisions.labels(pool="decode", decision="local_prefill", track="stable").inc()
+    metrics.decisions.labels(pool="decode", decision="remote_prefill", track="stable").inc()
+    scope = Scope("7", label="decode")
+    for at in (1.0, 2.0, 14.0):  # the same rate while the creation stays inside the window
+        store.ingest(endpoint, router_text(metrics), at)
+        got = evaluate_signals(store.view(scope), scope, at, 15.0, "scrape").values
+        assert (got["router_local_prefill_per_s"], got["router_remote_prefill_per_s"]) == (
+            pytest.approx(1 / 15, rel=1e-12), pytest.approx(1 / 15, rel=1e-12))
+    store.ingest(endpoint, router_text(metrics), 16.0)  # the 0 at t=0 has left the window: no more increase
+    got = evaluate_signals(store.view(scope), scope, 16.0, 15.0, "scrape").values
+    assert got["router_local_prefill_per_s"] == 0.0
+
+
+def exposition(*, counter=None, histogram=None, summary=None, gauge=None):
+    """Text of one labelled series of each kind that is given (its value: a counter/gauge value,
+    or one observation for the histogram and summary)."""
+    registry = CollectorRegistry()
+    if counter is not None:
+        Counter("c", "counter", ["k"], registry=registry).labels(k="a").inc(counter)
+    if histogram is not None:
+        Histogram("h", "histogram", ["k"], buckets=(1.0,), registry=registry).labels(k="a").observe(histogram)
+    if summary is not None:
+        Summary("s", "summary", ["k"], registry=registry).labels(k="a").observe(summary)
+    if gauge is not None:
+        Gauge("g", "gauge", ["k"], registry=registry).labels(k="a").set(gauge)
+    return generate_latest(registry).decode()
+
+
+ALL_KINDS = {"counter": 2.0, "histogram": 0.5, "summary": 0.5, "gauge": 4.0}
+CREATED = {"c_total": [(1.0, 0.0), (2.0, 2.0)], "h_bucket": [(1.0, 0.0), (2.0, 1.0)],
+           "h_count": [(1.0, 0.0), (2.0, 1.0)], "h_sum": [(1.0, 0.0), (2.0, 0.5)],
+           "s_count": [(1.0, 0.0), (2.0, 1.0)], "s_sum": [(1.0, 0.0), (2.0, 0.5)], "g": [(2.0, 4.0)]}
+
+
+@pytest.mark.parametrize("case, scrapes, expected", [
+    # Created between two answered scrapes: monotonic series get a 0 at the earlier one, gauges none.
+    ("created between scrapes", [(1.0, {}), (2.0, ALL_KINDS)], CREATED),
+    # Already there at the endpoint's first scrape: its past is unknown, nothing is added.
+    ("there at the first scrape", [(2.0, ALL_KINDS)], {k: [v[-1]] for k, v in CREATED.items()}),
+    # The scrape before failed: when the series appeared is unknown, nothing is added.
+    ("after a failed scrape", [(0.0, {}), (1.0, None), (2.0, ALL_KINDS)], {k: [v[-1]] for k, v in CREATED.items()}),
+    # Gone from one scrape (the process restarted) and back: the 0 makes the restart a counter reset.
+    ("restarted", [(0.0, {"counter": 5.0}), (1.0, {}), (2.0, {"counter": 2.0})],
+     {"c_total": [(0.0, 5.0), (1.0, 0.0), (2.0, 2.0)]}),
+])
+def test_a_monotonic_series_created_between_answered_scrapes_starts_at_zero(case, scrapes, expected):
+    store = SampleStore(retention_s=60)
+    endpoint = ReplicaEndpoint("p1", "stable", "r0", "http://127.0.0.1:1/r0")
+    for at, kinds in scrapes:
+        if kinds is None:
+            store.mark_down(endpoint, at)
+        else:
+            store.ingest(endpoint, exposition(**kinds), at)
+    got = {name: list(samples) for (_, name, labels), samples in store._series.items() if dict(labels).get("k") == "a"
+           and not (name == "h_bucket" and dict(labels)["le"] == "+Inf")}
+    assert got == expected, case
 
 
 def untracked_router():
