@@ -9,12 +9,9 @@ Each accepted case is reported on stdout.
 import pytest
 import torch
 
-from inference_worker.config import ModelConfig
 from inference_worker.engine.contiguous_runner import ContiguousModelRunner
 from inference_worker.engine.paged_engine import PagedEngineCore
-from inference_worker.model.gguf_weights import load_gguf_state_dict
-from inference_worker.model.transformer import CausalLM
-from inference_worker.registry import resolve_model
+from inference_worker.testing import GEMMA, load_prepared
 
 pytestmark = pytest.mark.slow
 torch.set_num_threads(1)
@@ -27,11 +24,8 @@ LENGTHS = [1, 7, 33, 100, 255, 300, 511, 512, 513, 64, 17, 700, 129, 2, 450, 103
 
 @pytest.fixture(scope="module")
 def model():
-    path = resolve_model("gemma-3-270m").path
-    config = ModelConfig.from_gguf(path)
-    model = CausalLM(config)
-    model.load_state_dict(load_gguf_state_dict(path, config), strict=False)
-    return model.eval()
+    """The prepared fp32 artifact of the GGUF, loaded once per test process (shared with other modules)."""
+    return load_prepared(GEMMA).model
 
 
 @pytest.fixture(scope="module")
