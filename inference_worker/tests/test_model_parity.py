@@ -11,9 +11,13 @@ Our side runs the prepared artifact (safetensors written by ``models prepare`` f
 the contiguous runner with the SDPA kernel (all 12 prompts prefilled into their own slots, then decoded
 together in ragged batches), and through the paged engine (``LLMEngine``: continuous batching, chunked prefill
 in 512-token steps mixed with decodes over the paged KV cache). Both are held to the same rule against one
-reference run: transformers' own model class with a DynamicCache greedy loop (loaded once per model).
+reference run: transformers' own model class with a DynamicCache greedy loop (loaded once per model). The
+reference (prefill logits, greedy tokens, top-2 gap at each step) is computed once per GGUF sha256, prompt
+set, reference code and torch/transformers versions, and read back from ``~/.cache/ferry/test-references``
+on later runs (``inference_worker.testing.cached_reference``).
 """
 
+import inspect
 import warnings
 
 import pytest
@@ -24,7 +28,7 @@ from inference_worker.engine.llm_engine import LLMEngine
 from inference_worker.engine.paged_engine import PagedLLMEngine
 from inference_worker.engine.sampling_params import SamplingParams
 from inference_worker.registry import gguf_path
-from inference_worker.testing import GEMMA, SMOLLM2, load_prepared
+from inference_worker.testing import GEMMA, SMOLLM2, cached_reference, file_sha256, load_prepared
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]  # transformers loads the GGUF once per model
 torch.set_num_threads(1)
@@ -61,7 +65,7 @@ def _prompts(tokenizer, chat_prompt):
 
 @torch.inference_mode()
 def _reference(hf_model, prompt):
-    """(prefill last logits [vocab], greedy tokens, per-step logits) from transformers."""
+    """(prefill last logits [vocab], greedy tokens, reference top-2 logit gap at each step) from transformers."""
     from transformers import DynamicCache
 
     cache = DynamicCache(config=hf_model.config)
@@ -75,7 +79,23 @@ def _reference(hf_model, prompt):
             break
         out = hf_model(torch.tensor([[token]]), cache=cache, use_cache=True, logits_to_keep=1)
         step_logits.append(out.logits[0, -1].float())
-    return step_logits[0], tokens, step_logits
+    return step_logits[0].clone(), tokens, [_top2_gap(logits) for logits in step_logits]
+
+
+def _reference_run(name, prompts):
+    """:func:`_reference` for every prompt, transformers loading the GGUF once (fp32, SDPA)."""
+    from transformers import AutoModelForCausalLM
+
+    path = gguf_path(name)
+    hf_model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32,
+                                                    attn_implementation="sdpa").eval()
+    return [_reference(hf_model, p) for p in prompts]
+
+
+def _cached_reference_run(name, prompts):
+    key = {"gguf_sha256": file_sha256(gguf_path(name)), "prompts": prompts, "num_new_tokens": NUM_NEW_TOKENS,
+           "code": inspect.getsource(_reference) + inspect.getsource(_reference_run) + inspect.getsource(_top2_gap)}
+    return cached_reference(f"parity-{name}", key, lambda: _reference_run(name, prompts))
 
 
 @torch.inference_mode()
@@ -111,8 +131,6 @@ def _top2_gap(logits):
 
 @pytest.fixture(scope="module", params=[GEMMA, SMOLLM2])
 def parity_run(request):
-    from transformers import AutoModelForCausalLM
-
     name = request.param
     loaded = load_prepared(name)
     chat = {
@@ -120,13 +138,9 @@ def parity_run(request):
         SMOLLM2: "<|im_start|>user\nWrite a haiku about ferries.<|im_end|>\n<|im_start|>assistant\n",
     }[name]
     prompts = _prompts(loaded.tokenizer, chat)
-    path = gguf_path(name)
-    hf_model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32,
-                                                    attn_implementation="sdpa").eval()
     ours = _ours(loaded, prompts)
     paged = _paged(loaded, prompts)
-    reference = [_reference(hf_model, p) for p in prompts]
-    del hf_model
+    reference = _cached_reference_run(name, prompts)
     return name, prompts, ours, reference, paged
 
 
@@ -149,12 +163,12 @@ def test_last_position_logits_match_transformers(parity_run):
 
 def _assert_greedy_tokens_match(label, prompts, our_tokens, reference):
     accepted = []
-    for i, (ours, (_, ref_tokens, ref_logits)) in enumerate(zip(our_tokens, reference, strict=True)):
-        assert len(ours) == len(ref_tokens) == NUM_NEW_TOKENS
+    for i, (ours, (_, ref_tokens, ref_gaps)) in enumerate(zip(our_tokens, reference, strict=True)):
+        assert len(ours) == len(ref_tokens) == len(ref_gaps) == NUM_NEW_TOKENS
         mismatch = next((s for s in range(NUM_NEW_TOKENS) if ours[s] != ref_tokens[s]), None)
         if mismatch is None:
             continue
-        gap = _top2_gap(ref_logits[mismatch])
+        gap = ref_gaps[mismatch]
         case = (f"{label} prompt {i} ({len(prompts[i])} tokens): diverged at step {mismatch} "
                 f"(ours {ours[mismatch]}, reference {ref_tokens[mismatch]}, reference top-2 gap {gap:.2e})")
         assert gap < NEAR_TIE_GAP, case
