@@ -139,6 +139,35 @@ def rollout_detail(rollout_id: int) -> dict:
     }
 
 
+def rollout_form(pool_ids: list[int] | None = None) -> dict:
+    """Choices of the rollout create form and its default target version.
+
+    Returns ``{"pools": [{"id", "label", "role", "model", "model_version_id"}] (by cluster, name),
+    "versions": [{"id", "label", "model"}] (newest first: created_at, then id), "default_target": id | None}``.
+    ``default_target`` is the newest version of the chosen pools' models (``pool_ids``; None: every pool)
+    that none of them runs (``Pool.model_version``), else the newest version none runs, else None: a
+    canary from the page moves pools to a version they do not run yet. ``rollouts.js`` applies the same
+    rule when the pool selection changes. 2 queries.
+    """
+    pools = [{"id": p.pk, "label": f"{p.cluster.name}/{p.name} ({p.role})", "role": p.role,
+              "model": p.model_version.name, "model_version_id": p.model_version_id}
+             for p in Pool.objects.select_related("cluster", "model_version").order_by("cluster__name", "name")]
+    versions = [{"id": mv.pk, "label": str(mv), "model": mv.name}
+                for mv in ModelVersion.objects.order_by("-created_at", "-pk")]
+    chosen = [p for p in pools if pool_ids is None or p["id"] in pool_ids]
+    return {"pools": pools, "versions": versions, "default_target": newest_version_not_run(chosen, versions)}
+
+
+def newest_version_not_run(pools: list[dict], versions: list[dict]) -> int | None:
+    """Id of the first of ``versions`` (newest first) of a model some of ``pools`` serve that none of them
+    runs; else the first that none runs; None when every version is run (``rollout_form`` dicts)."""
+    running = {p["model_version_id"] for p in pools}
+    models = {p["model"] for p in pools}
+    free = [v for v in versions if v["id"] not in running]
+    same_model = [v for v in free if v["model"] in models]
+    return (same_model or free or [{"id": None}])[0]["id"]
+
+
 def model_version_rows() -> list[dict]:
     """Every model version's architecture and KV bytes: per token per layer type, and resident at
     8K/32K/128K tokens hybrid vs all-full (``ModelVersion.kv_bytes``, the one formula in

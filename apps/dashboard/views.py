@@ -7,16 +7,23 @@ public REST API (``/api/v1/``) with the session cookie and the CSRF token, as au
 
 from __future__ import annotations
 
+import json
+
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 
 from apps.accounts.roles import OPERATOR, role_at_least, user_role
-from apps.catalog.models import ModelVersion
 from apps.dashboard import selectors
 from apps.fleet.models import Pool
 from apps.rollouts.models import RolloutPlan
 from apps.rollouts.selectors import rollout_list
+
+
+DEFAULT_ROLLOUT_STEPS = [{"set_weight": 25}, {"pause": {"seconds": 20}}, {"set_weight": 50},
+                         {"pause": {"seconds": 20}}]
+"""The create form's pre-filled steps: every pause ends by itself, so a canary started from the page
+reaches 100% and ``promoted`` without a resume (the plan's end is the last step)."""
 
 
 def _context(request: HttpRequest, **extra) -> dict:
@@ -40,9 +47,9 @@ def pool_page(request: HttpRequest, pool_id: int) -> HttpResponse:
 
 @login_required
 def rollout_list_page(request: HttpRequest) -> HttpResponse:
-    pools = list(Pool.objects.select_related("cluster").order_by("cluster__name", "name"))
     return render(request, "dashboard/rollouts.html", _context(
-        request, rollouts=rollout_list()[:100], pools=pools, model_versions=ModelVersion.objects.all()))
+        request, rollouts=rollout_list()[:100], form=selectors.rollout_form(),
+        default_steps=json.dumps(DEFAULT_ROLLOUT_STEPS)))
 
 
 @login_required

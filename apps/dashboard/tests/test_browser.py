@@ -10,14 +10,17 @@ Screenshots go to ``test-artifacts/dashboard/``. Chromium: ``apt-get install -y 
 
 from __future__ import annotations
 
+import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from apps.dashboard.tests.live_stack import ARTIFACTS, CHROMIUM, signed_in
+from apps.dashboard.views import DEFAULT_ROLLOUT_STEPS
 from apps.fleet.services import cluster_link_create
 from apps.operations.models import Action
+from apps.rollouts.models import RolloutPlan
 from apps.rollouts.services import rollout_plan_create
 from apps.telemetry.broadcast import pool_group, telemetry_broadcast
 
@@ -25,6 +28,10 @@ pytestmark = [
     pytest.mark.django_db(transaction=True),
     pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's Chromium: apt-get install -y chromium"),
 ]
+
+
+# A Plotly date-axis range value (a Date as the page set it, or Plotly's local "YYYY-MM-DD HH:MM:SS.sss") in Unix s.
+TO_SECONDS = "(v => (v instanceof Date ? v : new Date(String(v).replace(' ', 'T'))).getTime() / 1000)"
 
 
 def publish(pool_id: int, at: float, waiting: float, history) -> dict:
@@ -85,6 +92,17 @@ def test_pages_load_only_from_loopback_viewer_has_no_controls_and_gaps_resync(
                                    "t => [t.name, t.y.length, t.y[t.y.length - 1]])")
             assert router == [["local prefill", 7, 5.0], ["remote prefill", 7, 0.25],
                               ["fallback (local)", 7, None]]
+            # An empty chart: the last five minutes up to now and "no data yet" (Plotly's default is the year 2000);
+            # a chart with data: the axis around its records.
+            ranges = page.evaluate("Object.fromEntries(['ttft', 'queue-depth'].map(c => { const d = document"
+                                   ".getElementById('chart-' + c); return [c, [d.layout.xaxis.range.map(v => "
+                                   f"{TO_SECONDS}(v)), "
+                                   "d.layout.annotations.map(a => a.text)]]; }))")
+            (ttft_start, ttft_end), ttft_notes = ranges["ttft"]
+            assert (round(ttft_end - ttft_start, 3), ttft_notes) == (300.0, ["no data yet"])
+            assert abs(ttft_end - time.time()) < 60
+            (start, end), notes = ranges["queue-depth"]
+            assert notes == [] and start <= now - 5 and end >= now - 1 and end - start < 120
         if name == "rollout":
             page.wait_for_selector("#steps li.current")
             assert page.locator("#rollout-controls button[data-verb=abort]").count() == 1
@@ -108,6 +126,41 @@ def test_pages_load_only_from_loopback_viewer_has_no_controls_and_gaps_resync(
         page.screenshot(path=str(ARTIFACTS / f"viewer-{name}.png"), full_page=True)
         # ... and no controls at all.
         assert page.locator("#scale-form, #rollout-controls, #rollout-create, button.retry, button.cancel").count() == 0
+    assert guard.remote == []
+    context.close()
+
+
+def test_rollout_create_form_defaults_follow_the_pools_and_create_lands_on_the_rollouts_own_url(
+        server, browser, pool, make_pool, make_model_version, operator_session):
+    prefill = make_pool("prefill", role="prefill")  # both run v1 (the pool fixture's version)
+    v2, v3 = make_model_version("v2"), make_model_version("v3")
+    make_pool("decode-b", model_version=v3)
+    context, page, guard = signed_in(browser, server, "olga")
+    page.goto(f"{server.base_url}/rollouts/")
+    page.wait_for_selector("#rollout-create")
+    assert page.input_value("#rc-target") == str(v2.pk)  # every pool: v1 and v3 are run
+    assert json.loads(page.input_value("#rc-steps")) == DEFAULT_ROLLOUT_STEPS
+    page.select_option("#rc-pools", [str(pool.pk), str(prefill.pk)])
+    assert page.input_value("#rc-target") == str(v3.pk)  # the newest version these two do not run
+    page.select_option("#rc-target", str(v2.pk))  # picked by hand: the pool selection no longer moves it
+    page.select_option("#rc-pools", [str(pool.pk)])
+    assert page.input_value("#rc-target") == str(v2.pk)
+    page.select_option("#rc-pools", [str(pool.pk), str(prefill.pk)])
+    page.fill("#rc-name", "v2-from-the-page")
+    page.click("#rc-submit")
+    page.wait_for_selector("#rollout-state")
+    plan = RolloutPlan.objects.get(name="v2-from-the-page")
+    assert page.url == f"{server.base_url}/rollouts/{plan.pk}/"
+    assert (plan.target_model_version_id, plan.steps, sorted(plan.pools.values_list("pk", flat=True))) == (
+        v2.pk, DEFAULT_ROLLOUT_STEPS, [pool.pk, prefill.pk])
+    page.reload()  # the address is the rollout's own: a reload shows the same rollout
+    assert page.inner_text("main h1").startswith("Rollout v2-from-the-page")
+    # The weight chart, charted from the first reading: no "no data yet" note, an axis around now.
+    page.wait_for_function("document.getElementById('chart-canary-weight').data[0].x.length >= 1")
+    page.wait_for_function("document.getElementById('chart-canary-weight').layout.annotations.length === 0")
+    end = page.evaluate(f"{TO_SECONDS}(document.getElementById('chart-canary-weight').layout.xaxis.range[1])")
+    assert abs(end - time.time()) < 60
+    page.screenshot(path=str(ARTIFACTS / "operator-rollout-created.png"), full_page=True)
     assert guard.remote == []
     context.close()
 

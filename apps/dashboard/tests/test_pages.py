@@ -16,6 +16,7 @@ from django.test.utils import CaptureQueriesContext
 from apps.dashboard import selectors
 from apps.dashboard.finders import PLOTLY_STATIC_PATH, plotly_package_data_dir
 from apps.dashboard.services import CPU_RULES, pool_alert_rules_apply_cpu
+from apps.dashboard.views import DEFAULT_ROLLOUT_STEPS
 from apps.fleet.services import cluster_link_create
 from apps.rollouts.services import rollout_plan_create
 from apps.telemetry.models import AlertRule
@@ -127,3 +128,41 @@ def test_cpu_alert_profile_refuses_gpu_pools_and_the_command_applies_it(make_poo
     call_command("dashboard_cpu_alert_rules", stdout=out)
     assert out.getvalue() == f"pool {cpu_pool.pk} (dc-a/cpu-decode): {len(CPU_RULES)} CPU rules applied\n"
     assert not AlertRule.objects.filter(pool=gpu_pool).exists()
+
+
+def test_rollout_form_targets_the_newest_version_the_chosen_pools_do_not_run(make_pool, make_model_version,
+                                                                              model_version, operator_session):
+    v1 = model_version
+    decode, prefill = make_pool("decode", model_version=v1), make_pool("prefill", role="prefill", model_version=v1)
+    v2, v3 = make_model_version("v2"), make_model_version("v3")
+    other_model = make_model_version("x1", name="llama-like")  # the newest of all, but no chosen pool serves it
+    decode_b = make_pool("decode-b", model_version=v3)
+    form = selectors.rollout_form()
+    assert [v["label"] for v in form["versions"]] == ["llama-like:x1", "gemma-like:v3", "gemma-like:v2",
+                                                      "gemma-like:v1"]
+    assert form["default_target"] == v2.pk  # every pool: v1 and v3 are run
+    cases = {(decode.pk, prefill.pk): v3.pk, (decode_b.pk,): v2.pk, (decode.pk, decode_b.pk): v2.pk}
+    for pool_ids, expected in cases.items():
+        assert selectors.rollout_form(list(pool_ids))["default_target"] == expected, pool_ids
+    make_pool("decode-c", model_version=v2)
+    assert selectors.rollout_form()["default_target"] == other_model.pk  # no gemma-like version is free
+    make_pool("decode-d", model_version=other_model)
+    assert selectors.rollout_form()["default_target"] is None  # every version is run
+    page = operator_session.get("/rollouts/").content.decode()
+    assert 'id="rollout-form-data"' in page and "<option value=" in page and " selected>" not in page
+
+
+def test_rollout_form_preselects_the_default_target_and_steps_that_end_by_themselves(
+        make_pool, make_model_version, model_version, operator_session):
+    v1 = model_version
+    pools = [make_pool("decode", model_version=v1), make_pool("prefill", role="prefill", model_version=v1)]
+    v2 = make_model_version("v2")
+    page = operator_session.get("/rollouts/").content.decode()
+    assert f'<option value="{v2.pk}" selected>gemma-like:v2</option>' in page
+    assert f'<option value="{v1.pk}">gemma-like:v1</option>' in page
+    assert ('<textarea id="rc-steps" rows="4">[{&quot;set_weight&quot;: 25}, {&quot;pause&quot;: {&quot;seconds&quot;: '
+            '20}}, {&quot;set_weight&quot;: 50}, {&quot;pause&quot;: {&quot;seconds&quot;: 20}}]</textarea>') in page
+    # The pre-filled plan is valid as it stands, and no pause waits for a resume.
+    plan = rollout_plan_create(name="from-the-form", pools=pools, target_model_version=v2, strategy="canary",
+                               steps=DEFAULT_ROLLOUT_STEPS)
+    assert [s["pause"]["seconds"] for s in plan.steps if "pause" in s] == [20, 20]

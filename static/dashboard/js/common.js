@@ -58,6 +58,17 @@ const Ferry = {
     return `${(bits / 1e3).toFixed(1)} kbit/s`;
   },
 
+  /* An empty time chart's x axis: the last `windowS` seconds up to now (Plotly's default for a date axis
+     without data is a range in the year 2000), as Plotly layout updates ("xaxis.range"). */
+  emptyTimeAxis(windowS) {
+    const now = Date.now();
+    return {"xaxis.autorange": false, "xaxis.range": [new Date(now - windowS * 1000), new Date(now)]};
+  },
+
+  /* The "no data yet" note in the middle of an empty chart (a Plotly annotation). */
+  NO_DATA: [{text: "no data yet", showarrow: false, xref: "paper", yref: "paper", x: 0.5, y: 0.5,
+    font: {size: 16, color: "#98a2b3"}}],
+
   fmtTime(iso) { return iso ? new Date(iso).toLocaleTimeString() : ""; },
 
   /* Alert badges: {alert id -> payload} of firing alerts, rendered into `container`. */

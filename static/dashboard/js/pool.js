@@ -31,15 +31,17 @@
   let alerts = {};
   const container = document.getElementById("charts");
 
-  const NO_DATA = [{text: "no data", showarrow: false, xref: "paper", yref: "paper", x: 0.5, y: 0.5,
-    font: {size: 16, color: "#98a2b3"}}];
+  const EMPTY_WINDOW_S = 300;  // an empty chart shows the last five minutes (the snapshot's history)
 
   function layout(chart, hasData) {
+    const empty = Ferry.emptyTimeAxis(EMPTY_WINDOW_S);
     return {title: {text: chart.title, font: {size: 14}, x: 0.02, xanchor: "left"}, height: 260,
-      margin: {l: 60, r: 20, t: 40, b: 40}, xaxis: {title: {text: "time"}, type: "date"},
+      margin: {l: 60, r: 20, t: 40, b: 40},
+      xaxis: hasData ? {title: {text: "time"}, type: "date"}
+        : {title: {text: "time"}, type: "date", autorange: false, range: empty["xaxis.range"]},
       yaxis: {title: {text: chart.y}, rangemode: "tozero"}, showlegend: chart.signals.length > 1,
       legend: {orientation: "h", x: 1, xanchor: "right", y: 1.0, yanchor: "bottom"},
-      annotations: hasData ? [] : NO_DATA};
+      annotations: hasData ? [] : Ferry.NO_DATA};
   }
 
   function hasValues(cols) { return cols.some(c => c.y.some(v => v !== null)); }
@@ -68,7 +70,9 @@
         chart.signals.map((_, i) => i), MAX_POINTS);
       if (!chart.hasData && hasValues(cols)) {
         chart.hasData = true;
-        Plotly.relayout(`chart-${chart.id}`, {annotations: []});
+        Plotly.relayout(`chart-${chart.id}`, {annotations: [], "xaxis.autorange": true});
+      } else if (!chart.hasData) {
+        Plotly.relayout(`chart-${chart.id}`, Ferry.emptyTimeAxis(EMPTY_WINDOW_S));  // still empty: keep up with now
       }
     }
     const ready = record.signals.ready_replicas;

@@ -8,10 +8,15 @@
   const latest = {};  // pool id -> latest telemetry record
   const weightDiv = document.getElementById("chart-canary-weight");
 
+  // Empty until the first reading (every 2 s while the page is open): the last five minutes up to now,
+  // "no data yet"; then the axis follows the readings.
+  let weightCharted = false;
   Plotly.newPlot(weightDiv, rollout.pools.map(p => ({x: [], y: [], name: `${p.name} (${p.role})`, type: "scatter",
     mode: "lines+markers", line: {shape: "hv"}})),
-    {height: 260, margin: {l: 60, r: 20, t: 20, b: 40}, xaxis: {title: {text: "time"}, type: "date"},
-     yaxis: {title: {text: "canary traffic weight (%)"}, range: [0, 105]}}, {displaylogo: false, responsive: true});
+    {height: 260, margin: {l: 60, r: 20, t: 20, b: 40},
+     xaxis: {title: {text: "time"}, type: "date", autorange: false, range: Ferry.emptyTimeAxis(300)["xaxis.range"]},
+     yaxis: {title: {text: "canary traffic weight (%)"}, range: [0, 105]}, annotations: Ferry.NO_DATA},
+    {displaylogo: false, responsive: true});
 
   function stepText(step) {
     if ("set_weight" in step) return `set weight ${step.set_weight}%`;
@@ -93,6 +98,10 @@
       return canary ? canary.weight : 0;
     }));
     Plotly.extendTraces(weightDiv, {x: weights.map(() => [now]), y: weights.map(w => [w])}, weights.map((_, i) => i), 3600);
+    if (!weightCharted && weights.some(w => w !== null)) {
+      weightCharted = true;
+      Plotly.relayout(weightDiv, {annotations: [], "xaxis.autorange": true});
+    }
     refreshEvents();
     refreshMeasurements();
   }
