@@ -35,11 +35,14 @@
 
   function layout(chart, hasData) {
     const empty = Ferry.emptyTimeAxis(EMPTY_WINDOW_S);
-    return {title: {text: chart.title, font: {size: 14}, x: 0.02, xanchor: "left"}, height: 260,
-      margin: {l: 60, r: 20, t: 40, b: 40},
+    // With a legend the title sits on its own line above it (side by side they overlap in a narrow chart).
+    const legend = chart.signals.length > 1;
+    return {title: {text: chart.title, font: {size: 14}, x: 0.02, xanchor: "left", yref: "container", y: 1,
+      yanchor: "top", pad: {t: 8}}, height: legend ? 280 : 260,
+      margin: {l: 60, r: 20, t: legend ? 60 : 40, b: 40},
       xaxis: hasData ? {title: {text: "time"}, type: "date"}
         : {title: {text: "time"}, type: "date", autorange: false, range: empty["xaxis.range"]},
-      yaxis: {title: {text: chart.y}, rangemode: "tozero"}, showlegend: chart.signals.length > 1,
+      yaxis: {title: {text: chart.y}, rangemode: "tozero"}, showlegend: legend,
       legend: {orientation: "h", x: 1, xanchor: "right", y: 1.0, yanchor: "bottom"},
       annotations: hasData ? [] : Ferry.NO_DATA};
   }
