@@ -184,6 +184,9 @@ class PDService:
         except KVTransferError as exc:
             raise OpenAIError(502, f"KV transfer to {host}:{port} failed ({exc.reason}): {exc}", type="server_error",
                               code="kv_transfer_failed", param=exc.reason) from None
+        # the prefill worker sampled the request's first token: its TTFT is the prefill time; end to end adds the
+        # KV transfer (the decode worker records the client-side TTFT of the whole request)
+        self.metrics.observe_latency(ttft_s=prefill_s, e2e_s=prefill_s + transfer_s, num_output_tokens=1)
         return {"request_id": rid, "first_token_id": first, "num_tokens": num_tokens, "prefill_seconds": prefill_s,
                 "transfer_seconds": transfer_s, "raw_bytes": frame.raw_bytes, "wire_bytes": frame.wire_bytes,
                 "layer_groups": frame.header["layer_groups"]}
@@ -219,6 +222,7 @@ class PDService:
                                              f"KV transfer failed ({exc.reason}): {exc}", "kv_transfer_failed"))
                 return
             self.metrics.kv_recompute(exc.reason)
+            self.metrics.tokens(num_prompt_tokens=len(prompt))  # prefilled here after all
             engine_loop.submit(request_id, prompt, params, updates)
             return
         except asyncio.CancelledError:

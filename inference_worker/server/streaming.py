@@ -106,6 +106,7 @@ class Generation:
     def start(self) -> None:
         """Submit every choice to the engine (call once, from the event loop)."""
         self._started = True
+        prefilled_here = 0  # prompt tokens this worker prefills (a remote prefill counts on the prefill worker)
         for p, prompt in enumerate(self.prompts):
             for i in range(self.n):
                 index = p * self.n + i
@@ -113,13 +114,14 @@ class Generation:
                 self._choices[rid] = _Choice(index, rid, len(prompt))
                 if self.remote_prefill is None:
                     self.engine_loop.submit(rid, prompt, self.make_params(index), self._updates)
+                    prefilled_here += len(prompt)
                     continue
                 task = asyncio.ensure_future(self.remote_prefill(self.engine_loop, rid, prompt, self.make_params(index),
                                                                  self.sampling, self._updates))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
-        if self.metrics is not None:
-            self.metrics.tokens(num_prompt_tokens=sum(len(p) for p in self.prompts) * self.n)
+        if self.metrics is not None and prefilled_here:
+            self.metrics.tokens(num_prompt_tokens=prefilled_here)
 
     def abort(self) -> None:
         """Abort every unfinished choice (client disconnected or drain timed out)."""

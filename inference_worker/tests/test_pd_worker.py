@@ -129,10 +129,18 @@ def test_prefill_decode_output_equals_colocated(prefill, decode, tokens, num_tok
     layout = KVLayout.from_model_config(_gemma_config(), dtype="float32")
     received_before = metrics(decode.base_url)
     prefills_before = outcomes(prefill.base_url, "success")
+    prompt_tokens = ("ferry_prompt_tokens_total", frozenset())
+    prefill_tokens_before = metrics(prefill.base_url).get(prompt_tokens, 0.0)
     reference = complete(decode.base_url, prompt, max_tokens=8)
+    decode_tokens_before = metrics(decode.base_url)[prompt_tokens]
     disaggregated = complete(decode.base_url, prompt, max_tokens=8, prefill_url=prefill.base_url)
     received_after = metrics(decode.base_url)
     assert outcomes(prefill.base_url, "success") == prefills_before + 1  # the prefill pool's requests count too
+    # prompt tokens count where the prefill ran: on the prefill worker, not again on the decode worker
+    assert received_after[prompt_tokens] == decode_tokens_before
+    assert metrics(prefill.base_url)[prompt_tokens] == prefill_tokens_before + num_tokens
+    ttft_count = ("ferry_time_to_first_token_seconds_count", frozenset())
+    assert metrics(prefill.base_url)[ttft_count] == prefills_before + 1  # one TTFT per served prefill
     raw_key = ("ferry_kv_transfer_raw_bytes_total", frozenset({("direction", "receive")}))
     assert received_after[raw_key] - received_before.get(raw_key, 0.0) == layout.transfer_bytes(num_tokens)
     ref_text, got_text = reference["choices"][0]["text"], disaggregated["choices"][0]["text"]
@@ -205,9 +213,12 @@ def test_bad_kv_is_rejected_counted_and_recomputed(prefill, decode, tokens, faul
     received, sent = transfers(decode.base_url, "receive", reason), transfers(prefill.base_url, "send", reason)
     recomputed = recomputes(decode.base_url, reason)
     failed_prefills = outcomes(prefill.base_url, "server_error")
+    decode_tokens = metrics(decode.base_url)[("ferry_prompt_tokens_total", frozenset())]
     got = complete(decode.base_url, prompt, prefill_url=prefill.base_url, fault=fault)["choices"][0]["text"]
     assert got == reference
     assert outcomes(prefill.base_url, "server_error") == failed_prefills + 1  # its 502 is a failed prefill
+    # the recompute prefilled the prompt on the decode worker: counted there
+    assert metrics(decode.base_url)[("ferry_prompt_tokens_total", frozenset())] == decode_tokens + len(prompt)
     assert transfers(decode.base_url, "receive", reason) == received + 1
     assert transfers(prefill.base_url, "send", reason) == sent + 1
     assert recomputes(decode.base_url, reason) == recomputed + 1
