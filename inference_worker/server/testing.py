@@ -66,10 +66,19 @@ class WorkerProcess:
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> WorkerProcess:
+        """:meth:`launch`, then :meth:`wait_ready`."""
+        return self.launch().wait_ready()
+
+    def launch(self) -> WorkerProcess:
+        """Start the process without waiting (see :func:`start_together`)."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "TORCH_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(self.args, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        return self
+
+    def wait_ready(self) -> WorkerProcess:
+        """Poll ``/ready`` until 200; stops the process and raises RuntimeError on exit or timeout."""
         deadline = time.monotonic() + self.ready_timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -115,3 +124,21 @@ class WorkerProcess:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def start_together(*workers: WorkerProcess) -> tuple[WorkerProcess, ...]:
+    """Launch every worker, then wait for each to be ready: the start-ups (imports, weight loads) overlap.
+
+    Raises:
+        RuntimeError: a worker exited or was not ready in time; every worker given is stopped first.
+    """
+    try:
+        for worker in workers:
+            worker.launch()
+        for worker in workers:
+            worker.wait_ready()
+    except BaseException:
+        for worker in workers:
+            worker.stop()
+        raise
+    return workers

@@ -1,4 +1,8 @@
-"""SIGTERM drain and the test-only fault option, each on its own real worker process."""
+"""SIGTERM drain and the test-only fault option, each on its own real worker process.
+
+The three workers are started together by one module fixture (their imports and weight loads overlap on
+the 2-core machine instead of running one after another); each test still has a worker of its own.
+"""
 
 from __future__ import annotations
 
@@ -10,15 +14,29 @@ import time
 import httpx
 import pytest
 
-from inference_worker.server.testing import WorkerProcess
+from inference_worker.server.testing import WorkerProcess, start_together
 
 pytestmark = pytest.mark.slow
 
 MODEL = "gemma-3-270m"
+FAULT_RATE, FAULT_SEED = 0.3, 11
 
 
-def test_sigterm_during_four_streams_finishes_them_refuses_new_work_and_exits_0():
-    worker = WorkerProcess("--drain-timeout", "120").start()
+@pytest.fixture(scope="module")
+def workers():
+    """One worker per test: drain timeout 120 s, drain timeout 1 s, seeded fault injection."""
+    started = dict(zip(("drain", "short_drain", "faults"), start_together(
+        WorkerProcess("--drain-timeout", "120"),
+        WorkerProcess("--drain-timeout", "1"),
+        WorkerProcess("--fault-error-rate", str(FAULT_RATE), "--fault-seed", str(FAULT_SEED)),
+    ), strict=True))
+    yield started
+    for worker in started.values():
+        worker.stop()
+
+
+def test_sigterm_during_four_streams_finishes_them_refuses_new_work_and_exits_0(workers):
+    worker = workers["drain"]
     try:
         body = {"model": MODEL, "prompt": "The history of bridges", "max_tokens": 16, "temperature": 0.0,
                 "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
@@ -65,8 +83,8 @@ def test_sigterm_during_four_streams_finishes_them_refuses_new_work_and_exits_0(
         worker.stop()
 
 
-def test_drain_timeout_aborts_a_long_request_cleanly_and_still_exits_0():
-    worker = WorkerProcess("--drain-timeout", "1").start()
+def test_drain_timeout_aborts_a_long_request_cleanly_and_still_exits_0(workers):
+    worker = workers["short_drain"]
     try:
         body = {"model": MODEL, "prompt": "Write a long story:", "max_tokens": 2000, "temperature": 0.0,
                 "ignore_eos": True, "stream": True}
@@ -85,9 +103,9 @@ def test_drain_timeout_aborts_a_long_request_cleanly_and_still_exits_0():
         worker.stop()
 
 
-def test_fault_error_rate_fails_the_seeded_fraction_with_openai_500s():
-    rate, seed = 0.3, 11
-    with WorkerProcess("--fault-error-rate", str(rate), "--fault-seed", str(seed)) as worker:
+def test_fault_error_rate_fails_the_seeded_fraction_with_openai_500s(workers):
+    rate, seed, worker = FAULT_RATE, FAULT_SEED, workers["faults"]
+    try:
         body = {"model": MODEL, "prompt": "Hi", "max_tokens": 1, "temperature": 0.0}
         statuses = []
         with httpx.Client(base_url=worker.base_url, timeout=120) as c:
@@ -99,6 +117,8 @@ def test_fault_error_rate_fails_the_seeded_fraction_with_openai_500s():
                 if response.status_code == 500:
                     error = response.json()["error"]
                     assert (error["type"], error["code"]) == ("server_error", "injected_fault")
+    finally:
+        worker.stop()
     rng = random.Random(seed)
     expected = [500 if rng.random() < rate else 200 for _ in range(12)]
     assert statuses == expected
