@@ -6,7 +6,9 @@ Canary, per tick of a progressing plan (plan row locked, see :mod:`apps.rollouts
    :func:`replica_math.canary_split` reached by surge-limited moves (:func:`replica_math.next_replicas`),
    and the canary weight that may be published now (:func:`replica_math.applied_weight`: no traffic
    to a track with zero ready replicas; prefill/decode kept within ``max_weight_skew``). A change
-   publishes the routing table and the plan waits for the router to report that version.
+   publishes the routing table and the plan waits for the router to report that version. No pool's
+   track loses its last replica while its model version still has weight (:func:`traffic_floor`),
+   and a shrinking track keeps its replicas until the router applied the table (:func:`scale_down_hold`).
 2. Not settled yet (replicas not ready, weight not reached, router behind) -> wait, unless the step is
    older than ``progress_deadline_s``: then the rollout fails and traffic returns to stable.
 3. Settled: a running analysis is evaluated; else the next step is applied (claimed by index).
@@ -47,6 +49,8 @@ from apps.rollouts.steps import (
     check_deadline,
     claim_step,
     schedule,
+    step_label,
+    step_position,
 )
 
 NEW_TRACK = "canary"
@@ -62,6 +66,11 @@ def canary_targets(plan: RolloutPlan, view: PoolView) -> dict[str, int]:
     return {stable: view.total, NEW_TRACK: 0}
 
 
+def replicas_text(count: int) -> str:
+    """``1 replica``, ``2 replicas``."""
+    return f"{count} replica" + ("" if count == 1 else "s")
+
+
 def _ready(view: PoolView, name: str) -> int:
     track = view.tracks.get(name)
     return min(view.ready.get(name, 0), track.replicas) if track is not None else 0
@@ -71,12 +80,15 @@ def canary_converge(plan: RolloutPlan, views: list[PoolView]) -> list[str]:
     """Write the next desired replicas and weights of every pool; returns lines describing changes.
 
     Traffic leaves a track before its replicas do: the weights are computed from the replica counts after
-    this move, but a shrinking track keeps its replicas until the router reports the routing table that
-    takes the traffic away (:func:`scale_down_hold`); growing tracks move at once.
+    this move, then a shrinking track keeps the replicas its traffic still needs (:func:`traffic_floor`,
+    for every pool: a prefill pool's track serves the decode traffic of its model version), and it keeps
+    them all until the router reports the routing table that takes the traffic away
+    (:func:`scale_down_hold`); growing tracks move at once.
     """
     prog, lines = plan.progress, []
     planned: dict[str, dict[str, int]] = {}
     shrinks: list[tuple[PoolView, str, int, int]] = []
+    grew = False
     for view in views:
         if NEW_TRACK not in view.tracks:
             continue
@@ -90,6 +102,7 @@ def canary_converge(plan: RolloutPlan, views: list[PoolView]) -> list[str]:
             if replicas < desired[name]:
                 shrinks.append((view, name, desired[name], replicas))
             elif track_write(view.tracks[name], replicas=replicas):
+                grew = True
                 lines.append(f"{view.pool}: {name} replicas {desired[name]} -> {replicas}")
 
     def ready_after(view: PoolView, name: str) -> int:
@@ -108,6 +121,15 @@ def canary_converge(plan: RolloutPlan, views: list[PoolView]) -> list[str]:
         weight = previous if ready_new + ready_stable == 0 else round(100 * ready_new / (ready_new + ready_stable))
     else:  # revert: back to stable as soon as it can serve
         weight = 0 if ready_stable > 0 else previous
+    kept = traffic_floor(plan, shrinks, weight)
+    if plan.max_surge == 0 and not grew and kept and all(after == before for _, _, before, after in kept):
+        # No surge room and the only move left removes the last replica of a track that still has traffic
+        # (Kubernetes' maxUnavailable = 1): move the traffic first, then the replica goes.
+        if prog["mode"] == "canary" and ready_new > 0 and weight < prog["weight"]:
+            weight = prog["weight"]
+            kept = traffic_floor(plan, shrinks, weight)
+        if all(after == before for _, _, before, after in kept):
+            kept = shrinks  # nothing else can move: a replica has to go while its traffic is still there
     prog["applied_weight"] = weight
     changed = False
     for view in views:
@@ -116,15 +138,45 @@ def canary_converge(plan: RolloutPlan, views: list[PoolView]) -> list[str]:
             changed |= track_write(view.tracks[prog["stable_tracks"][view.key]], weight=100 - weight)
     if changed:
         lines.append(f"canary weight {previous}% -> {weight}%")
-    held = scale_down_hold(plan, weights_changed=changed) if shrinks else None
-    for view, name, before, after in shrinks:
+    held = scale_down_hold(plan, weights_changed=changed) if kept else None
+    for view, name, before, after in kept:
         if held is None and track_write(view.tracks[name], replicas=after):
             lines.append(f"{view.pool}: {name} replicas {before} -> {after}")
+    floored = [(view, name) for (view, name, _, wanted), (*_, after) in zip(shrinks, kept, strict=True)
+               if after > wanted]
+    if held is None and floored:
+        view, name = floored[0]
+        share = weight if name == NEW_TRACK else 100 - weight
+        held = (f"{view.pool} {name} to lose its traffic before its last replica stops "
+                f"({view.tracks[name].model_version} still gets {share}%)")
     if held is not None:
         prog["scale_down_held"] = held
     else:
         prog.pop("scale_down_held", None)
     return lines
+
+
+def traffic_floor(plan: RolloutPlan, shrinks: list[tuple[PoolView, str, int, int]],
+                  weight: int) -> list[tuple[PoolView, str, int, int]]:
+    """``shrinks`` (``(view, track, before, after)``) with ``after`` raised to keep one replica of every
+    track whose model version still gets traffic at canary ``weight`` (percent).
+
+    The router sends a request to a track by weight and then to a prefill replica of *that model version*
+    (``inference_worker.router.decisions``): a prefill pool whose stable track went to zero while the decode
+    stable track still had weight made every long prompt of that track fall back to local prefill, and a
+    decode pool's would leave the track with no replica at all. Tracks running the same version
+    (``finalize``: both the new one) serve each other's traffic and need no floor.
+    """
+    out = []
+    for view, name, before, after in shrinks:
+        stable = plan.progress["stable_tracks"][view.key]
+        other = stable if name == NEW_TRACK else NEW_TRACK
+        share = weight if name == NEW_TRACK else 100 - weight
+        same_version = view.tracks[other].model_version_id == view.tracks[name].model_version_id
+        if share > 0 and after == 0 and not same_version:
+            after = min(before, 1)
+        out.append((view, name, before, after))
+    return out
 
 
 def scale_down_hold(plan: RolloutPlan, *, weights_changed: bool) -> str | None:
@@ -157,10 +209,14 @@ def canary_settled(plan: RolloutPlan, views: list[PoolView]) -> str | None:
             track = view.tracks[name]
             if track.replicas > want and prog.get("scale_down_held"):
                 return prog["scale_down_held"]
-            if track.replicas != want or _ready(view, name) < want:
-                return f"{view.pool} {name}: {_ready(view, name)}/{want} ready (desired {track.replicas})"
+            if track.replicas > want:
+                return (f"{view.pool} {name}: {replicas_text(track.replicas)}, going to {want} once the "
+                        "replacements are ready")
+            if track.replicas < want or _ready(view, name) < want:
+                started = "" if track.replicas == want else f", {track.replicas} started"
+                return f"{view.pool} {name}: {_ready(view, name)} of {replicas_text(want)} ready{started}"
             if want == 0 and name != NEW_TRACK and view.alive.get(name, 0):  # stable empty before it changes version
-                return f"{view.pool} {name}: {view.alive[name]} replica(s) still running (desired 0)"
+                return f"{view.pool} {name}: {replicas_text(view.alive[name])} still running (desired 0)"
     wanted = prog["weight"] if prog["mode"] == "canary" else 0
     if prog.get("applied_weight", 0) != wanted:
         return f"canary weight {prog.get('applied_weight', 0)}% (target {wanted}%)"
@@ -189,7 +245,7 @@ def _apply_canary_step(plan: RolloutPlan, views: list[PoolView], index: int, now
     if not claim_step(plan, index):
         return "skipped"
     (kind, arg), = plan.steps[index].items()
-    lines = [f"step {index}: {kind} {arg}"]
+    lines = [step_label(plan, index)]
     plan.step_started_at = now
     outcome = kind
     if kind == "set_weight":
@@ -302,6 +358,22 @@ def revert(plan: RolloutPlan, *, event: str, reason: str, kind: str, requested_b
     record_action(plan, kind, lines, requested_by=requested_by, succeeded=kind != "rollout.fail", error=reason)
 
 
+def status_text(plan: RolloutPlan) -> str:
+    """The operator message of a progressing rollout that waits for nothing (1-based ``step N of M``)."""
+    prog = plan.progress
+    if plan.strategy == RolloutPlan.Strategy.BLUE_GREEN:
+        if plan.phase == "switched":
+            return "Switched active to the preview."
+        return f"At {step_position(plan)}; the preview takes no traffic yet."
+    weight, target = prog.get("applied_weight", 0), prog.get("weight", 0)
+    traffic = f"canary weight {weight}%" + (f" (target {target}%)" if weight != target else "")
+    if prog.get("mode") == "finalize":
+        return f"Finalizing: the stable tracks take {plan.target_model_version}; {traffic}."
+    if plan.steps and plan.current_step_index >= len(plan.steps):
+        return f"All {len(plan.steps)} steps done: {traffic}."
+    return f"At {step_position(plan)}: {traffic}."
+
+
 def rollout_tick(*, rollout_id: int, step_index: int | None = None, now: datetime | None = None) -> str:
     """Advance rollout ``rollout_id`` once; with ``step_index`` only if it is still at that step.
 
@@ -326,7 +398,10 @@ def rollout_tick(*, rollout_id: int, step_index: int | None = None, now: datetim
             if cleanup:
                 result = (bluegreen.cleanup if blue_green else canary_cleanup)(plan, now)
             else:
+                plan.message = ""  # each tick says what holds the rollout now; no stale "Waiting for ..."
                 result = (bluegreen.tick if blue_green else canary_tick)(plan, now)
+                if not plan.message:
+                    plan.message = status_text(plan)
         except RolloutFailure as exc:
             kind = "rollout.abort" if exc.event == "gate_abort" else "rollout.fail"
             revert(plan, event=exc.event, reason=exc.reason, kind=kind, now=now)
