@@ -45,6 +45,7 @@ from apps.rollouts.steps import (
     check_deadline,
     claim_step,
     schedule,
+    step_label,
 )
 
 SMOKE_PROMPT = "The capital of France is"
@@ -155,7 +156,7 @@ def _publish(plan: RolloutPlan, lines: list[str]) -> None:
 
 def tick(plan: RolloutPlan, now: datetime) -> str:
     """One blue-green tick (module docstring). Raises RolloutFailure to fail or abort."""
-    from apps.rollouts.controller import router_behind
+    from apps.rollouts.controller import replicas_text, router_behind
 
     views = pool_views(plan)
     changes = converge(plan, views)
@@ -167,7 +168,7 @@ def tick(plan: RolloutPlan, now: datetime) -> str:
             _, new = _names(plan, view)
             ready = min(view.ready.get(new, 0), view.tracks[new].replicas)
             if ready < view.total:
-                waiting = f"{view.pool} preview {new}: {ready}/{view.total} ready"
+                waiting = f"{view.pool} preview {new}: {ready} of {replicas_text(view.total)} ready"
                 check_deadline(plan, now, waiting)
                 plan.message = f"Waiting for {waiting}."
                 schedule(plan, now)
@@ -194,7 +195,7 @@ def tick(plan: RolloutPlan, now: datetime) -> str:
             if not claim_step(plan, index):
                 return "skipped"
             (kind, arg), = plan.steps[index].items()
-            lines = [f"step {index}: {kind} {arg}"]
+            lines = [step_label(plan, index)]
             outcome = apply_pause_or_analysis(plan, index, kind, arg, now, lines)
             record_action(plan, "rollout.step", lines, params={"step_index": index, "step": plan.steps[index]},
                           idempotency_key=f"rollout-{plan.pk}-step-{index}")
@@ -208,6 +209,7 @@ def tick(plan: RolloutPlan, now: datetime) -> str:
     behind = switch_services(plan, views, to_new=True) or router_behind(plan)
     if behind is not None:
         check_deadline(plan, now, behind)
+        plan.message = f"Waiting for {behind}."
         schedule(plan, now)
         return "waiting"
     if "switched_at" not in plan.progress:

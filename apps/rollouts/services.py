@@ -22,7 +22,7 @@ from apps.rollouts.desired import active_track_name, pool_views, record_action, 
 from apps.rollouts.models import RolloutPlan
 from apps.rollouts.replica_math import ReplicaMathError, canary_split
 from apps.rollouts.selectors import rollout_active_for_pool
-from apps.rollouts.steps import RolloutFailure
+from apps.rollouts.steps import RolloutFailure, step_position
 
 
 def canary_track(view) -> bool:  # noqa: ANN001 - a PoolView
@@ -125,7 +125,7 @@ def _check_weights(plan: RolloutPlan, views: list) -> None:
             try:
                 canary_split(view.total, step["set_weight"], max_surge=plan.max_surge)
             except ReplicaMathError as exc:
-                raise ConflictError(f"Step {index} on pool {view.pool}: {exc}") from exc
+                raise ConflictError(f"Step {index + 1} of {len(plan.steps)} on pool {view.pool}: {exc}") from exc
 
 
 def rollout_start(*, plan: RolloutPlan, requested_by: AbstractBaseUser | None = None,
@@ -189,7 +189,7 @@ def rollout_pause(*, plan: RolloutPlan, requested_by: AbstractBaseUser | None = 
         plan = _locked(plan)
         plan.state = transitions.next_state("pause", plan.state, name=plan.name)
         plan.next_step_at = None
-        plan.message = f"Paused by {requested_by or 'system'} at step {plan.current_step_index}."
+        plan.message = f"Paused by {requested_by or 'system'} at {step_position(plan)}."
         plan.save()
         record_action(plan, "rollout.pause", [plan.message], requested_by=requested_by)
     return plan
@@ -203,7 +203,7 @@ def rollout_resume(*, plan: RolloutPlan, requested_by: AbstractBaseUser | None =
         plan = _locked(plan)
         plan.state = transitions.next_state("resume", plan.state, name=plan.name)
         plan.next_step_at, plan.step_started_at = now, now
-        plan.message = f"Resumed by {requested_by or 'system'} at step {plan.current_step_index}."
+        plan.message = f"Resumed by {requested_by or 'system'} at {step_position(plan)}."
         plan.save()
         record_action(plan, "rollout.resume", [plan.message], requested_by=requested_by)
         _enqueue_after_commit(plan)
@@ -239,7 +239,7 @@ def rollout_abort(*, plan: RolloutPlan, requested_by: AbstractBaseUser | None = 
     the new tracks removed by the following ticks. Raises ConflictError once finished."""
     with transaction.atomic():
         plan = _locked(plan)
-        message = reason or f"Aborted by {requested_by or 'system'} at step {plan.current_step_index}."
+        message = reason or f"Aborted by {requested_by or 'system'} at {step_position(plan)}."
         revert(plan, event="abort", reason=message, kind="rollout.abort", requested_by=requested_by)
         plan.save()
         if plan.progress.get("cleanup"):

@@ -33,6 +33,36 @@ def tick_interval_s() -> float:
     return float(getattr(settings, "FERRY_ROLLOUT_TICK_S", 2.0))
 
 
+def step_text(step: dict) -> str:
+    """A step for operators: ``set weight 50%``, ``pause 20 s``, ``pause until resumed``, ``analysis for 60 s``."""
+    (kind, arg), = step.items()
+    if kind == "set_weight":
+        return f"set weight {arg}%"
+    if kind == "pause":
+        return f"pause {arg['seconds']} s" if "seconds" in arg else "pause until resumed"
+    return f"analysis for {arg['duration_s']} s" if arg.get("duration_s") else "analysis"
+
+
+def step_label(plan: RolloutPlan, index: int) -> str:
+    """``step N of M (<step>)`` for the step at 0-based ``index``: operators count steps from 1.
+
+    The one convention of every message, log line and error text; the API keeps ``current_step_index``
+    and ``step_index`` 0-based.
+    """
+    return f"step {index + 1} of {len(plan.steps)} ({step_text(plan.steps[index])})"
+
+
+def step_position(plan: RolloutPlan) -> str:
+    """Where ``plan`` is: the last step started (``current_step_index`` counts them, so it is that step's
+    1-based number), ``before step 1 of M``, or ``no steps``."""
+    started, total = plan.current_step_index, len(plan.steps)
+    if total == 0:
+        return "no steps"
+    if started == 0:
+        return f"before step 1 of {total}"
+    return step_label(plan, min(started, total) - 1)
+
+
 def schedule(plan: RolloutPlan, now: datetime, seconds: float | None = None) -> None:
     """Set ``next_step_at`` to ``now + seconds`` (default: one tick interval)."""
     plan.next_step_at = now + timedelta(seconds=tick_interval_s() if seconds is None else seconds)
@@ -65,7 +95,7 @@ def apply_pause_or_analysis(plan: RolloutPlan, index: int, kind: str, arg: dict,
             return "paused-timed"
         plan.state = transitions.next_state("pause_step", plan.state, name=plan.name)
         plan.next_step_at = None
-        plan.message = f"Paused at step {index} until resumed or promoted."
+        plan.message = f"Paused at {step_label(plan, index)} until resumed or promoted."
         lines.append("paused until resumed or promoted")
         return "paused"
     until = (now + timedelta(seconds=arg["duration_s"])).isoformat() if "duration_s" in arg else None
@@ -112,13 +142,14 @@ def analysis_tick(plan: RolloutPlan, views: list[PoolView], now: datetime, *, ne
     GateMeasurement.objects.bulk_create(rows)
     if broken is not None:
         m, count = broken
-        raise RolloutFailure("gate_abort", f"gate {m.gate_index} failed {count} time(s) in a row: {m.detail}")
+        raise RolloutFailure("gate_abort", f"gate {m.gate_index + 1} failed {count} time(s) in a row: {m.detail}")
     all_passed = all(m.passed for m in measurements)
     until = state.get("until")
     if all_passed and (until is None or now >= datetime.fromisoformat(until)):
         plan.progress.pop("analysis", None)
-        record_action(plan, "rollout.step", [f"analysis of step {state['step']} passed ({len(measurements)} "
-                                             "measurements)"], params={"analysis_passed": state["step"]})
+        where = step_label(plan, state["step"]) if 0 <= state["step"] < len(plan.steps) else "the plan's gates"
+        record_action(plan, "rollout.step", [f"analysis of {where} passed ({len(measurements)} measurements)"],
+                      params={"analysis_passed": state["step"]})
         return True
     schedule(plan, now)
     return False

@@ -67,7 +67,7 @@ def validate_gates(value: Any) -> None:
     if not isinstance(value, list):
         raise ValidationError("Gates must be a JSON list.")
     for i, gate in enumerate(value):
-        _check_gate(gate, f"Gate {i}")
+        _check_gate(gate, f"Gate {i + 1}")
 
 
 def validate_steps(value: Any) -> None:
@@ -76,7 +76,7 @@ def validate_steps(value: Any) -> None:
         raise ValidationError("Steps must be a JSON list.")
     if len(value) > MAX_STEPS:
         raise ValidationError(f"At most {MAX_STEPS} steps.")
-    for i, step in enumerate(value):
+    for i, step in enumerate(value, start=1):  # operators count steps from 1
         if not isinstance(step, dict) or len(step) != 1:
             raise ValidationError(f"Step {i} must be an object with exactly one key: set_weight, pause or analysis.")
         (kind, arg), = step.items()
@@ -95,7 +95,7 @@ def validate_steps(value: Any) -> None:
                 if not isinstance(arg["gates"], list):
                     raise ValidationError(f"Step {i}: analysis gates must be a list.")
                 for j, gate in enumerate(arg["gates"]):
-                    _check_gate(gate, f"Step {i} gate {j}")
+                    _check_gate(gate, f"Step {i} gate {j + 1}")
             if "duration_s" in arg and (not _is_int(arg["duration_s"]) or not 1 <= arg["duration_s"] <= MAX_WINDOW_S):
                 raise ValidationError(f"Step {i}: analysis duration_s must be an integer in 1..{MAX_WINDOW_S}.")
         else:

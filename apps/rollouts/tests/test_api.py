@@ -70,7 +70,7 @@ def test_invalid_plan_returns_400_with_field(operator_api, pd_pools, v2, over, f
 def test_step_weight_message_names_the_step(operator_api, pd_pools, v2):
     r = operator_api.post("/api/v1/rollouts/", _body(pd_pools, v2, steps=[{"set_weight": 10}, {"set_weight": 150}]),
                           format="json")
-    assert r.json() == {"steps": ["Step 1: set_weight must be an integer percent in 0..100, got 150."]}
+    assert r.json() == {"steps": ["Step 2: set_weight must be an integer percent in 0..100, got 150."]}
 
 
 def test_prefill_pool_without_its_decode_pool_is_400(operator_api, pd_pools, v2):

@@ -33,7 +33,7 @@ def _tracks(pool):
 def _switch(pool, plan, fake_http):
     assert rollout_tick(rollout_id=plan.pk) == "waiting"
     plan.refresh_from_db()
-    assert plan.message == "Waiting for dc-a/chat preview green: 0/2 ready."
+    assert plan.message == "Waiting for dc-a/chat preview green: 0 of 2 replicas ready."
     assert fake_http.completions == 0
     observe(pool, endpoint=fake_http.url)
     assert rollout_tick(rollout_id=plan.pk, now=due_now(plan)) == "switched"

@@ -83,7 +83,7 @@ def test_r1_w10_without_surge_is_refused_at_start(make_pool, v2):
                                         steps=[{"set_weight": 10}], max_surge=0)
     with pytest.raises(Exception) as exc:
         services.rollout_start(plan=plan)
-    assert str(exc.value).startswith("Step 0 on pool dc-a/decode: weight 10% on 1 replica(s) needs 1 canary")
+    assert str(exc.value).startswith("Step 1 of 1 on pool dc-a/decode: weight 10% on 1 replica(s) needs 1 canary")
     assert RolloutPlan.objects.get(pk=plan.pk).state == "pending"
 
 

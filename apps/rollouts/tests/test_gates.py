@@ -73,7 +73,7 @@ def test_no_data_fails_the_gate_and_aborts_after_the_failure_limit(make_pool, v2
     assert [(m.value, m.passed, m.consecutive_failures) for m in rows] == [(None, False, 1), (None, False, 2)]
     detail = "no data for error_rate of dc-a/decode canary in the last 30s"
     assert rows[-1].detail == detail
-    assert plan.message == f"gate 0 failed 2 time(s) in a row: {detail}"
+    assert plan.message == f"gate 1 failed 2 time(s) in a row: {detail}"
     abort = Action.objects.get(kind="rollout.abort", target_id=str(plan.pk))
     assert abort.log[1]["message"] == plan.message
     assert table_weights() == {"canary": ("v2", 0), "stable": ("v1", 100)}
@@ -89,7 +89,7 @@ def test_failing_measurement_is_recorded_with_its_value(make_pool, v2, settings,
     plan.refresh_from_db()
     m = GateMeasurement.objects.get(rollout=plan)
     assert (m.signal, m.value, m.passed, m.track) == ("ttft_p99_seconds", 2.5, False, "canary")
-    assert plan.message == ("gate 0 failed 1 time(s) in a row: ttft_p99_s of dc-a/decode canary/stable = 2.5 "
+    assert plan.message == ("gate 1 failed 1 time(s) in a row: ttft_p99_s of dc-a/decode canary/stable = 2.5 "
                             "(worst of 1 records); needs < 1.5")
 
 

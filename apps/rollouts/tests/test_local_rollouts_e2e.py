@@ -336,7 +336,7 @@ def _faulty_canary_aborts(stack, operator_api, load, pool, v3) -> None:  # noqa:
     assert (failing.signal, failing.track, failing.passed, failing.consecutive_failures) == (
         "error_rate", "canary", False, 3)
     assert failing.value is not None and failing.value > 0.2, failing.detail
-    assert plan.message == f"gate 0 failed 3 time(s) in a row: {failing.detail}"
+    assert plan.message == f"gate 1 failed 3 time(s) in a row: {failing.detail}"
     abort = Action.objects.get(kind="rollout.abort", target_id=str(plan_id))
     assert abort.status == "succeeded" and abort.log[1]["message"] == plan.message
     assert table_weights()["stable"] == ("v2", 100)  # traffic back to stable at once

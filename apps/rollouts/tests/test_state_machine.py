@@ -170,8 +170,8 @@ def test_progress_deadline_fails_the_rollout_and_returns_traffic(decode3, v2):
     assert rollout_tick(rollout_id=plan.pk, now=plan.step_started_at + timedelta(seconds=6)) == "failed"
     plan.refresh_from_db()
     assert plan.state == "failed"
-    assert plan.message == ("progress deadline of 5s exceeded while waiting for dc-a/decode canary: 1/2 ready "
-                            "(desired 2)")
+    assert plan.message == ("progress deadline of 5s exceeded while waiting for dc-a/decode canary: 1 of 2 replicas "
+                            "ready")
     assert table_weights() == {"canary": ("v2", 0), "stable": ("v1", 100)}
     fail = Action.objects.get(kind="rollout.fail", target_id=str(plan.pk))
     assert (fail.status, fail.error) == ("failed", plan.message)
