@@ -87,7 +87,7 @@ class Fleet:
     """Echo upstreams + one router process, cleaned up at the end."""
 
     def __init__(self, tmp):
-        self.tmp, self.procs, self.upstreams = tmp, [], {}
+        self.tmp, self.procs, self.upstreams, self.modes = tmp, [], {}, {}
         (tmp / "echo.py").write_text(ECHO_APP)
 
     def upstream(self, name, mode="ok"):
@@ -95,6 +95,7 @@ class Fleet:
         proc = subprocess.Popen([sys.executable, str(self.tmp / "echo.py"), name, str(port), mode])
         self.procs.append(proc)
         self.upstreams[name] = (proc, f"http://127.0.0.1:{port}")
+        self.modes[name] = mode
         wait_http(f"http://127.0.0.1:{port}/v1/models", proc)
         return self.upstreams[name][1]
 
@@ -114,6 +115,11 @@ class Fleet:
         for proc in self.procs:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
+        # A "slow" upstream still sleeps through a request the router gave up on; uvicorn's graceful shutdown
+        # would wait for it until the 10 s limit below.
+        for name, (proc, _) in self.upstreams.items():
+            if self.modes[name] == "slow" and proc.poll() is None:
+                proc.kill()
         for proc in self.procs:
             try:
                 proc.wait(10)
