@@ -104,7 +104,11 @@ def test_pages_load_only_from_loopback_viewer_has_no_controls_and_gaps_resync(
             (start, end), notes = ranges["queue-depth"]
             assert notes == [] and start <= now - 5 and end >= now - 1 and end - start < 120
         if name == "rollout":
-            page.wait_for_selector("#steps li.current")
+            # not started: no step in effect yet, the first one is next; "step 0 of 2"
+            page.wait_for_selector("#steps li.next")
+            assert page.locator("#steps li.next").all_inner_texts() == ["set weight 10%"]
+            assert page.locator("#steps li.current").count() == 0
+            assert page.inner_text("#rollout-step") + " of " + page.inner_text("#rollout-steps-total") == "0 of 2"
             assert page.locator("#rollout-controls button[data-verb=abort]").count() == 1
             page.wait_for_selector("#gates tr[data-gate-index='0']")
             assert page.inner_text("#gates tr[data-gate-index='0'] td:nth-child(2)") == "error_rate"
@@ -122,7 +126,7 @@ def test_pages_load_only_from_loopback_viewer_has_no_controls_and_gaps_resync(
             page.wait_for_selector("#actions tbody tr")  # the viewer sees the failed Action ...
             assert page.inner_text("#actions tbody").count("backend unreachable") == 1
         if name == "rollout":
-            page.wait_for_selector("#steps li.current")
+            page.wait_for_selector("#steps li.next")
         page.screenshot(path=str(ARTIFACTS / f"viewer-{name}.png"), full_page=True)
         # ... and no controls at all.
         assert page.locator("#scale-form, #rollout-controls, #rollout-create, button.retry, button.cancel").count() == 0

@@ -28,7 +28,10 @@
   function renderPlan() {
     document.getElementById("rollout-state").textContent = rollout.state;
     document.getElementById("rollout-state").className = `state state-${rollout.state}`;
+    // current_step_index (API, 0-based) is the next step to run, so it is also the 1-based number of the step
+    // in effect, as the server's messages count ("step N of M"); 0 = no step applied yet.
     document.getElementById("rollout-step").textContent = String(rollout.current_step_index);
+    document.getElementById("rollout-steps-total").textContent = String(rollout.steps.length);
     document.getElementById("rollout-message").textContent = rollout.message || "";
     document.getElementById("rollout-phase").textContent = rollout.phase || "—";
     if (rollout.allowed_verbs) {
@@ -36,13 +39,13 @@
         b.disabled = !rollout.allowed_verbs.includes(b.dataset.verb);
       });
     }
-    // current_step_index is the next step to run; a rollout paused by a pause step has moved past it.
-    let current = rollout.current_step_index;
-    const previous = rollout.steps[current - 1];
-    if (rollout.state === "paused" && previous && "pause" in previous) current -= 1;
+    // the step in effect is "current" (index current_step_index - 1), the one to run next is "next"
+    const current = rollout.current_step_index - 1;
     const active = ["progressing", "paused", "pending"].includes(rollout.state);
+    const stepClass = i => (active && i === current ? "current" : (active && i === current + 1 ? "next"
+      : (i < current ? "done" : "")));
     document.getElementById("steps").replaceChildren(...rollout.steps.map((s, i) => Ferry.el("li", {
-      class: active && i === current ? "current" : (i < current ? "done" : ""), "data-index": i}, stepText(s))));
+      class: stepClass(i), "data-index": i}, stepText(s))));
   }
 
   function compare(value, op, threshold) {
@@ -62,7 +65,7 @@
     const rows = rollout.gates.map((g, i) => {
       const m = measurements[i];
       const verdict = m ? (m.passed ? "pass" : "fail") : "not measured yet";
-      return Ferry.el("tr", {class: `gate-${verdict.split(" ")[0]}`, "data-gate-index": i}, Ferry.el("td", {}, String(i)),
+      return Ferry.el("tr", {class: `gate-${verdict.split(" ")[0]}`, "data-gate-index": i}, Ferry.el("td", {}, String(i + 1)),
         Ferry.el("td", {}, g.signal), Ferry.el("td", {}, `${g.comparison} ${g.threshold}`), Ferry.el("td", {}, `${g.window_s} s`),
         Ferry.el("td", {}, m ? `${Ferry.fmt(m.value)}${m.detail ? ` (${m.detail})` : ""}` : ""), Ferry.el("td", {class: "verdict"}, verdict),
         Ferry.el("td", {}, m ? String(m.consecutive_failures) : ""), Ferry.el("td", {}, m ? Ferry.fmtTime(m.measured_at) : ""),
