@@ -115,11 +115,8 @@ def create_app(state: ServerState) -> FastAPI:
             state.request_started()
             try:
                 answer = await state.pd.handle_prefill(model, await request.body(), request.headers)
-            except OpenAIError as exc:
-                state.metrics.request_finished("client_error" if exc.status_code < 500 else "server_error")
-                raise
-            except Exception:
-                state.metrics.request_finished("server_error")
+            except Exception as exc:
+                _count_failure(state, exc)
                 raise
             finally:
                 state.request_finished()
@@ -136,6 +133,12 @@ def _update_gpu_metrics(state: ServerState) -> None:
     except (ModuleNotFoundError, RuntimeError):  # needs NVML (pynvml), absent here: omit the figure
         utilization = None
     state.metrics.set_gpu(utilization=utilization, memory_used_bytes=total - free)
+
+
+def _count_failure(state: ServerState, exc: Exception) -> None:
+    """Count a failed request's outcome: an OpenAI 4xx is ``client_error``, any other error ``server_error``."""
+    client = isinstance(exc, OpenAIError) and exc.status_code < 500
+    state.metrics.request_finished("client_error" if client else "server_error")
 
 
 async def _serve(state: ServerState, request: Request, *, chat: bool) -> Response:
@@ -157,11 +160,8 @@ async def _serve(state: ServerState, request: Request, *, chat: bool) -> Respons
             handed_over = True
             return _GenerationStream(state, generation, sampling, chat=chat)
         return await _complete(state, request, generation, chat=chat)
-    except OpenAIError as exc:
-        state.metrics.request_finished("client_error" if exc.status_code < 500 else "server_error")
-        raise
-    except Exception:
-        state.metrics.request_finished("server_error")
+    except Exception as exc:
+        _count_failure(state, exc)
         raise
     finally:
         if not handed_over:
