@@ -17,6 +17,7 @@ call and each longer query (prefill chunk) as its own SDPA call.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -80,6 +81,44 @@ def _gather(cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
     """``[R, n]`` block ids -> ``[R, n * block_size, Hkv, D]`` contiguous keys (or values)."""
     gathered = cache[block_ids]  # [R, n, block_size, Hkv, D]
     return gathered.flatten(1, 2)  # [R, n * block_size, Hkv, D]
+
+
+class _GatherBuffers(threading.local):
+    """Per-thread, grow-only scratch buffers for the fast path's gathers (one for K, one for V).
+
+    A decode step gathers hundreds of MB of K/V (every layer, every request's visible blocks); a fresh
+    tensor per gather costs page faults on each new allocation, which on CPU made the gather about 3x
+    slower than copying into memory that is already mapped (measured: 17.8 MB in 2.7 ms vs 0.86 ms).
+    """
+
+    def __init__(self) -> None:
+        self.buffers: dict[tuple, torch.Tensor] = {}
+
+    def take(self, slot: str, numel: int, like: torch.Tensor) -> torch.Tensor:
+        # a buffer made under inference mode cannot be written outside it (and the reverse would bump version
+        # counters autograd checks): one buffer per mode
+        key = (slot, like.dtype, like.device, torch.is_inference_mode_enabled())
+        buf = self.buffers.get(key)
+        if buf is None or buf.numel() < numel:
+            buf = torch.empty(numel, dtype=like.dtype, device=like.device)
+            self.buffers[key] = buf
+        return buf[:numel]
+
+
+_BUFFERS = _GatherBuffers()
+
+
+def _gather_into(slot: str, cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
+    """Same result as :func:`_gather`, written into this thread's ``slot`` scratch buffer.
+
+    The result aliases the buffer: it is valid until the next gather into the same ``slot`` on this thread
+    (``paged_attention`` consumes it before that).
+    """
+    rows, n = block_ids.shape
+    block_shape = cache.shape[1:]  # [block_size, Hkv, D]
+    out = _BUFFERS.take(slot, rows * n * cache[0].numel(), cache).view(rows * n, *block_shape)
+    torch.index_select(cache, 0, block_ids.reshape(-1), out=out)
+    return out.view(rows, n * block_shape[0], *block_shape[1:])  # [R, n * block_size, Hkv, D]
 
 
 def paged_attention_reference(
@@ -152,8 +191,8 @@ def paged_attention(
         firsts_t = torch.tensor(firsts, device=device).unsqueeze(1)  # [nd, 1]
         cols = (firsts_t + torch.arange(width, device=device)).clamp_max(meta.block_table.shape[1] - 1)  # [nd, width]
         block_ids = torch.gather(meta.block_table[:nd], 1, cols)  # [nd, width]
-        k = _gather(k_cache, block_ids)  # [nd, width * bs, Hkv, D]
-        v = _gather(v_cache, block_ids)
+        k = _gather_into("k", k_cache, block_ids)  # [nd, width * bs, Hkv, D]
+        v = _gather_into("v", v_cache, block_ids)
         out[:nd] = decode_attention_sdpa(
             q[:nd], k, v, torch.tensor(kv_lens, device=device),
             scale=scale, sliding_window=sliding_window, softcap=softcap,
@@ -163,8 +202,8 @@ def paged_attention(
         query_len, seq_len = meta.query_lens[r], meta.seq_lens[r]
         first = _first_visible_block(seq_len - query_len, bs, sliding_window)
         last = -(-seq_len // bs)
-        k = _gather(k_cache, meta.block_table[r : r + 1, first:last])  # [1, (last - first) * bs, Hkv, D]
-        v = _gather(v_cache, meta.block_table[r : r + 1, first:last])
+        k = _gather_into("k", k_cache, meta.block_table[r : r + 1, first:last])  # [1, (last - first) * bs, Hkv, D]
+        v = _gather_into("v", v_cache, meta.block_table[r : r + 1, first:last])
         offset = first * bs
         positions = torch.arange(seq_len - query_len - offset, seq_len - offset, device=device).unsqueeze(0)
         out[start : start + query_len] = prefill_attention_sdpa(

@@ -107,3 +107,20 @@ def test_metadata_validation():
         PagedAttentionMetadata(4, [2, 1], [2, 1], table, slots, num_decodes=1)
     with pytest.raises(ValueError, match="1 <= query_len <= seq_len"):
         PagedAttentionMetadata(4, [3], [2], table[:1], slots, num_decodes=0)
+
+
+def test_fast_path_scratch_buffers_work_in_and_out_of_inference_mode_and_across_batch_sizes():
+    """The fast path gathers into reused per-thread buffers: a buffer made under inference mode must not be
+    written outside it (RuntimeError before the fix), and a smaller batch after a larger one must not read
+    the larger batch's leftovers."""
+    from inference_worker.kernels import paged_attention as module
+
+    module._BUFFERS.buffers.clear()  # start as a fresh engine thread does: the first gather is under inference mode
+    big = build_batch([(n, 1) for n in LENGTHS] + [(3 * W, W + 1)], 4, 1, W)
+    small = build_batch([(W - 1, 1), (W + 1, 2)], 4, 1, W)
+    for mode in (True, False, True):
+        for q, k_cache, v_cache, meta, contiguous in (big, small):
+            with torch.inference_mode(mode):
+                fast = paged_attention(q, k_cache, v_cache, meta, scale=D**-0.5, sliding_window=W)
+            expected = contiguous_reference(q, meta, contiguous, W, D**-0.5)
+            assert (fast - expected).abs().max().item() <= 1e-5
