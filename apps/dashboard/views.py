@@ -19,7 +19,6 @@ from apps.fleet.models import Pool
 from apps.rollouts.models import RolloutPlan
 from apps.rollouts.selectors import rollout_list
 
-
 DEFAULT_ROLLOUT_STEPS = [{"set_weight": 25}, {"pause": {"seconds": 20}}, {"set_weight": 50},
                          {"pause": {"seconds": 20}}]
 """The create form's pre-filled steps: every pause ends by itself, so a canary started from the page
