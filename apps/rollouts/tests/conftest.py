@@ -126,3 +126,11 @@ def fake_http():
 @pytest.fixture
 def v2(make_model_version):
     return make_model_version("v2")
+
+
+@pytest.fixture
+def quick_agent(cluster, fake_http):
+    """The cluster's agent URL answers 404 at once, so removing a track's backend objects (logged and left to
+    reconcile) does not spend the local backend's retry backoff against a closed port."""
+    cluster.agent_url = fake_http.url
+    cluster.save(update_fields=["agent_url"])

@@ -16,15 +16,7 @@ from apps.rollouts import services
 from apps.rollouts.controller import rollout_tick
 from apps.rollouts.tests.conftest import due_now, observe, table_version
 
-pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture(autouse=True)
-def quick_agent(cluster, fake_http):
-    """The cluster's agent URL answers 404 at once, so removing a track's backend objects (logged and left to
-    reconcile) does not spend the local backend's retry backoff against a closed port."""
-    cluster.agent_url = fake_http.url
-    cluster.save(update_fields=["agent_url"])
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("quick_agent")]
 
 
 def _tick(plan, **kwargs):
