@@ -9,10 +9,10 @@ from prometheus_client import start_http_server
 
 from apps.accounts.services import user_create_with_role
 from apps.dashboard.tests.live_stack import ARTIFACTS, Daphne, launch_chromium
-from apps.telemetry.endpoints import ReplicaEndpoint, RouterEndpoint
+from apps.telemetry.endpoints import ReplicaEndpoint
 from apps.telemetry.history import SignalHistory
+from apps.telemetry.testing import served_router_metrics
 from inference_worker.metrics import WorkerMetrics
-from inference_worker.router.metrics import RouterMetrics
 
 
 @pytest.fixture
@@ -58,12 +58,9 @@ def exporter(pool):
 
 @pytest.fixture
 def router_exporter():
-    """A router's real metrics registry (``inference_worker.router.metrics``) served on a loopback port."""
-    metrics = RouterMetrics()
-    server, _thread = start_http_server(0, addr="127.0.0.1", registry=metrics.registry)
-    yield metrics, RouterEndpoint(f"http://127.0.0.1:{server.server_address[1]}")
-    server.shutdown()
-    server.server_close()
+    """A router's real metrics registry served on a loopback port: ``(RouterMetrics, RouterEndpoint)``."""
+    with served_router_metrics() as exporter:
+        yield exporter
 
 
 @pytest.fixture

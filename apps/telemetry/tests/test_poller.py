@@ -14,15 +14,15 @@ from django.core.management.base import CommandError
 from prometheus_client import start_http_server
 
 from apps.telemetry.broadcast import FLEET_GROUP, pool_group
-from apps.telemetry.endpoints import ReplicaEndpoint, RouterEndpoint, set_endpoint_provider
+from apps.telemetry.endpoints import ReplicaEndpoint, set_endpoint_provider
 from apps.telemetry.history import SignalHistory
 from apps.telemetry.models import Alert
 from apps.telemetry.poller import TelemetryPoller
 from apps.telemetry.selectors import telemetry_signal
 from apps.telemetry.services import alert_rules_load_defaults
 from apps.telemetry.sources.scrape import DirectScrapeSource
+from apps.telemetry.testing import served_router_metrics
 from inference_worker.metrics import WorkerMetrics
-from inference_worker.router.metrics import RouterMetrics
 
 
 @pytest.fixture
@@ -156,12 +156,9 @@ def test_telemetry_command_runs_as_a_process_loop_and_resumes_history(pool, expo
 
 @pytest.fixture
 def router_exporter():
-    """The router's real metrics registry (``inference_worker.router.metrics``) over HTTP."""
-    metrics = RouterMetrics()
-    server, _ = start_http_server(0, addr="127.0.0.1", registry=metrics.registry)
-    yield metrics, RouterEndpoint(f"http://127.0.0.1:{server.server_address[1]}")
-    server.shutdown()
-    server.server_close()
+    """A router's real metrics registry served on a loopback port: ``(RouterMetrics, RouterEndpoint)``."""
+    with served_router_metrics() as exporter:
+        yield exporter
 
 
 @pytest.mark.django_db(transaction=True)
