@@ -35,9 +35,9 @@ models: setup
 
 # Everything in the foreground: Redis (REDIS_URL, or an embedded one), SQLite unless DATABASE_URL, migrate,
 # admin/operator users (password + token printed once), the demo fleet, then web, Celery worker and beat,
-# telemetry poller, local agent (+ the model workers reconcile starts), router. See controlplane/run.py.
+# telemetry poller, local agent (+ the model workers reconcile starts), router. See apps/setup/run.py.
 run: models
-	$(BIN)/python -m controlplane.run --host $(HOST) --port $(PORT) --router-port $(ROUTER_PORT) \
+	$(BIN)/python -m apps.setup.run --host $(HOST) --port $(PORT) --router-port $(ROUTER_PORT) \
 	  --agent-port $(AGENT_PORT) $(if $(filter 1 yes true,$(LOAD)),--load) $(RUN_ARGS)
 
 # A Celery worker for Actions alone (make run starts its own).

@@ -87,6 +87,7 @@ INSTALLED_APPS = [
     "apps.operations",
     "apps.telemetry",
     "apps.dashboard",
+    "apps.setup",
 ]
 
 MIDDLEWARE = [

@@ -5,7 +5,7 @@ import os
 import subprocess
 import sys
 
-from controlplane.procfile import BASE_DIR
+from django.conf import settings
 
 PRINT_SETTINGS = (
     "import django, json; django.setup(); from django.conf import settings; "
@@ -16,7 +16,7 @@ PRINT_SETTINGS = (
 def read_settings(**environ: str) -> list:
     env = {k: v for k, v in os.environ.items() if k not in ("FERRY_PROMETHEUS_URL", "FERRY_ROUTER_METRICS_URLS")}
     env.update(DJANGO_SETTINGS_MODULE="controlplane.settings", **environ)
-    result = subprocess.run([sys.executable, "-c", PRINT_SETTINGS], cwd=BASE_DIR, env=env, capture_output=True,
+    result = subprocess.run([sys.executable, "-c", PRINT_SETTINGS], cwd=settings.BASE_DIR, env=env, capture_output=True,
                             text=True, timeout=60, check=True)
     return json.loads(result.stdout.strip().splitlines()[-1])
 

@@ -2,7 +2,7 @@
 
 Two local "datacenters" ``dc-prefill`` and ``dc-decode`` linked at 10 Gbit/s, model ``gemma-3-270m``
 v1 (float32) and v2 (bfloat16), a prefill and a decode pool with the CPU alert profile; see
-:mod:`apps.core.demo`.
+:mod:`apps.setup.demo`.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 
-from apps.core.demo import demo_fleet_load
+from apps.setup.demo import demo_fleet_load
 
 
 class Command(BaseCommand):

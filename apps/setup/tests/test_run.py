@@ -1,11 +1,11 @@
-"""Launcher pieces (controlplane.run): the ready banner, the agent table reset, the leftover sweep, busy ports."""
+"""Launcher pieces (apps.setup.run): the ready banner, the agent table reset, the leftover sweep, busy ports."""
 
 import socket
 import subprocess
 import time
 
-from controlplane.procfile import LaunchConfig
-from controlplane.run import agent_state_reset, port_in_use, ready_banner, sweep
+from apps.setup.procfile import LaunchConfig
+from apps.setup.run import agent_state_reset, port_in_use, ready_banner, sweep
 from inference_worker.agent.processes import read_cmdline
 from inference_worker.agent.state import AgentState, ProcessRecord, StateStore
 

@@ -21,8 +21,8 @@ from django_celery_beat.models import IntervalSchedule, PeriodicTask
 from apps.accounts.roles import ADMIN, OPERATOR
 from apps.accounts.selectors import user_token_get
 from apps.accounts.services import user_create_with_role
-from apps.core.demo import demo_fleet_load
 from apps.operations.management.commands.ferry_beat_setup import beat_setup
+from apps.setup.demo import demo_fleet_load
 
 # task name -> (periodic task name, seconds, queue); created only when no periodic task runs that task.
 EXTRA_PERIODIC_TASKS = {

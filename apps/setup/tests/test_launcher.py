@@ -1,4 +1,4 @@
-"""``python -m controlplane.run`` on the fresh-machine defaults: no DATABASE_URL (SQLite in a temp var dir),
+"""``python -m apps.setup.run`` on the fresh-machine defaults: no DATABASE_URL (SQLite in a temp var dir),
 REDIS_URL at a closed port (embedded Redis). It must come up (web /healthz 200, "Ferry is ready") and one
 Ctrl-C (SIGINT to its process group, as a terminal sends it) must stop every process it started and leave
 nothing listening. ``--no-workers`` keeps it cheap (demo pools at 0 replicas: no model is loaded); the
@@ -17,8 +17,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from controlplane.embedded_redis import free_tcp_port
-from controlplane.procfile import BASE_DIR
+from apps.setup.embedded_redis import free_tcp_port
+from apps.setup.procfile import BASE_DIR
 
 pytestmark = pytest.mark.slow
 
@@ -72,7 +72,7 @@ def test_launcher_comes_up_on_embedded_redis_and_sqlite_and_one_ctrl_c_stops_eve
     log_path = tmp_path / "launcher.log"
     with log_path.open("wb") as log:
         launcher = subprocess.Popen(
-            [sys.executable, "-m", "controlplane.run", "--no-workers", "--port", str(ports["web"]),
+            [sys.executable, "-m", "apps.setup.run", "--no-workers", "--port", str(ports["web"]),
              "--router-port", str(ports["router"]), "--agent-port", str(ports["agent"])],
             cwd=BASE_DIR, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:

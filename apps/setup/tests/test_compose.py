@@ -6,18 +6,14 @@ The structure (one image for every Ferry process, who shares the agent's network
 management commands exist) is checked as data.
 """
 
-import io
-import json
 import shutil
 import subprocess
-from datetime import UTC, datetime
 
 import pytest
 import yaml
-from django.core.management import call_command, get_commands
+from django.core.management import get_commands
 
-from apps.fleet.models import Replica
-from controlplane.procfile import BASE_DIR
+from apps.setup.procfile import BASE_DIR
 
 COMPOSE = BASE_DIR / "docker-compose.yml"
 FERRY_SERVICES = {"setup", "web", "worker", "beat", "agent", "telemetry", "router", "prometheus-targets"}
@@ -69,27 +65,3 @@ def test_promtool_accepts_the_prometheus_config():
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "SUCCESS" in result.stdout + result.stderr
-
-
-@pytest.mark.django_db
-def test_prometheus_targets_lists_observed_workers_with_endpoints(tmp_path, make_model_version):
-    from apps.fleet.services import cluster_create, pool_create
-
-    cluster = cluster_create(name="here", kind="local", agent_url="http://127.0.0.1:8100")
-    pool = pool_create(name="decode", cluster=cluster, role="decode", model_version=make_model_version("v1"),
-                       replicas=2)
-    now = datetime.now(UTC)
-    Replica.objects.create(pool=pool, track="stable", name="decode-stable-1", endpoint="http://127.0.0.1:41002",
-                           ready=True, last_seen=now)
-    Replica.objects.create(pool=pool, track="stable", name="decode-stable-0", endpoint="http://127.0.0.1:41001",
-                           ready=False, last_seen=now)
-    Replica.objects.create(pool=pool, track="canary", name="decode-canary-0", endpoint="", last_seen=now)
-    out = tmp_path / "targets" / "workers.json"
-    call_command("ferry_prometheus_targets", "--out", str(out), stdout=io.StringIO())
-    assert json.loads(out.read_text()) == [
-        {"targets": ["127.0.0.1:41001"],
-         "labels": {"ferry_pool": "decode", "ferry_track": "stable", "ferry_replica": "decode-stable-0"}},
-        {"targets": ["127.0.0.1:41002"],
-         "labels": {"ferry_pool": "decode", "ferry_track": "stable", "ferry_replica": "decode-stable-1"}},
-    ]
-    assert [p.name for p in out.parent.iterdir()] == ["workers.json"]  # no temporary file left behind

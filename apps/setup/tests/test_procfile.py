@@ -1,4 +1,4 @@
-"""The launcher's process list, environment and tokens, as data (controlplane.procfile)."""
+"""The launcher's process list, environment and tokens, as data (apps.setup.procfile)."""
 
 import json
 import os
@@ -6,7 +6,7 @@ import stat
 
 from honcho.environ import parse_procfile
 
-from controlplane.procfile import LaunchConfig, child_env, launcher_tokens, procfile, worker_threads
+from apps.setup.procfile import LaunchConfig, child_env, launcher_tokens, procfile, worker_threads
 
 
 def test_procfile_lists_every_process_of_the_product_each_execed():

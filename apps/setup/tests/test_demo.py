@@ -1,4 +1,4 @@
-"""The demo fleet (apps.core.demo) and ``manage.py ferry_setup``: what they create, and that re-running creates nothing."""
+"""The demo fleet (apps.setup.demo) and ``manage.py ferry_setup``: what they create, and that re-running creates nothing."""
 
 import io
 import json
@@ -8,8 +8,8 @@ from django.core.management import call_command
 from django_celery_beat.models import PeriodicTask
 
 from apps.catalog.models import ModelVersion
-from apps.core.demo import demo_fleet_load
 from apps.fleet.models import Cluster, ClusterLink, Pool
+from apps.setup.demo import demo_fleet_load
 from apps.telemetry.models import AlertRule
 from inference_worker.model.prepare import read_manifest
 from inference_worker.registry import model_cache_dir

@@ -25,10 +25,10 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-BASE_DIR = Path(__file__).resolve().parent.parent
+BASE_DIR = Path(__file__).resolve().parents[2]
 TOKEN_NAMES = ("FERRY_AGENT_TOKEN", "FERRY_SERVICE_TOKEN", "FERRY_KV_LINK_SECRET")
 DEMO_REMOTE_PREFILL_THRESHOLD_TOKENS = 256
-DEMO_LINK_BANDWIDTH_GBPS = 10  # the demo's emulated WAN between dc-prefill and dc-decode (apps.core.demo)
+DEMO_LINK_BANDWIDTH_GBPS = 10  # the demo's emulated WAN between dc-prefill and dc-decode (apps.setup.demo)
 DEMO_WORKER_EXTRA_ARGS = f"--max-num-seqs 8 --kv-cache-memory 256MiB --kv-bandwidth-gbps {DEMO_LINK_BANDWIDTH_GBPS}"
 
 

@@ -4,7 +4,7 @@ import socket
 
 import redis
 
-from controlplane.embedded_redis import free_tcp_port, redis_reachable, start_embedded_redis
+from apps.setup.embedded_redis import free_tcp_port, redis_reachable, start_embedded_redis
 
 
 def test_closed_port_is_not_reachable_then_embedded_server_answers_and_stops(tmp_path):
