@@ -1,6 +1,6 @@
 """Channels consumers of the dashboard: they only join groups and forward the telemetry layer's messages.
 
-Routes (``apps.dashboard.routing``): ``ws/fleet/``, ``ws/pools/<id>/``, ``ws/rollouts/<id>/``.
+Routes (``apps.dashboard.websocket_urls``): ``ws/fleet/``, ``ws/pools/<id>/``, ``ws/rollouts/<id>/``.
 
 Protocol, server -> client (JSON):
 

@@ -15,7 +15,7 @@ from apps.catalog.models import ModelVersion
 from apps.core.errors import ConflictError
 from apps.fleet import selectors
 from apps.fleet.models import MAX_REPLICAS, Cluster, ClusterLink, Pool, PoolTrack, Replica, RoutingTable
-from apps.fleet.routing import content_digest, routing_table_content
+from apps.fleet.routing_table import content_digest, routing_table_content
 from apps.operations.models import Action
 from apps.operations.services import action_create
 

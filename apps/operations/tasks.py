@@ -41,6 +41,6 @@ def reconcile() -> dict:
 @shared_task(name="operations.autoscale", ignore_result=True, soft_time_limit=60, time_limit=90)
 def autoscale() -> dict:
     """One autoscaler evaluation of every pool with autoscaling or schedule windows."""
-    from apps.operations.autoscaling import autoscale_all
+    from apps.operations.autoscale import autoscale_all
 
     return autoscale_all()

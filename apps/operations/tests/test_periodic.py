@@ -6,7 +6,7 @@ import pytest
 from django.core.management import call_command
 from django_celery_beat.models import PeriodicTask
 
-from apps.operations.autoscaling import autoscale_all, pool_autoscale
+from apps.operations.autoscale import autoscale_all, pool_autoscale
 from apps.operations.models import Action, AutoscalerState
 from apps.operations.services import action_cancel
 

@@ -2,6 +2,6 @@
 
 from django.urls import URLPattern
 
-from apps.dashboard.routing import websocket_urlpatterns as dashboard_websocket_urlpatterns
+from apps.dashboard.websocket_urls import websocket_urlpatterns as dashboard_websocket_urlpatterns
 
 websocket_urlpatterns: list[URLPattern] = [*dashboard_websocket_urlpatterns]

@@ -2,7 +2,7 @@
 
 For each pool with autoscaling on or schedule windows: read the pool's latest telemetry record
 (``apps.telemetry.selectors.telemetry_snapshot``; older than ``FERRY_AUTOSCALE_MAX_SIGNAL_AGE_S``
-counts as no data), run the pure :func:`apps.operations.autoscaler.decide`, keep its
+counts as no data), run the pure :func:`apps.operations.autoscale_math.decide`, keep its
 recommendations in ``AutoscalerState``, and when it changes the total request a ``pool.scale``
 Action whose params carry the reason. A busy pool (an Action pending or running) is skipped.
 """
@@ -20,7 +20,7 @@ from django.utils import timezone
 from apps.core.errors import ConflictError
 from apps.fleet.models import Pool
 from apps.fleet.services import pool_scale_by_system
-from apps.operations.autoscaler import SIGNAL_NAMES, Decision, Observation, Policy, ScheduleWindow, decide
+from apps.operations.autoscale_math import SIGNAL_NAMES, Decision, Observation, Policy, ScheduleWindow, decide
 from apps.operations.models import Action, AutoscalerState
 
 logger = logging.getLogger(__name__)

@@ -1,4 +1,4 @@
-"""WebSocket routes of the dashboard (included by ``controlplane.routing``)."""
+"""WebSocket routes of the dashboard (included by ``controlplane.websocket_urls``)."""
 
 from django.urls import path
 

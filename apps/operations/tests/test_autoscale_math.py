@@ -4,7 +4,7 @@ from datetime import UTC, datetime, time, timedelta
 
 import pytest
 
-from apps.operations.autoscaler import Observation, Policy, ScheduleWindow, decide, stabilize
+from apps.operations.autoscale_math import Observation, Policy, ScheduleWindow, decide, stabilize
 from apps.telemetry.endpoints import ReplicaEndpoint
 from apps.telemetry.signals import Scope, evaluate_signals
 from apps.telemetry.sources.scrape import SampleStore
