@@ -25,9 +25,8 @@ from apps.fleet.validators import (
     validate_time_zone,
     validate_tolerations,
 )
-from apps.orchestrators.base import InvalidSpec
-from apps.orchestrators.worker_args import MAX_LENGTH as WORKER_ARGS_MAX_LENGTH
-from apps.orchestrators.worker_args import parse_worker_args
+from apps.fleet.worker_args import MAX_LENGTH as WORKER_ARGS_MAX_LENGTH
+from apps.fleet.worker_args import InvalidWorkerArgs, parse_worker_args
 
 MAX_REPLICAS = 10_000
 dns_label_validator = RegexValidator(DNS_LABEL, "Use lowercase letters, digits and '-' (max 63, a DNS label).")
@@ -43,12 +42,18 @@ def validate_non_negative_finite(value: float) -> None:
         raise ValidationError("Must be a finite number >= 0.")
 
 
+def validate_replica_count(replicas: object) -> None:
+    """A pool's or track's replica count: an integer (not a bool) in 0..``MAX_REPLICAS``; raises ValidationError."""
+    if not isinstance(replicas, int) or isinstance(replicas, bool) or not 0 <= replicas <= MAX_REPLICAS:
+        raise ValidationError({"replicas": [f"replicas must be an integer in 0..{MAX_REPLICAS}."]})
+
+
 def validate_worker_args(value: str) -> None:
     """A shell line of extra ``serve`` options, checked with the worker's own parser
-    (:func:`apps.orchestrators.worker_args.parse_worker_args`); raises ValidationError with its message."""
+    (:func:`apps.fleet.worker_args.parse_worker_args`); raises ValidationError with its message."""
     try:
         parse_worker_args(value)
-    except InvalidSpec as exc:
+    except InvalidWorkerArgs as exc:
         raise ValidationError(str(exc)) from exc
 
 

@@ -24,37 +24,10 @@ def replica_list() -> QuerySet[Replica]:
     return Replica.objects.select_related("pool", "pool__cluster")
 
 
-def replica_logs(*, replica: Replica, tail: int) -> list[str]:
-    """The last ``tail`` lines of ``replica``'s stdout/stderr, read from its cluster's backend.
-
-    Raises:
-        apps.orchestrators.base.NotFound: the backend no longer has that replica.
-        apps.orchestrators.base.BackendUnavailable: the backend cannot be reached.
-        apps.orchestrators.base.InvalidSpec: the cluster's backend is not configured (e.g. no agent token).
-    """
-    from apps.operations.backends import backend_session, pool_ref  # operations builds on fleet, not back
-
-    with backend_session(replica.pool.cluster) as backend:
-        text = backend.logs(pool_ref(replica.pool), replica.name, tail)
-    return text.splitlines()[-tail:]
-
-
-def replica_endpoints() -> list:
-    """Telemetry's endpoint provider: every observed replica with an endpoint, plus the static targets.
-
-    Returns ``apps.telemetry.endpoints.ReplicaEndpoint`` items (pool id as a string), live Replica
-    rows first; a static target with the same (pool, track, replica) key is dropped.
-    """
-    from apps.telemetry.endpoints import ReplicaEndpoint, static_endpoints
-
-    found = {}
-    for pool_id, track, name, endpoint in (Replica.objects.filter(alive=True).exclude(endpoint="")
-                                           .values_list("pool_id", "track", "name", "endpoint")):
-        ep = ReplicaEndpoint(pool_id=str(pool_id), track=track, replica=name, url=endpoint)
-        found[ep.key] = ep
-    for ep in static_endpoints():
-        found.setdefault(ep.key, ep)
-    return list(found.values())
+def replica_endpoint_rows() -> QuerySet:
+    """``(pool_id, track, name, endpoint)`` of every alive observed replica with an endpoint (one query);
+    telemetry's direct scrape reads them (:func:`apps.telemetry.endpoints.replica_endpoints`)."""
+    return Replica.objects.filter(alive=True).exclude(endpoint="").values_list("pool_id", "track", "name", "endpoint")
 
 
 def routing_pools() -> QuerySet[Pool]:

@@ -1,26 +1,29 @@
-"""Writes for the fleet: clusters, links, pools (with their stable track), pool scaling, observed
-replicas and the published routing table."""
+"""Writes for the fleet's state: clusters, links, pools (with their stable track), observed replicas and
+the published routing table. Verbs that reach a backend (pool scale and delete, replica logs) are
+operations' (:mod:`apps.operations.pools`)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from django.conf import settings
-from django.contrib.auth.models import AbstractBaseUser
-from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
 from apps.catalog.models import ModelVersion
 from apps.core.errors import ConflictError
 from apps.fleet import selectors
-from apps.fleet.models import MAX_REPLICAS, Cluster, ClusterLink, Pool, PoolTrack, Replica, RoutingTable
+from apps.fleet.holds import pool_hold_reason
+from apps.fleet.models import (
+    Cluster,
+    ClusterLink,
+    Pool,
+    PoolTrack,
+    Replica,
+    RoutingTable,
+    validate_replica_count,
+)
 from apps.fleet.routing_table import content_digest, routing_table_content
-from apps.operations.models import Action
-from apps.operations.services import action_create
-
-POOL_SCALE = "pool.scale"
-POOL_DELETE = "pool.delete"
 
 
 def _save(instance: Any, changes: dict[str, Any]) -> Any:
@@ -64,18 +67,13 @@ def cluster_link_delete(*, link: ClusterLink) -> None:
         link.delete()
 
 
-def _check_replicas(replicas: Any) -> None:
-    if not isinstance(replicas, int) or isinstance(replicas, bool) or not 0 <= replicas <= MAX_REPLICAS:
-        raise ValidationError({"replicas": [f"replicas must be an integer in 0..{MAX_REPLICAS}."]})
-
-
 def pool_create(*, replicas: int, model_version: ModelVersion, **fields: Any) -> Pool:
     """Create a pool with one ``stable`` track of ``replicas`` running ``model_version``.
 
     Raises:
         ValidationError: invalid fields or replicas outside 0..10000.
     """
-    _check_replicas(replicas)
+    validate_replica_count(replicas)
     pool = Pool(model_version=model_version, **fields)
     pool.full_clean()
     with transaction.atomic():
@@ -85,95 +83,24 @@ def pool_create(*, replicas: int, model_version: ModelVersion, **fields: Any) ->
     return pool
 
 
-def _in_active_rollout(pool: Pool) -> bool:
-    from apps.rollouts.selectors import rollout_active_for_pool
-
-    return rollout_active_for_pool(pool=pool) is not None
-
-
 def pool_update(*, pool: Pool, **changes: Any) -> Pool:
     """Change a pool's settings; a new ``model_version`` also moves its stable track.
 
     Raises:
         ValidationError: invalid fields.
-        ConflictError: changing the model version or cluster while a rollout involves the pool.
+        ConflictError: changing the model version or cluster while a hold is on the pool (an active
+            rollout involves it; :mod:`apps.fleet.holds`).
     """
     moving = {f for f in ("model_version", "cluster") if f in changes and changes[f] != getattr(pool, f)}
-    if moving and _in_active_rollout(pool):
-        raise ConflictError(f"Pool {pool} is part of an active rollout; finish or abort it before changing "
+    held_by = pool_hold_reason(pool) if moving else None
+    if held_by is not None:
+        raise ConflictError(f"Pool {pool} is part of {held_by}; finish or abort it before changing "
                             f"{', '.join(sorted(moving))}.")
     with transaction.atomic():
         _save(pool, changes)
         if "model_version" in moving:
             pool.tracks.filter(name=PoolTrack.Name.STABLE).update(model_version=pool.model_version)
     return pool
-
-
-def pool_delete(*, pool: Pool) -> Action | None:
-    """Delete a pool and its tracks, and request a ``pool.delete`` Action that stops its workers.
-
-    The Action carries what the backend needs (cluster, pool id and name, namespace, tracks) because
-    the row is gone when it runs. Returns that Action (None when the pool never had replicas).
-
-    Raises:
-        ConflictError: an Action is pending/running for it, or a rollout involving it is active.
-    """
-    with transaction.atomic():
-        busy = Action.objects.filter(pool=pool, status__in=Action.ACTIVE_STATUSES).first()
-        if busy is not None:
-            raise ConflictError(f"Pool {pool} has action #{busy.pk} ({busy.status}); wait or cancel it first.")
-        if _in_active_rollout(pool):
-            raise ConflictError(f"Pool {pool} is part of an active rollout; finish or abort it first.")
-        tracks = sorted(pool.tracks.values_list("name", flat=True))
-        ever_ran = pool.actions.exists() or pool.observed_replicas.exists()
-        params = {"cluster_id": pool.cluster_id, "pool_id": pool.pk, "pool_name": pool.name,
-                  "namespace": pool.cluster.namespace or "default", "tracks": tracks}
-        target = (str(pool.pk), str(pool))
-        pool.delete()
-        if not ever_ran:
-            return None
-        action, _ = action_create(kind=POOL_DELETE, target_type="pool", target_id=target[0], target_repr=target[1],
-                                  params=params)
-    return action
-
-
-def pool_scale(
-    *, pool: Pool, replicas: int, requested_by: AbstractBaseUser | None = None, idempotency_key: str | None = None
-) -> tuple[Action, bool]:
-    """Request a new total replica count: creates a pending ``pool.scale`` Action (executed by a task).
-
-    The desired state changes when the Action runs (its handler writes the tracks and calls the backend).
-
-    Raises:
-        ValidationError: replicas outside 0..10000, or outside min..max while autoscaling is on.
-        ConflictError: the pool already has a pending or running Action, or the key was reused.
-    """
-    _check_replicas(replicas)
-    if pool.autoscaling_enabled and not pool.min_replicas <= replicas <= pool.max_replicas:
-        raise ValidationError({"replicas": [
-            f"Autoscaling keeps this pool within {pool.min_replicas}..{pool.max_replicas} replicas; "
-            "change min/max or disable autoscaling first."
-        ]})
-    return action_create(
-        kind=POOL_SCALE, target_type="pool", target_id=str(pool.pk), target_repr=str(pool), pool=pool,
-        params={"replicas": replicas}, requested_by=requested_by, idempotency_key=idempotency_key,
-    )
-
-
-def pool_scale_by_system(*, pool: Pool, replicas: int, reason: str, idempotency_key: str) -> tuple[Action, bool]:
-    """A ``pool.scale`` Action requested by the autoscaler or a schedule window, with its reason.
-
-    Unlike :func:`pool_scale` it does not check min/max (the autoscaler clamps, and a schedule
-    window may set any total); the reason is stored in ``params.reason``.
-
-    Raises:
-        ValidationError: replicas outside 0..10000. ConflictError: the pool is busy.
-    """
-    _check_replicas(replicas)
-    return action_create(
-        kind=POOL_SCALE, target_type="pool", target_id=str(pool.pk), target_repr=str(pool), pool=pool,
-        params={"replicas": replicas, "reason": reason}, idempotency_key=idempotency_key,
-    )
 
 
 def replicas_refresh(*, pool: Pool, observed: Any) -> tuple[int, int]:

@@ -1,15 +1,23 @@
-"""Admin for Actions: read-only audit log with retry and cancel admin actions (same services as the API)."""
+"""Admin for Actions (read-only audit log with retry and cancel admin actions, the same services as the API),
+the autoscaler's state, and pools (create/update through fleet's services; delete and scale record Actions)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from django import forms
 from django.contrib import admin, messages
+from django.core.exceptions import ValidationError
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from apps.core.errors import ConflictError
-from apps.operations import selectors, services
+from apps.fleet import selectors as fleet_selectors
+from apps.fleet import services as fleet_services
+from apps.fleet.admin import model_fields
+from apps.fleet.holds import pool_hold_reason
+from apps.fleet.models import MAX_REPLICAS, Pool, PoolTrack
+from apps.operations import pools, selectors, services
 from apps.operations.models import Action, AutoscalerState
 
 
@@ -69,3 +77,96 @@ class AutoscalerStateAdmin(admin.ModelAdmin):
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+
+class PoolTrackInline(admin.TabularInline):
+    model = PoolTrack
+    extra = 0
+    fields = ("name", "model_version", "replicas", "weight", "active", "extra_args")
+    readonly_fields = fields
+    can_delete = False
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+class PoolAdminForm(forms.ModelForm):
+    replicas = forms.IntegerField(min_value=0, max_value=MAX_REPLICAS, required=False,
+                                  help_text="Initial replicas of the stable track (on create; then use the scale "
+                                            "actions).")
+
+    class Meta:
+        model = Pool
+        fields = ["name", "cluster", "role", "model_version", "gpu_kind", "gpu_count", "cpu", "memory",
+                  "node_selector", "tolerations", "autoscaling_enabled", "min_replicas", "max_replicas",
+                  "autoscaling_signal", "autoscaling_target", "schedule_overrides", "schedule_time_zone",
+                  "drain_timeout_s"]
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        if self.instance.pk is None and data.get("replicas") is None:
+            self.add_error("replicas", "Required when creating a pool.")
+        if self.instance.pk is not None:
+            moving = [f for f in ("model_version", "cluster") if f in self.changed_data]
+            held_by = pool_hold_reason(self.instance) if moving else None
+            if held_by is not None:
+                raise ValidationError(f"The pool is in {held_by}; cannot change {', '.join(moving)}.")
+        return data
+
+
+@admin.register(Pool)
+class PoolAdmin(admin.ModelAdmin):
+    form = PoolAdminForm
+    list_display = ("name", "cluster", "role", "model_version", "total_replicas", "autoscaling_enabled", "created_at")
+    list_filter = ("role", "cluster", "autoscaling_enabled", "model_version")
+    search_fields = ("name", "cluster__name", "model_version__name")
+    readonly_fields = ("created_at", "updated_at")
+    inlines = [PoolTrackInline]
+    actions = ["scale_up_one", "scale_down_one"]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Pool]:
+        return fleet_selectors.pool_list()
+
+    @admin.display(description="replicas")
+    def total_replicas(self, obj: Pool) -> int:
+        return obj.replicas
+
+    def get_actions(self, request: HttpRequest) -> dict:
+        actions = super().get_actions(request)
+        actions.pop("delete_selected", None)  # deletes go through pool_delete (busy pools are refused)
+        return actions
+
+    def has_delete_permission(self, request: HttpRequest, obj: Pool | None = None) -> bool:
+        if obj is not None and (obj.actions.filter(status__in=Action.ACTIVE_STATUSES).exists()
+                                or pool_hold_reason(obj) is not None):
+            return False
+        return super().has_delete_permission(request, obj)
+
+    def save_model(self, request: HttpRequest, obj: Pool, form: forms.ModelForm, change: bool) -> None:
+        if change:
+            fleet_services.pool_update(pool=Pool.objects.get(pk=obj.pk), **model_fields(form, True))
+        else:
+            fields = model_fields(form)
+            obj.pk = fleet_services.pool_create(replicas=form.cleaned_data["replicas"], **fields).pk
+
+    def delete_model(self, request: HttpRequest, obj: Pool) -> None:
+        pools.pool_delete(pool=obj)
+
+    def _scale(self, request: HttpRequest, queryset: QuerySet[Pool], delta: int) -> None:
+        for pool in queryset:
+            try:
+                act, _ = pools.pool_scale(pool=pool, replicas=max(0, pool.replicas + delta),
+                                          requested_by=request.user)
+            except (ConflictError, ValidationError) as exc:
+                self.message_user(request, f"{pool}: {'; '.join(getattr(exc, 'messages', [str(exc)]))}",
+                                  messages.ERROR)
+            else:
+                self.message_user(request, f"{pool}: action #{act.pk} requests {act.params['replicas']} replicas.")
+
+    @admin.action(description="Scale selected pools up by one replica (creates Actions)")
+    def scale_up_one(self, request: HttpRequest, queryset: QuerySet[Pool]) -> None:
+        self._scale(request, queryset, +1)
+
+    @admin.action(description="Scale selected pools down by one replica (creates Actions)")
+    def scale_down_one(self, request: HttpRequest, queryset: QuerySet[Pool]) -> None:
+        self._scale(request, queryset, -1)

@@ -19,9 +19,9 @@ from django.utils import timezone
 
 from apps.core.errors import ConflictError
 from apps.fleet.models import Pool
-from apps.fleet.services import pool_scale_by_system
 from apps.operations.autoscale_math import SIGNAL_NAMES, Decision, Observation, Policy, ScheduleWindow, decide
 from apps.operations.models import Action, AutoscalerState
+from apps.operations.pools import pool_scale_by_system
 
 logger = logging.getLogger(__name__)
 

@@ -28,6 +28,7 @@ from django.conf import settings
 
 from apps.catalog.models import ModelVersion
 from apps.fleet.models import Cluster, Pool, PoolTrack
+from apps.fleet.worker_args import InvalidWorkerArgs, parse_worker_args
 from apps.orchestrators.base import (
     InvalidSpec,
     ModelRef,
@@ -37,7 +38,6 @@ from apps.orchestrators.base import (
     Resources,
     Toleration,
 )
-from apps.orchestrators.worker_args import parse_worker_args
 
 DEFAULT_IMAGE = "ferry/inference-worker:latest"
 FETCHABLE_SCHEMES = ("http", "https", "file")  # what the Kubernetes init step can download
@@ -105,6 +105,10 @@ def track_spec(pool: Pool, track: PoolTrack) -> PoolTrackSpec:
         InvalidSpec: a field the backend cannot express (name too long, bad toleration, worker
             arguments the worker would refuse, ...).
     """
+    try:
+        extra_args = worker_extra_args() + parse_worker_args(track.extra_args)
+    except InvalidWorkerArgs as exc:
+        raise InvalidSpec(str(exc)) from exc
     tolerations = tuple(
         Toleration(key=t.get("key", ""), operator=t.get("operator", "Equal"), value=t.get("value") or None,
                    effect=t.get("effect") or None)
@@ -112,7 +116,7 @@ def track_spec(pool: Pool, track: PoolTrack) -> PoolTrackSpec:
     )
     return PoolTrackSpec(
         pool=pool_ref(pool), role=pool.role, track=track.name, model=model_ref(track.model_version, local=pool.cluster.kind == "local"),
-        replicas=track.replicas, extra_args=worker_extra_args() + parse_worker_args(track.extra_args),
+        replicas=track.replicas, extra_args=extra_args,
         env=worker_env(),
         resources=Resources(gpu_count=pool.gpu_count, cpu=pool.cpu or None, memory=pool.memory or None),
         node_selector=dict(pool.node_selector), tolerations=tolerations,

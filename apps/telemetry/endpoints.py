@@ -1,13 +1,14 @@
 """Where each replica's ``/metrics`` lives: ``ReplicaEndpoint`` and the provider that lists them.
 
-Direct scraping needs one URL per replica. Observed replicas (with their endpoints) arrive
-with the orchestration work as a ``Replica`` model; until then the provider reads endpoints
-from whatever is registered:
+Direct scraping needs one URL per replica. :func:`replica_endpoints` lists
 
-1. a callable installed with ``set_endpoint_provider`` (tests, the local agent, or the
-   orchestration app's ``AppConfig.ready`` — that is where orchestration plugs in), else
+1. the observed replicas that are alive and have an endpoint (the fleet's ``Replica`` rows, which
+   reconcile keeps from the backends; :func:`apps.fleet.selectors.replica_endpoint_rows`), plus
 2. ``settings.FERRY_TELEMETRY_STATIC_TARGETS``: a list of dicts
-   ``{"pool": <pool id>, "track": "stable", "replica": "r0", "url": "http://host:port"}``.
+   ``{"pool": <pool id>, "track": "stable", "replica": "r0", "url": "http://host:port"}``
+   (a static target with the same (pool, track, replica) key as a live row is dropped),
+
+unless a test installed its own callable with ``set_endpoint_provider``.
 
 Routers (``python -m inference_worker router``) belong to no pool: their series name the pool
 in a label (``ferry_router_decisions_total{pool, decision}``). Direct scraping reads them from
@@ -22,6 +23,8 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from django.conf import settings
+
+from apps.fleet.selectors import replica_endpoint_rows
 
 
 @dataclass(frozen=True)
@@ -97,7 +100,8 @@ _provider: list[EndpointProvider] = []
 
 
 def set_endpoint_provider(provider: EndpointProvider | None) -> None:
-    """Install (or with ``None`` remove) the callable that lists replica endpoints."""
+    """Install a callable that lists replica endpoints instead of the observed replicas (tests); ``None``
+    restores the default (observed replicas plus static targets)."""
     _provider.clear()
     if provider is not None:
         _provider.append(provider)
@@ -123,10 +127,20 @@ def static_endpoints() -> list[ReplicaEndpoint]:
 
 
 def replica_endpoints() -> list[ReplicaEndpoint]:
-    """Every known replica endpoint (installed provider first, else static targets)."""
+    """Every known replica endpoint: an installed provider's, else the observed replicas plus the static targets.
+
+    Live ``Replica`` rows come first (pool id as a string); a static target with the same
+    (pool, track, replica) key is dropped.
+    """
     if _provider:
         return list(_provider[0]())
-    return static_endpoints()
+    found = {}
+    for pool_id, track, name, endpoint in replica_endpoint_rows():
+        ep = ReplicaEndpoint(pool_id=str(pool_id), track=track, replica=name, url=endpoint)
+        found[ep.key] = ep
+    for ep in static_endpoints():
+        found.setdefault(ep.key, ep)
+    return list(found.values())
 
 
 def prometheus_scrape_config(endpoints: Iterable[ReplicaEndpoint], *, interval_s: float = 1.0) -> dict:

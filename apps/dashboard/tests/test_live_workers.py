@@ -35,7 +35,8 @@ from apps.dashboard.tests.live_stack import (
     telemetry_poller,
 )
 from apps.fleet.models import Replica
-from apps.fleet.services import cluster_create, pool_create, pool_scale
+from apps.fleet.services import cluster_create, pool_create
+from apps.operations.pools import pool_scale
 from apps.telemetry.models import AlertRule
 from inference_worker.agent.testing import AgentProcess, wait_for
 

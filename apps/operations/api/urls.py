@@ -2,8 +2,10 @@
 
 from rest_framework.routers import SimpleRouter
 
-from apps.operations.api.views import ActionViewSet
+from apps.operations.api.views import ActionViewSet, PoolViewSet, ReplicaViewSet
 
 router = SimpleRouter()
 router.register("actions", ActionViewSet, basename="action")
+router.register("pools", PoolViewSet, basename="pool")
+router.register("replicas", ReplicaViewSet, basename="replica")
 urlpatterns = router.urls

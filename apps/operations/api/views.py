@@ -1,18 +1,35 @@
-"""``/api/v1/actions/``: the audit log (read-only), plus ``retry`` and ``cancel`` (operator)."""
+"""``/api/v1/actions/``: the audit log (read-only), plus ``retry`` and ``cancel`` (operator);
+``/api/v1/pools/`` (+ ``POST pools/{id}/scale/``) and ``/api/v1/replicas/`` (observed, read-only, + ``logs``).
+
+Pools live here rather than in fleet because deleting and scaling one records an Action and reading a
+replica's logs calls its backend; creating and updating a pool go through fleet's services. Writes need
+the admin role except ``scale`` (operator). Views call services and selectors only.
+"""
 
 from __future__ import annotations
 
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import status, viewsets
 from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from apps.accounts.roles import OPERATOR
+from apps.accounts.roles import ADMIN, OPERATOR
 from apps.core.idempotency import HEADER, idempotency_key_from_request
-from apps.operations import selectors, services
+from apps.fleet import selectors as fleet_selectors
+from apps.fleet import services as fleet_services
+from apps.fleet.api.filtersets import PoolFilterSet, ReplicaFilterSet
+from apps.fleet.api.serializers import PoolScaleSerializer, PoolSerializer, ReplicaSerializer
+from apps.operations import pools, selectors, services
 from apps.operations.api.filtersets import ActionFilterSet
 from apps.operations.api.serializers import ActionSerializer
+from apps.orchestrators.base import BackendUnavailable, InvalidSpec, NotFound
+
+IDEMPOTENCY_PARAMETER = OpenApiParameter(
+    HEADER, str, OpenApiParameter.HEADER, required=False,
+    description="Repeat a request safely: the same key returns the first Action (200) instead of a new one.",
+)
 
 
 class ActionViewSet(viewsets.ReadOnlyModelViewSet):
@@ -40,3 +57,75 @@ class ActionViewSet(viewsets.ReadOnlyModelViewSet):
         """Cancel a pending Action (409 once it is running or finished)."""
         cancelled = services.action_cancel(action=self.get_object(), cancelled_by=request.user)
         return Response(ActionSerializer(cancelled).data)
+
+
+class PoolViewSet(viewsets.ModelViewSet):
+    serializer_class = PoolSerializer
+    filterset_class = PoolFilterSet
+    ordering_fields = ["name", "role", "created_at"]
+    ordering = ["id"]
+    write_role = ADMIN
+    action_roles = {"scale": OPERATOR}
+
+    def get_queryset(self):
+        return fleet_selectors.pool_list()
+
+    def perform_create(self, serializer) -> None:  # noqa: ANN001 - DRF signature
+        pool = fleet_services.pool_create(**serializer.validated_data)
+        serializer.instance = fleet_selectors.pool_list().get(pk=pool.pk)
+
+    def perform_update(self, serializer) -> None:  # noqa: ANN001 - DRF signature
+        pool = fleet_services.pool_update(pool=serializer.instance, **serializer.validated_data)
+        serializer.instance = fleet_selectors.pool_list().get(pk=pool.pk)
+
+    def perform_destroy(self, instance) -> None:  # noqa: ANN001 - DRF signature
+        pools.pool_delete(pool=instance)
+
+    @extend_schema(request=PoolScaleSerializer, responses={200: ActionSerializer, 201: ActionSerializer},
+                   parameters=[IDEMPOTENCY_PARAMETER])
+    @action(detail=True, methods=["post"])
+    def scale(self, request: Request, pk: str | None = None) -> Response:
+        """Request a new total replica count: creates a pending ``pool.scale`` Action (409 if the pool is busy)."""
+        pool = self.get_object()
+        serializer = PoolScaleSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        act, created = pools.pool_scale(
+            pool=pool, replicas=serializer.validated_data["replicas"], requested_by=request.user,
+            idempotency_key=idempotency_key_from_request(request),
+        )
+        return Response(ActionSerializer(act).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+
+
+class ReplicaViewSet(viewsets.ReadOnlyModelViewSet):
+    """Observed replicas, refreshed by reconcile from the backends (read-only)."""
+
+    serializer_class = ReplicaSerializer
+    filterset_class = ReplicaFilterSet
+    ordering_fields = ["name", "last_seen", "track"]
+    ordering = ["pool_id", "track", "name"]
+
+    def get_queryset(self):
+        return fleet_selectors.replica_list()
+
+    @extend_schema(
+        parameters=[OpenApiParameter("tail", OpenApiTypes.INT, description="lines to return, 1..5000 (default 200)")],
+        responses={200: OpenApiResponse(description='{"replica": name, "lines": [...]}'), 400: None, 404: None,
+                   503: None},
+    )
+    @action(detail=True, methods=["get"])
+    def logs(self, request: Request, pk: str | None = None) -> Response:
+        """``GET /api/v1/replicas/{id}/logs/?tail=N``: the replica's last log lines from its backend."""
+        replica = self.get_object()
+        raw = request.query_params.get("tail", "200")
+        if not raw.isdigit() or not 1 <= int(raw) <= 5000:
+            return Response({"tail": [f"must be an integer from 1 to 5000, got {raw!r}"]},
+                            status=status.HTTP_400_BAD_REQUEST)
+        try:
+            lines = pools.replica_logs(replica=replica, tail=int(raw))
+        except NotFound:
+            return Response({"detail": f"the backend no longer has replica {replica.name!r}"},
+                            status=status.HTTP_404_NOT_FOUND)
+        except (BackendUnavailable, InvalidSpec) as exc:
+            return Response({"detail": f"logs of {replica.name!r} are unavailable: {exc}"},
+                            status=status.HTTP_503_SERVICE_UNAVAILABLE)
+        return Response({"replica": replica.name, "lines": lines})

@@ -10,6 +10,10 @@ one) and run by both backends (the local agent's process, the Kubernetes contain
 and its ``validate``, so a typo or an out-of-range value is refused when it is entered, never by a
 worker process that fails to start. Options the backend sets itself (model, role, port, labels, drain
 timeout) are refused. Abbreviated option names are refused too (the backend-owned check needs full names).
+
+It lives in fleet (field validation of ``PoolTrack.extra_args`` and ``RolloutPlan.worker_args``) so the
+models need no backend code; :func:`apps.operations.backends.track_spec` re-checks the line and turns
+:class:`InvalidWorkerArgs` into the backends' ``InvalidWorkerArgs``.
 """
 
 from __future__ import annotations
@@ -17,7 +21,6 @@ from __future__ import annotations
 import argparse
 import shlex
 
-from apps.orchestrators.base import InvalidSpec
 from inference_worker.cli import serve
 
 BACKEND_OWNED = ("--model", "--served-model-name", "--role", "--host", "--port", "--model-version", "--pool",
@@ -26,9 +29,13 @@ BACKEND_OWNED = ("--model", "--served-model-name", "--role", "--host", "--port",
 MAX_LENGTH = 500
 
 
+class InvalidWorkerArgs(ValueError):
+    """A worker-arguments line ``serve`` would refuse; the message names the option."""
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # noqa: ANN201 - argparse's signature (NoReturn)
-        raise InvalidSpec(message)
+        raise InvalidWorkerArgs(message)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -44,29 +51,29 @@ def parse_worker_args(line: str) -> tuple[str, ...]:
     ``""`` -> ``()``.
 
     Raises:
-        InvalidSpec: unbalanced quotes, longer than ``MAX_LENGTH`` characters, an option the backend sets
+        InvalidWorkerArgs: unbalanced quotes, longer than ``MAX_LENGTH`` characters, an option the backend sets
             (``BACKEND_OWNED``), an unknown or abbreviated option, a positional argument, a value of the
             wrong type, or a value ``serve`` rejects (e.g. ``--fault-error-rate`` outside [0, 1]); the
             message names the option.
     """
     if not isinstance(line, str):
-        raise InvalidSpec(f"worker arguments must be a string of serve options, got {type(line).__name__}")
+        raise InvalidWorkerArgs(f"worker arguments must be a string of serve options, got {type(line).__name__}")
     if len(line) > MAX_LENGTH:
-        raise InvalidSpec(f"worker arguments are {len(line)} characters long; at most {MAX_LENGTH}")
+        raise InvalidWorkerArgs(f"worker arguments are {len(line)} characters long; at most {MAX_LENGTH}")
     try:
         args = shlex.split(line)
     except ValueError as exc:
-        raise InvalidSpec(f"cannot split worker arguments {line!r} like a shell line: {exc}") from exc
+        raise InvalidWorkerArgs(f"cannot split worker arguments {line!r} like a shell line: {exc}") from exc
     for arg in args:
         name = arg.split("=", 1)[0]
         if name in BACKEND_OWNED:
-            raise InvalidSpec(f"{name} is set by Ferry from the pool, track and model version; remove it from the "
+            raise InvalidWorkerArgs(f"{name} is set by Ferry from the pool, track and model version; remove it from the "
                               f"worker arguments (set by Ferry: {', '.join(BACKEND_OWNED)})")
     try:
         namespace = _parser().parse_args(["--model", "placeholder", "--port", "1", *args])
         serve.validate(namespace)
-    except InvalidSpec as exc:
-        raise InvalidSpec(f"invalid worker arguments {line!r}: {exc}") from exc
+    except InvalidWorkerArgs as exc:
+        raise InvalidWorkerArgs(f"invalid worker arguments {line!r}: {exc}") from exc
     except ValueError as exc:
-        raise InvalidSpec(f"invalid worker arguments {line!r}: {exc}") from exc
+        raise InvalidWorkerArgs(f"invalid worker arguments {line!r}: {exc}") from exc
     return tuple(args)

@@ -2,8 +2,7 @@
 
 import pytest
 
-from apps.orchestrators.base import InvalidSpec
-from apps.orchestrators.worker_args import parse_worker_args
+from apps.fleet.worker_args import InvalidWorkerArgs, parse_worker_args
 
 
 @pytest.mark.parametrize(
@@ -42,11 +41,11 @@ def test_valid_serve_options_split_like_a_shell_line(line, args):
     ],
 )
 def test_invalid_options_are_refused_with_the_option_named(line, message):
-    with pytest.raises(InvalidSpec) as info:
+    with pytest.raises(InvalidWorkerArgs) as info:
         parse_worker_args(line)
     assert message in str(info.value)
 
 
 def test_non_string_is_refused():
-    with pytest.raises(InvalidSpec, match="must be a string of serve options, got list"):
+    with pytest.raises(InvalidWorkerArgs, match="must be a string of serve options, got list"):
         parse_worker_args(["--max-num-seqs", "2"])

@@ -1,0 +1,35 @@
+"""Pool holds (apps.fleet.holds): a registered check refuses moving a pool to another version or cluster."""
+
+import pytest
+
+from apps.core.errors import ConflictError
+from apps.fleet import holds
+from apps.fleet.services import pool_update
+
+
+@pytest.fixture
+def held(monkeypatch):
+    """A registry with one check that holds every pool named ``held``."""
+    monkeypatch.setattr(holds, "_checks", {})
+    holds.pool_hold_register("test", lambda pool: "a test hold" if pool.name == "held" else None)
+
+
+def test_a_held_pool_keeps_its_model_version(held, make_pool, make_model_version):
+    pool = make_pool(name="held")
+    with pytest.raises(ConflictError) as info:
+        pool_update(pool=pool, model_version=make_model_version("v9"))
+    assert str(info.value) == ("Pool dc-a/held is part of a test hold; finish or abort it before changing "
+                               "model_version.")
+
+
+def test_a_pool_no_check_holds_changes_freely_and_other_fields_always_change(held, make_pool, make_model_version):
+    free = pool_update(pool=make_pool(name="free"), model_version=make_model_version("v9"))
+    assert free.tracks.get(name="stable").model_version.version == "v9"
+    assert pool_update(pool=make_pool(name="held"), drain_timeout_s=7).drain_timeout_s == 7
+
+
+def test_registering_the_same_name_twice_keeps_one_check(monkeypatch, make_pool):
+    monkeypatch.setattr(holds, "_checks", {})
+    holds.pool_hold_register("x", lambda pool: "first")
+    holds.pool_hold_register("x", lambda pool: None)
+    assert holds.pool_hold_reason(make_pool(name="any")) is None
