@@ -22,6 +22,7 @@ from apps.fleet.models import Pool
 from apps.operations.autoscale_math import SIGNAL_NAMES, Decision, Observation, Policy, ScheduleWindow, decide
 from apps.operations.models import Action, AutoscalerState
 from apps.operations.pools import pool_scale_by_system
+from apps.telemetry.selectors import telemetry_snapshot
 
 logger = logging.getLogger(__name__)
 
@@ -40,8 +41,6 @@ def pool_policy(pool: Pool) -> Policy:
 
 def pool_signals(pool: Pool, *, now_s: float) -> tuple[float | None, int | None]:
     """``(value of the pool's signal, ready replicas)`` from the latest telemetry record, or Nones."""
-    from apps.telemetry.selectors import telemetry_snapshot
-
     record = telemetry_snapshot(pool_id=pool.pk)
     max_age_s = getattr(settings, "FERRY_AUTOSCALE_MAX_SIGNAL_AGE_S", 30.0)
     if not record or now_s - float(record.get("at", 0)) > max_age_s:

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 from celery import shared_task
 
+from apps.operations.autoscale import autoscale_all
 from apps.operations.execution import RetryLater, action_execute
+from apps.operations.reconcile import reconcile_all
 
 MAX_RETRIES = 5
 
@@ -33,14 +35,10 @@ def execute_action(self, action_id: int) -> str:
 @shared_task(name="operations.reconcile", ignore_result=True, soft_time_limit=60, time_limit=90)
 def reconcile() -> dict:
     """One reconcile tick over every pool; returns counts (see :func:`reconcile.reconcile_all`)."""
-    from apps.operations.reconcile import reconcile_all
-
     return reconcile_all().as_dict()
 
 
 @shared_task(name="operations.autoscale", ignore_result=True, soft_time_limit=60, time_limit=90)
 def autoscale() -> dict:
     """One autoscaler evaluation of every pool with autoscaling or schedule windows."""
-    from apps.operations.autoscale import autoscale_all
-
     return autoscale_all()
