@@ -6,6 +6,7 @@ import logging
 from datetime import datetime, timedelta
 from typing import Any
 
+from celery import current_app
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
@@ -19,6 +20,9 @@ from apps.operations.models import Action
 
 logger = logging.getLogger(__name__)
 
+EXECUTE_ACTION_TASK = "operations.execute_action"
+"""Name of the Celery task that runs one Action (:func:`apps.operations.tasks.execute_action`)."""
+
 
 def _log_line(message: str) -> dict[str, str]:
     return {"at": timezone.now().isoformat(), "message": message}
@@ -27,13 +31,14 @@ def _log_line(message: str) -> dict[str, str]:
 def action_enqueue(*, action_id: int) -> None:
     """Send ``operations.execute_action`` for ``action_id`` to the broker (call after commit).
 
-    If the broker is unreachable the Action stays pending (logged); the reconcile tick enqueues it later.
+    The task is sent by its name (:data:`EXECUTE_ACTION_TASK`), as beat and ``CELERY_TASK_ROUTES`` name
+    it: ``tasks.py`` is the top of this app (its tasks import execution and reconcile, which import
+    these services), so no module imports it. If the broker is unreachable the Action stays pending
+    (logged); the reconcile tick enqueues it later.
     """
-    from apps.operations.tasks import execute_action
-
     Action.objects.filter(pk=action_id).update(queued_at=timezone.now())
     try:
-        execute_action.apply_async(args=[action_id], retry=True, retry_policy={"max_retries": 1, "interval_start": 0})
+        current_app.signature(EXECUTE_ACTION_TASK).apply_async(args=[action_id], retry=True, retry_policy={"max_retries": 1, "interval_start": 0})
     except OperationalError:
         logger.warning("broker unreachable: action %s stays pending until reconcile enqueues it", action_id)
 

@@ -5,7 +5,15 @@ import pytest
 from apps.core.errors import ConflictError
 from apps.operations import handlers
 from apps.operations.models import Action
-from apps.operations.services import action_cancel, action_claim, action_create, action_finish, action_retry
+from apps.operations.services import (
+    EXECUTE_ACTION_TASK,
+    action_cancel,
+    action_claim,
+    action_create,
+    action_enqueue,
+    action_finish,
+    action_retry,
+)
 from apps.operations.tasks import execute_action
 
 pytestmark = pytest.mark.django_db
@@ -42,6 +50,17 @@ def test_execute_action_claims_runs_and_a_duplicate_delivery_does_nothing(test_h
     assert [line["message"] for line in action.log] == ["requested by system", "attempt 1 started", "succeeded"]
     assert execute_action.apply(args=[action.pk]).get() == "skipped"
     assert test_handlers == [action.pk]
+
+
+def test_enqueue_sends_the_execute_action_task_by_its_registered_name(test_handlers, monkeypatch):
+    from controlplane.celery import app
+
+    assert app.tasks[EXECUTE_ACTION_TASK].run.__module__ == execute_action.run.__module__ == "apps.operations.tasks"
+    monkeypatch.setitem(app.conf, "task_always_eager", True)  # run in place instead of through the broker
+    action = _create()
+    action_enqueue(action_id=action.pk)
+    action.refresh_from_db()
+    assert (action.status, action.queued_at is not None, test_handlers) == ("succeeded", True, [action.pk])
 
 
 def test_handler_error_fails_the_action_with_its_message(test_handlers):
