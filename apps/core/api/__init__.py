@@ -1,1 +1,0 @@
-"""The versioned REST API router (``/api/v1/``)."""
