@@ -12,7 +12,7 @@ from django.core.management import call_command
 
 ROOT = Path(settings.BASE_DIR)
 # A small core of the suite, run again on SQLite: models, services, API, roles, idempotency, Actions.
-SQLITE_CORE = ["apps/fleet/tests/test_scale.py", "apps/operations/tests/test_actions.py",
+SQLITE_CORE = ["apps/operations/tests/test_pool_scale.py", "apps/operations/tests/test_actions.py",
                "apps/catalog/tests/test_model_versions.py::test_register_from_config_json_and_filter",
                "apps/catalog/tests/test_model_versions.py::test_version_in_use_cannot_be_deleted_409"]
 
