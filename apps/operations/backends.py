@@ -131,6 +131,8 @@ def backend_for_cluster(cluster: Cluster) -> OrchestratorBackend:
         InvalidSpec: an unknown kind, a local cluster without agent URL/token, or a Kubernetes
             cluster whose kubeconfig reference cannot be used (a Secret reference has no resolver yet).
     """
+    # Backends are imported on first use, not to dodge a cycle: the Kubernetes client takes ~0.18 s to
+    # import (httpx ~0.07 s) and a process that never talks to that kind of cluster should not pay it.
     if cluster.kind == Cluster.Kind.LOCAL:
         from apps.orchestrators.local_backend import LocalAgentBackend
 
