@@ -2,8 +2,9 @@
 of a higher layer, function-local imports included (issue 15, acceptance 1 and 2).
 
 Every ``*.py`` file is parsed with :mod:`ast` (nothing is imported), so a cycle hidden in a function
-body counts like a module-level import. Not seen: imports by string (``include("apps.x.urls")``,
-``INSTALLED_APPS``, ``importlib``). ``apps/__init__.py`` and ``apps/conftest.py`` belong to no app and
+body counts like a module-level import. A call of ``include``, ``import_module`` or ``import_string``
+with a literal module path (``include("apps.x.urls")``) counts too; other strings (``INSTALLED_APPS``,
+Celery task names) are not seen. ``apps/__init__.py`` and ``apps/conftest.py`` belong to no app and
 are not checked. Migrations are skipped (Django writes them; they only name other apps' migrations).
 """
 
@@ -20,6 +21,7 @@ import pytest
 from apps import LAYERS, PROJECT
 
 ROOT = Path(__file__).resolve().parents[3]
+IMPORTING_CALLS = {"include", "import_module", "import_string"}
 
 ALLOWLIST: tuple[tuple[str, str, str], ...] = (
     ("apps/*/tests/*", "controlplane",
@@ -71,6 +73,10 @@ def imported_modules(root: Path, path: Path) -> Iterator[tuple[str, int]]:
                     yield f"{target}.{alias.name}", node.lineno
             else:
                 yield target, node.lineno
+        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
+            name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+            if name in IMPORTING_CALLS and isinstance(node.args[0].value, str):
+                yield node.args[0].value.partition(":")[0], node.lineno
 
 
 def _owner(module: str, apps: set[str]) -> str | None:
@@ -162,6 +168,8 @@ def test_checker_accepts_downward_and_same_app_imports(tmp_path):
     ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from apps.high.models import H\n", 3,
      "apps.high.models"),
     ("def f():\n    from controlplane.celery import app\n", 2, "controlplane.celery"),
+    ("from django.urls import include, path\nurls = [path('', include('apps.high.urls'))]\n", 2, "apps.high.urls"),
+    ("import importlib\n\nmod = importlib.import_module('apps.high.tasks')\n", 3, "apps.high.tasks"),
 ])
 def test_checker_fails_on_an_upward_import_naming_file_and_line(tmp_path, source, line, module):
     root = _tree(tmp_path, {"apps/low/models.py": source})
