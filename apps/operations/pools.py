@@ -1,7 +1,7 @@
 """Verbs on pools and replicas that reach a backend: scale and delete a pool (each records an Action,
 executed by :mod:`apps.operations.pool_actions`), and read a replica's logs.
 
-Requests from the API, the admin, the dashboard and the autoscaler come here; fleet keeps the state
+Requests from the API (and the dashboard through it), the admin and the autoscaler come here; fleet keeps the state
 (:mod:`apps.fleet.services`: create/update a pool, observed replicas, the routing table).
 """
 
