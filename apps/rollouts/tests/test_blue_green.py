@@ -52,7 +52,7 @@ def test_switch_waits_for_readiness_and_smoke_test(started, fake_http):
     assert table_weights() == {"green": ("v2", 100), "stable": ("v1", 0)}
     plan.refresh_from_db()
     assert plan.progress["switched_services"] == {str(pool.pk): "green"}
-    assert Action.objects.filter(target_id=str(plan.pk)).order_by("id").last().log[-1]["message"] == (
+    assert Action.objects.filter(target_type="rollout", target_id=str(plan.pk)).order_by("id").last().log[-1]["message"] == (
         "dc-a/chat: switch_active(green) -> routing_table")
 
 
