@@ -11,7 +11,6 @@ succeeded: it records the decision, made in the same transaction as the state ch
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field
 
 import httpx
@@ -26,7 +25,6 @@ from apps.operations.models import Action
 from apps.operations.services import action_log_append
 from apps.rollouts.models import RolloutPlan
 
-logger = logging.getLogger(__name__)
 ACTIVE_NAMES = (PoolTrack.Name.STABLE, PoolTrack.Name.BLUE, PoolTrack.Name.GREEN)
 SERVING_ROLES = (Pool.Role.DECODE, Pool.Role.COLOCATED)
 
