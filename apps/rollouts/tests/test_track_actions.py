@@ -15,6 +15,7 @@ import threading
 from datetime import timedelta
 
 import pytest
+from celery import current_app as celery_app
 from django.db import OperationalError, connection, transaction
 from django.db.models.signals import post_delete, post_save
 
@@ -26,7 +27,6 @@ from apps.rollouts import services
 from apps.rollouts.controller import rollout_tick
 from apps.rollouts.models import RolloutPlan
 from apps.rollouts.tests.conftest import due_now, observe
-from controlplane.celery import app as celery_app
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
