@@ -1,4 +1,4 @@
-"""App config for :mod:`apps.operations`: registers the pool Action handlers at startup."""
+"""App config for :mod:`apps.operations`: registers the pool and pool-track Action handlers at startup."""
 
 from django.apps import AppConfig
 
@@ -9,4 +9,4 @@ class OperationsConfig(AppConfig):
     verbose_name = "Operations"
 
     def ready(self) -> None:
-        from apps.operations import pool_actions  # noqa: F401 - registers the pool.* handlers
+        from apps.operations import pool_actions, tracks  # noqa: F401 - register the pool.* handlers

@@ -59,11 +59,13 @@ def action_create(
     requested_by: AbstractBaseUser | None = None,
     idempotency_key: str | None = None,
     retry_of: Action | None = None,
+    requester: str = "",
 ) -> tuple[Action, bool]:
     """Create a pending Action and enqueue it after commit; return ``(action, created)``.
 
     With ``idempotency_key``, a second call with the same key returns the first Action and
     ``created=False``. The pool, when given, is locked: one pending/running Action per pool.
+    ``requester`` names a requester that is not a user (e.g. ``rollout:7``) in the first log line.
 
     Raises:
         ConflictError: the pool has an active Action, or the key was used for a different request.
@@ -86,7 +88,7 @@ def action_create(
         action = Action(
             kind=kind, target_type=target_type, target_id=str(target_id), target_repr=target_repr[:200], pool=pool,
             params=params, requested_by=requested_by, idempotency_key=idempotency_key, retry_of=retry_of,
-            log=[_log_line(f"requested by {requested_by or 'system'}")],
+            log=[_log_line(f"requested by {requested_by or requester or 'system'}")],
         )
         action.full_clean(validate_unique=False, validate_constraints=False)
         try:

@@ -1,16 +1,16 @@
 """Desired-state reads and writes of the rollout controller: pool views, track writes, Action records.
 
 The rollout controller owns the split between tracks and the traffic weights while a rollout is in
-progress (DESIGN.md, "Desired state"); it writes ``PoolTrack`` rows and publishes the routing table.
-The backend converges to those rows through reconcile's ``pool.apply`` Actions, and readiness comes
-back as observed ``Replica`` rows. Every controller transition is recorded as an ``Action``
-(``rollout.<verb>``, target ``rollout``, no pool lock) written as already succeeded: the rollout's
-own change is this desired-state write, made in the same transaction as the state change.
+progress (DESIGN.md, "Desired state"); it changes ``PoolTrack`` rows only through the services of
+:mod:`apps.operations.tracks` — one ``pool.*`` Action per change, requested by ``rollout:<id>``, whose
+execution (after the rollout's transaction commits) makes the backend call — and publishes the routing
+table. Readiness comes back as observed ``Replica`` rows (reconcile). Every controller transition is also
+recorded as an ``Action`` (``rollout.<verb>``, target ``rollout``, no pool lock) written as already
+succeeded: it records the decision, made in the same transaction as the state change.
 """
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field
 
 import httpx
@@ -20,10 +20,11 @@ from django.utils import timezone
 from apps.catalog.models import ModelVersion
 from apps.fleet.models import Pool, PoolTrack, Replica
 from apps.fleet.services import routing_table_publish
+from apps.operations import tracks
 from apps.operations.models import Action
+from apps.operations.services import action_log_append
 from apps.rollouts.models import RolloutPlan
 
-logger = logging.getLogger(__name__)
 ACTIVE_NAMES = (PoolTrack.Name.STABLE, PoolTrack.Name.BLUE, PoolTrack.Name.GREEN)
 SERVING_ROLES = (Pool.Role.DECODE, Pool.Role.COLOCATED)
 
@@ -62,7 +63,7 @@ def pool_views(plan: RolloutPlan) -> list[PoolView]:
         by_pool[track.pool_id][track.name] = track
     counts = list(Replica.objects.filter(pool__in=pools, alive=True)
                   .values("pool_id", "track", "version", "ready").annotate(n=Count("id")))
-    totals = (plan.progress or {}).get("totals", {})
+    totals = plan.typed_progress.totals
     views = []
     for pool in pools:
         view = PoolView(pool, by_pool[pool.pk])
@@ -88,44 +89,70 @@ def active_track_name(view: PoolView) -> str:
     return max(candidates, key=lambda t: (t.weight, t.replicas, t.name)).name
 
 
-def track_ensure(view: PoolView, name: str, version: ModelVersion, *, active: bool, extra_args: str = "") -> PoolTrack:
+def requester(plan: RolloutPlan) -> str:
+    """Who the rollout's pool-track Actions say asked for them: ``rollout:<id>``."""
+    return f"rollout:{plan.pk}"
+
+
+def _change_key(plan: RolloutPlan) -> str:
+    """The idempotency key of the plan's next pool-track Action (``rollout-<id>:change-<n>``)."""
+    return f"rollout-{plan.pk}:change-{plan.typed_progress.num_track_changes + 1}"
+
+
+def _counted(plan: RolloutPlan, action: Action | None) -> Action | None:
+    if action is not None:
+        plan.typed_progress.num_track_changes += 1
+    return action
+
+
+def track_ensure(plan: RolloutPlan, view: PoolView, name: str, version: ModelVersion, *, active: bool,
+                 extra_args: str = "") -> PoolTrack:
     """Create track ``name`` at 0 replicas and weight 0 with the worker options ``extra_args`` if missing
-    (else return it unchanged)."""
+    (one ``pool.track_set`` Action), else return it unchanged."""
     track = view.tracks.get(name)
     if track is None:
-        track = PoolTrack.objects.create(pool=view.pool, name=name, model_version=version, replicas=0, weight=0,
-                                         active=active, extra_args=extra_args)
+        track, action = tracks.pool_track_create(pool=view.pool, name=name, model_version=version, active=active,
+                                                 extra_args=extra_args, requester=requester(plan),
+                                                 idempotency_key=_change_key(plan))
+        _counted(plan, action)
         view.tracks[name] = track
     return track
 
 
-def track_write(track: PoolTrack, **values: object) -> bool:
-    """Set fields of a track; saves only changed ones. Returns whether anything changed."""
-    changed = [f for f, v in values.items() if getattr(track, f if f != "model_version" else "model_version_id")
-               != (v.pk if isinstance(v, ModelVersion) else v)]
-    for f in changed:
-        setattr(track, f, values[f])
-    if changed:
-        track.save(update_fields=changed)
-    return bool(changed)
+def track_write(plan: RolloutPlan, track: PoolTrack, **values: object) -> bool:
+    """Set fields of a track through :func:`apps.operations.tracks.pool_track_set` (one Action when something
+    changed). Returns whether anything changed."""
+    action = tracks.pool_track_set(track=track, requester=requester(plan), idempotency_key=_change_key(plan),
+                                   **values)
+    return _counted(plan, action) is not None
 
 
-def track_delete(view: PoolView, name: str) -> bool:
-    """Remove a track row and its backend objects (``delete_track``; a backend failure is logged and
-    left to reconcile, which deletes backend tracks that are not desired). Returns whether it existed."""
-    from apps.operations.backends import backend_session, pool_ref
-    from apps.orchestrators.base import BackendError
-
+def track_delete(plan: RolloutPlan, view: PoolView, name: str) -> bool:
+    """Remove a track: its row now, its backend objects by the ``pool.track_delete`` Action after commit.
+    Returns whether it existed."""
     track = view.tracks.pop(name, None)
     if track is None:
         return False
-    track.delete()
-    try:
-        with backend_session(view.pool.cluster) as backend:
-            backend.delete_track(pool_ref(view.pool), name)
-    except BackendError as exc:
-        logger.warning("pool %s: delete_track(%s) failed, reconcile will retry: %s", view.pool, name, exc)
+    _counted(plan, tracks.pool_track_delete(track=track, requester=requester(plan),
+                                            idempotency_key=_change_key(plan)))
     return True
+
+
+def switch_request(plan: RolloutPlan, view: PoolView, name: str) -> Action:
+    """Request the backend's ``switch_active`` of ``view``'s pool to track ``name`` (a ``pool.switch_active``
+    Action, run right after the caller's transaction by :func:`run_switches`)."""
+    action = tracks.pool_active_switch(pool=view.pool, track=name, requester=requester(plan),
+                                       idempotency_key=_change_key(plan))
+    _counted(plan, action)
+    return action
+
+
+def run_switches(plan_id: int) -> dict[int, str]:
+    """Run the plan's pending ``pool.switch_active`` Actions now (call after the plan's transaction committed:
+    no row lock is held). The Celery task sent on commit does nothing for an Action that already ran."""
+    pending = Action.objects.filter(kind=tracks.POOL_SWITCH_ACTIVE, status=Action.Status.PENDING,
+                                    target_type="pool", params__requester=f"rollout:{plan_id}").order_by("id")
+    return tracks.actions_execute(action_ids=list(pending.values_list("pk", flat=True)))
 
 
 def publish() -> int:
@@ -157,8 +184,6 @@ def last_action(plan: RolloutPlan) -> Action | None:
 
 def step_action_log(plan: RolloutPlan, message: str) -> None:
     """Append a line to the plan's newest Action (intra-step progress: scale moves, weights, acks)."""
-    from apps.operations.services import action_log_append
-
     action = last_action(plan)
     if action is not None:
         action_log_append(action_id=action.pk, message=message)

@@ -3,7 +3,8 @@
 
 The controller (:mod:`apps.rollouts.controller`) advances ``state``, ``current_step_index``,
 ``phase`` and ``next_step_at`` from the beat tick; ``progress`` holds its bookkeeping (pool totals,
-the applied target, the routing-table version it waits for, analysis counters). The allowed
+the applied target, the routing-table version it waits for, analysis counters), read and written through
+``RolloutPlan.typed_progress`` (:class:`apps.rollouts.progress.RolloutProgress`). The allowed
 transitions are in :mod:`apps.rollouts.transitions`.
 """
 
@@ -15,6 +16,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
 from apps.fleet.models import WORKER_ARGS_MAX_LENGTH, validate_worker_args
+from apps.rollouts.progress import RolloutProgress
 from apps.rollouts.validators import validate_gates, validate_steps
 
 
@@ -30,6 +32,19 @@ class RolloutPlan(models.Model):
         PROMOTED = "promoted"
         ABORTED = "aborted"
         FAILED = "failed"
+
+    class Phase(models.TextChoices):
+        """Where the controller is inside ``state``. Canary: ``steps`` -> ``finalizing``; blue-green:
+        ``preview`` -> ``smoke`` -> ``steps`` -> ``switched``; after an abort or failure: ``reverting``;
+        none before the start and after promotion."""
+
+        NONE = "", "none"
+        STEPS = "steps"
+        FINALIZING = "finalizing"
+        PREVIEW = "preview"
+        SMOKE = "smoke"
+        SWITCHED = "switched"
+        REVERTING = "reverting"
 
     ACTIVE_STATES = (State.PENDING, State.PROGRESSING, State.PAUSED)
 
@@ -70,7 +85,7 @@ class RolloutPlan(models.Model):
                   "checked with the worker's parser, e.g. --max-num-seqs 8. They stay with the track that serves "
                   "the new version after promotion. To rehearse a bad release: --fault-error-rate 0.5 (test only).",
     )
-    phase = models.CharField(max_length=24, blank=True, editable=False,
+    phase = models.CharField(max_length=24, blank=True, editable=False, choices=Phase.choices, default=Phase.NONE,
                              help_text="Where the controller is inside the state (e.g. preview, finalizing).")
     step_started_at = models.DateTimeField(null=True, blank=True, editable=False,
                                            help_text="When the current step or phase began (progress deadline).")
@@ -93,6 +108,30 @@ class RolloutPlan(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    def save(self, *args: object, **kwargs: object) -> None:
+        if "_typed_progress" in self.__dict__:
+            self.progress = self.__dict__["_typed_progress"].to_json()
+        super().save(*args, **kwargs)
+
+    @property
+    def typed_progress(self) -> RolloutProgress:
+        """``progress`` as a :class:`RolloutProgress`, parsed once per instance; :meth:`save` writes it back.
+
+        Raises:
+            ProgressError: the stored JSON has a bad value.
+        """
+        if "_typed_progress" not in self.__dict__:
+            self.__dict__["_typed_progress"] = RolloutProgress.from_json(self.progress)
+        return self.__dict__["_typed_progress"]
+
+    @typed_progress.setter
+    def typed_progress(self, value: RolloutProgress) -> None:
+        self.__dict__["_typed_progress"] = value
+
+    def refresh_from_db(self, *args: object, **kwargs: object) -> None:
+        self.__dict__.pop("_typed_progress", None)
+        super().refresh_from_db(*args, **kwargs)
 
     def clean(self) -> None:
         if self.strategy == self.Strategy.CANARY and not self.steps:

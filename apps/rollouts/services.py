@@ -17,12 +17,16 @@ from apps.catalog.models import ModelVersion
 from apps.core.errors import ConflictError
 from apps.fleet.models import Pool
 from apps.rollouts import bluegreen, transitions
-from apps.rollouts.controller import NEW_TRACK, canary_converge, publish_if_changed, revert
-from apps.rollouts.desired import active_track_name, pool_views, record_action, track_ensure
+from apps.rollouts.canary import NEW_TRACK, canary_converge
+from apps.rollouts.controller import revert
+from apps.rollouts.desired import active_track_name, pool_views, record_action, run_switches, track_ensure
 from apps.rollouts.models import RolloutPlan
+from apps.rollouts.progress import RolloutProgress
 from apps.rollouts.replica_math import ReplicaMathError, canary_split
 from apps.rollouts.selectors import rollout_active_for_pool
 from apps.rollouts.steps import RolloutFailure, step_position
+from apps.rollouts.tasks import rollout_advance_enqueue
+from apps.rollouts.traffic import publish_if_changed
 
 
 def canary_track(view) -> bool:  # noqa: ANN001 - a PoolView
@@ -97,7 +101,7 @@ def rollout_plan_delete(*, plan: RolloutPlan) -> None:
     """Delete a plan that is pending or finished. Raises ConflictError while it is progressing or paused."""
     if plan.state in (RolloutPlan.State.PROGRESSING, RolloutPlan.State.PAUSED):
         raise ConflictError(f"Rollout {plan.name!r} is {plan.state}; abort it before deleting.")
-    if (plan.progress or {}).get("cleanup"):
+    if plan.typed_progress.cleanup:
         raise ConflictError(f"Rollout {plan.name!r} is still returning traffic to stable; delete it once that "
                             "finished (progress.cleanup is false).")
     with transaction.atomic():
@@ -112,8 +116,6 @@ def _locked(plan: RolloutPlan) -> RolloutPlan:
 
 
 def _enqueue_after_commit(plan: RolloutPlan) -> None:
-    from apps.rollouts.tasks import rollout_advance_enqueue
-
     transaction.on_commit(lambda: rollout_advance_enqueue(rollout_id=plan.pk, step_index=plan.current_step_index))
 
 
@@ -128,12 +130,36 @@ def _check_weights(plan: RolloutPlan, views: list) -> None:
                 raise ConflictError(f"Step {index + 1} of {len(plan.steps)} on pool {view.pool}: {exc}") from exc
 
 
+def _record_stable(plan: RolloutPlan, views: list) -> None:
+    """Pool totals, stable tracks and their worker options at start (raises ConflictError: no stable track)."""
+    try:
+        stable = {v.key: active_track_name(v) for v in views}
+    except ValueError as exc:
+        raise ConflictError(str(exc)) from exc
+    plan.typed_progress = RolloutProgress(
+        totals={v.key: v.total for v in views}, stable_tracks=stable,
+        # the stable release's worker options, for a rollback after promotion
+        stable_worker_args={v.key: v.tracks[stable[v.key]].extra_args for v in views},
+    )
+
+
+def _start_canary(plan: RolloutPlan, views: list) -> list[str]:
+    _check_weights(plan, views)
+    for view in views:
+        if canary_track(view):
+            raise ConflictError(f"Pool {view.pool} already has a canary track; remove it first.")
+        track_ensure(plan, view, NEW_TRACK, plan.target_model_version, active=True, extra_args=plan.worker_args)
+    plan.phase = RolloutPlan.Phase.STEPS
+    return canary_converge(plan, views)
+
+
 def rollout_start(*, plan: RolloutPlan, requested_by: AbstractBaseUser | None = None,
                   now: datetime | None = None) -> RolloutPlan:
     """Start a pending rollout: record totals and stable tracks, create the canary/preview tracks.
 
     Canary: a ``canary`` track at 0 replicas and weight 0 (the first step moves it). Blue-green: the
-    preview track at the pool total, inactive. Publishes the routing table; the beat tick continues.
+    preview track at the pool total, inactive. Each track change is a ``pool.track_set`` Action requested by
+    ``rollout:<id>`` (its backend call runs after commit). Publishes the routing table; the beat tick continues.
 
     Raises:
         ConflictError: not pending (message names the state and allowed verbs), a pool is in another
@@ -147,32 +173,18 @@ def rollout_start(*, plan: RolloutPlan, requested_by: AbstractBaseUser | None = 
         new_state = transitions.next_state("start", plan.state, name=plan.name)
         pools = list(plan.pools.all())
         rollout_plan_validate_pools(pools=pools, target=plan.target_model_version, plan_id=plan.pk)
-        plan.progress = {}
+        plan.typed_progress = RolloutProgress()
         views = pool_views(plan)
-        try:
-            plan.progress = {"totals": {v.key: v.total for v in views},
-                             "stable_tracks": {v.key: active_track_name(v) for v in views}}
-        except ValueError as exc:
-            raise ConflictError(str(exc)) from exc
-        # the stable release's worker options, for a rollback after promotion
-        plan.progress["stable_worker_args"] = {v.key: v.tracks[plan.progress["stable_tracks"][v.key]].extra_args
-                                               for v in views}
+        _record_stable(plan, views)
         plan.stable_model_version = pools[0].model_version
         if plan.strategy == RolloutPlan.Strategy.CANARY:
-            _check_weights(plan, views)
-            for view in views:
-                if canary_track(view):
-                    raise ConflictError(f"Pool {view.pool} already has a canary track; remove it first.")
-                track_ensure(view, NEW_TRACK, plan.target_model_version, active=True, extra_args=plan.worker_args)
-            plan.progress.update({"mode": "canary", "weight": 0, "applied_weight": 0})
-            plan.phase = "steps"
-            lines = canary_converge(plan, views)
+            lines = _start_canary(plan, views)
         else:
             try:
                 lines = bluegreen.start(plan, views)
             except RolloutFailure as exc:
                 raise ConflictError(exc.reason) from exc
-        lines = [f"{v.pool}: {v.total} replicas, stable track {plan.progress['stable_tracks'][v.key]}"
+        lines = [f"{v.pool}: {v.total} replicas, stable track {plan.typed_progress.stable_tracks[v.key]}"
                  for v in views] + lines
         publish_if_changed(plan, lines)
         plan.state, plan.step_started_at, plan.next_step_at = new_state, now, now
@@ -219,11 +231,11 @@ def rollout_promote(*, plan: RolloutPlan, requested_by: AbstractBaseUser | None 
     with transaction.atomic():
         plan = _locked(plan)
         new_state = transitions.next_state("promote", plan.state, name=plan.name)
-        if plan.phase in ("finalizing", "switched"):
+        if plan.phase in (RolloutPlan.Phase.FINALIZING, RolloutPlan.Phase.SWITCHED):
             raise ConflictError(f"Rollout {plan.name!r} is already being promoted ({plan.phase}).")
         skipped = len(plan.steps) - plan.current_step_index
         plan.current_step_index = len(plan.steps)
-        plan.progress.pop("analysis", None)
+        plan.typed_progress.analysis = None
         plan.state, plan.next_step_at, plan.step_started_at = new_state, now, now
         plan.message = f"Promoted by {requested_by or 'system'}: {skipped} remaining step(s) skipped."
         plan.save()
@@ -236,19 +248,21 @@ def rollout_promote(*, plan: RolloutPlan, requested_by: AbstractBaseUser | None 
 def rollout_abort(*, plan: RolloutPlan, requested_by: AbstractBaseUser | None = None,
                   reason: str = "") -> RolloutPlan:
     """Abort: traffic back to stable at once (when stable has a ready replica), pending steps cancelled,
-    the new tracks removed by the following ticks. Raises ConflictError once finished."""
+    the new tracks removed by the following ticks; a blue-green switch is switched back (its
+    ``pool.switch_active`` Action runs after the commit). Raises ConflictError once finished."""
     with transaction.atomic():
         plan = _locked(plan)
         message = reason or f"Aborted by {requested_by or 'system'} at {step_position(plan)}."
         revert(plan, event="abort", reason=message, kind="rollout.abort", requested_by=requested_by)
         plan.save()
-        if plan.progress.get("cleanup"):
+        if plan.typed_progress.cleanup:
             _enqueue_after_commit(plan)
+    run_switches(plan.pk)
     return plan
 
 
 def _previous_worker_args(plan: RolloutPlan) -> str:
-    previous = (plan.progress or {}).get("stable_worker_args") or {}
+    previous = plan.typed_progress.stable_worker_args
     return next((previous[key] for key in sorted(previous, key=int)), "")
 
 

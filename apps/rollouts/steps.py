@@ -18,6 +18,7 @@ from apps.rollouts import transitions
 from apps.rollouts.desired import PoolView, record_action
 from apps.rollouts.gates import gates_evaluate
 from apps.rollouts.models import GateMeasurement, RolloutPlan
+from apps.rollouts.progress import Analysis
 
 
 class RolloutFailure(Exception):
@@ -98,8 +99,8 @@ def apply_pause_or_analysis(plan: RolloutPlan, index: int, kind: str, arg: dict,
         plan.message = f"Paused at {step_label(plan, index)} until resumed or promoted."
         lines.append("paused until resumed or promoted")
         return "paused"
-    until = (now + timedelta(seconds=arg["duration_s"])).isoformat() if "duration_s" in arg else None
-    plan.progress["analysis"] = {"step": index, "until": until, "failures": {}}
+    until = now + timedelta(seconds=arg["duration_s"]) if "duration_s" in arg else None
+    plan.typed_progress.analysis = Analysis(step=index, until=until)
     schedule(plan, now, 0)
     lines.append("analysis started" + (f" for {arg['duration_s']}s" if until else " (until the gates pass)"))
     return "analysis"
@@ -124,17 +125,17 @@ def analysis_tick(plan: RolloutPlan, views: list[PoolView], now: datetime, *, ne
     the first evaluation where every gate passes; with it, at the first all-pass evaluation after
     the duration.
     """
-    state = plan.progress["analysis"]
-    gates = analysis_gates(plan, state["step"])
+    state = plan.typed_progress.analysis
+    gates = analysis_gates(plan, state.step)
     measurements = gates_evaluate(gates, pools=[v.pool for v in views], track=new_track, stable_tracks=stable_tracks,
                                   now_s=now.timestamp(), history=history)
-    failures = state.setdefault("failures", {})
+    failures = state.failures
     rows, broken = [], None
     for m in measurements:
         key = f"{m.gate_index}:{m.pool_id}"
         failures[key] = 0 if m.passed else failures.get(key, 0) + 1
         rows.append(GateMeasurement(
-            rollout=plan, step_index=state["step"], gate_index=m.gate_index, pool_id=m.pool_id, track=m.track,
+            rollout=plan, step_index=state.step, gate_index=m.gate_index, pool_id=m.pool_id, track=m.track,
             signal=m.signal, value=m.value, threshold=m.threshold, comparison=m.comparison, window_s=m.window_s,
             passed=m.passed, consecutive_failures=failures[key], detail=m.detail, measured_at=now))
         if broken is None and failures[key] > gates[m.gate_index].get("failure_limit", 0):
@@ -144,12 +145,11 @@ def analysis_tick(plan: RolloutPlan, views: list[PoolView], now: datetime, *, ne
         m, count = broken
         raise RolloutFailure("gate_abort", f"gate {m.gate_index + 1} failed {count} time(s) in a row: {m.detail}")
     all_passed = all(m.passed for m in measurements)
-    until = state.get("until")
-    if all_passed and (until is None or now >= datetime.fromisoformat(until)):
-        plan.progress.pop("analysis", None)
-        where = step_label(plan, state["step"]) if 0 <= state["step"] < len(plan.steps) else "the plan's gates"
+    if all_passed and (state.until is None or now >= state.until):
+        plan.typed_progress.analysis = None
+        where = step_label(plan, state.step) if 0 <= state.step < len(plan.steps) else "the plan's gates"
         record_action(plan, "rollout.step", [f"analysis of {where} passed ({len(measurements)} measurements)"],
-                      params={"analysis_passed": state["step"]})
+                      params={"analysis_passed": state.step})
         return True
     schedule(plan, now)
     return False

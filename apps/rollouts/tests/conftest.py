@@ -130,7 +130,7 @@ def v2(make_model_version):
 
 @pytest.fixture
 def quick_agent(cluster, fake_http):
-    """The cluster's agent URL answers 404 at once, so removing a track's backend objects (logged and left to
-    reconcile) does not spend the local backend's retry backoff against a closed port."""
+    """The cluster's agent URL answers 404 at once, so a track Action run by a test (its backend call fails and
+    is left to a retry) does not spend the local backend's retry backoff against a closed port."""
     cluster.agent_url = fake_http.url
     cluster.save(update_fields=["agent_url"])

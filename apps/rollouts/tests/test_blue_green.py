@@ -1,6 +1,6 @@
 """Blue-green: the switch waits for a full-size ready preview and a real completion through it; an abort
 within the scale-down delay switches back to the old track without restarting it; after the delay the
-old track goes away and the pool runs the new version."""
+old track goes away and the pool runs the new version; a failed backend switch is requested again."""
 
 from datetime import timedelta
 
@@ -8,6 +8,8 @@ import pytest
 
 from apps.fleet.models import Pool, Replica
 from apps.operations.models import Action
+from apps.orchestrators.base import BackendUnavailable, InvalidSpec
+from apps.orchestrators.local_backend import LocalAgentBackend
 from apps.rollouts import services
 from apps.rollouts.controller import rollout_tick
 from apps.rollouts.tests.conftest import due_now, observe, table_weights
@@ -52,7 +54,7 @@ def test_switch_waits_for_readiness_and_smoke_test(started, fake_http):
     assert table_weights() == {"green": ("v2", 100), "stable": ("v1", 0)}
     plan.refresh_from_db()
     assert plan.progress["switched_services"] == {str(pool.pk): "green"}
-    assert Action.objects.filter(target_id=str(plan.pk)).order_by("id").last().log[-1]["message"] == (
+    assert Action.objects.filter(target_type="rollout", target_id=str(plan.pk)).order_by("id").last().log[-1]["message"] == (
         "dc-a/chat: switch_active(green) -> routing_table")
 
 
@@ -92,3 +94,34 @@ def test_failed_smoke_test_fails_the_rollout_and_removes_the_preview(started, fa
     observe(pool, endpoint=fake_http.url)
     assert rollout_tick(rollout_id=plan.pk, now=due_now(plan)) == "reverted"
     assert _tracks(pool) == {"stable": ("v1", 2, True, 100)}
+
+
+def test_a_failed_switch_is_requested_again_on_the_next_tick(started, fake_http, monkeypatch):
+    pool, plan = started
+    errors = [InvalidSpec("service selector refused"), BackendUnavailable("agent down")]
+    switch = LocalAgentBackend.switch_active
+
+    def flaky(self, ref, track):  # noqa: ANN001
+        if errors:
+            raise errors.pop(0)
+        return switch(self, ref, track)
+
+    monkeypatch.setattr(LocalAgentBackend, "switch_active", flaky)
+    observe(pool, endpoint=fake_http.url)
+    assert rollout_tick(rollout_id=plan.pk) == "switched"
+    first = Action.objects.get(kind="pool.switch_active", params__requester=f"rollout:{plan.pk}")
+    assert (first.status, first.error) == ("failed", "InvalidSpec: service selector refused")
+    assert rollout_tick(rollout_id=plan.pk, now=due_now(plan)) == "waiting"
+    plan.refresh_from_db()
+    second = Action.objects.filter(kind="pool.switch_active").exclude(pk=first.pk).get()
+    assert plan.message == (f"Waiting for dc-a/chat: switch_active(green) (action #{second.pk}) (action #{first.pk} "
+                            "failed: InvalidSpec: service selector refused).")
+    assert (second.status, second.attempts) == ("pending", 1)  # BackendUnavailable: released for a retry
+    assert rollout_tick(rollout_id=plan.pk, now=due_now(plan)) == "waiting"
+    plan.refresh_from_db()
+    assert plan.message == f"Waiting for dc-a/chat: switch_active(green) (action #{second.pk} pending)."
+    assert Action.objects.get(pk=second.pk).status == "succeeded"  # run again after that tick
+    assert rollout_tick(rollout_id=plan.pk, now=due_now(plan)) == "scale-down-delay"
+    plan.refresh_from_db()
+    assert plan.progress["switched_services"] == {str(pool.pk): "green"}
+    assert Action.objects.filter(kind="pool.switch_active").count() == 2
