@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from inference_worker.config import ModelConfig
-from inference_worker.model.gguf_header import read_gguf_header
+from inference_worker.config import ModelConfig, read_gguf_header
 from inference_worker.model.gguf_weights import hf_name, unpermute_llama_qk
 from inference_worker.model.loader import WeightsHashMismatch, load_model, verify_sha256
 from inference_worker.model.prepare import prepare_model, read_manifest, weights_sha256
