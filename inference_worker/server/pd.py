@@ -41,6 +41,7 @@ from typing import Any
 
 import httpx
 
+from inference_worker import http_headers
 from inference_worker.kv_transfer.errors import ConnectionFailed, KVTransferError, ProtocolVersionMismatch
 from inference_worker.kv_transfer.receiver import KVReceiver
 from inference_worker.kv_transfer.recorder import RECEIVE, SEND, TransferRecorder
@@ -48,13 +49,11 @@ from inference_worker.kv_transfer.transport import KVSender
 from inference_worker.kv_transfer.wire import encode_kv
 from inference_worker.server.engine_loop import SeqUpdate
 from inference_worker.server.errors import OpenAIError
-from inference_worker.server.pd_faults import FAULT_HEADER, RAW_MODES, parse_fault, send_faulty_frame
+from inference_worker.server.pd_faults import RAW_MODES, parse_fault, send_faulty_frame
 
 logger = logging.getLogger(__name__)
 
 PREFILL_PATH = "/internal/prefill"
-SIGNATURE_HEADER = "X-Ferry-KV-Signature"
-PREFILL_ENDPOINT_HEADER = "X-Ferry-Prefill-Endpoint"
 
 
 @dataclass
@@ -141,7 +140,7 @@ class PDService:
             OpenAIError: 401 bad signature, 400 bad body, 409 another model version, 502 the KV
                 could not be delivered (``error.reason`` is the transfer failure reason).
         """
-        if not hmac.compare_digest(sign(self.settings.link_secret, raw), headers.get(SIGNATURE_HEADER, "")):
+        if not hmac.compare_digest(sign(self.settings.link_secret, raw), headers.get(http_headers.KV_SIGNATURE, "")):
             raise OpenAIError(401, "invalid or missing KV link signature", type="authentication_error",
                               code="invalid_signature")
         try:
@@ -155,7 +154,7 @@ class PDService:
                               f"not {body.get('model_version_id')!r}", code="version_mismatch")
         fault = self.fault
         if fault is not None and fault[0] == "header":
-            fault = parse_fault(headers.get(FAULT_HEADER))
+            fault = parse_fault(headers.get(http_headers.FAULT_KV))
         params = model.make_sampling_params(max_tokens=2, ignore_eos=True, **{
             k: sampling[k] for k in ("temperature", "top_p", "top_k", "seed") if sampling.get(k) is not None})
         started = time.perf_counter()
@@ -203,7 +202,7 @@ class PDService:
     # ---- decode role ------------------------------------------------------------------------
     def remote_prefill_for(self, prefill_url: str, headers) -> Any:
         """The ``Generation.remote_prefill`` callable for a request routed with a prefill endpoint."""
-        fault = headers.get(FAULT_HEADER)
+        fault = headers.get(http_headers.FAULT_KV)
 
         async def run(engine_loop, request_id: str, prompt: list[int], params, sampling: dict,
                       updates: asyncio.Queue) -> None:
@@ -246,9 +245,9 @@ class PDService:
         body = json.dumps({"request_id": request_id, "prompt_token_ids": prompt, "sampling": sampling,
                            "kv_host": self.settings.kv_host, "kv_port": receiver.port,
                            "model_version_id": self.settings.model_version_id}).encode()
-        headers = {SIGNATURE_HEADER: sign(self.settings.link_secret, body), "Content-Type": "application/json"}
+        headers = {http_headers.KV_SIGNATURE: sign(self.settings.link_secret, body), "Content-Type": "application/json"}
         if fault:
-            headers[FAULT_HEADER] = fault
+            headers[http_headers.FAULT_KV] = fault
         receiver.expect(request_id)
         http = asyncio.ensure_future(self._client.post(prefill_url.rstrip("/") + PREFILL_PATH, content=body,
                                                        headers=headers, timeout=timeout_s + 5.0))

@@ -24,7 +24,6 @@ from inference_worker.kv_transfer.connection import open_connection
 from inference_worker.kv_transfer.errors import ERRORS_BY_REASON, KVTransferError, TruncatedPayload
 from inference_worker.kv_transfer.wire import ACK_LENGTH, KVFrame, parse_ack
 
-FAULT_HEADER = "X-Ferry-Fault-KV"
 MODES = ("corrupt", "truncate", "wrong-key", "wrong-version", "delay", "die-mid-send", "header")
 RAW_MODES = ("corrupt", "truncate", "wrong-key", "die-mid-send")
 """Modes sent by :func:`send_faulty_frame` instead of the real sender."""

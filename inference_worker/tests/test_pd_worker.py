@@ -19,6 +19,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from inference_worker import http_headers
 from inference_worker.kv_transfer.layout import KVLayout, transfer_tokens
 from inference_worker.kv_transfer.receiver import KVReceiver
 from inference_worker.server.testing import REPO_ROOT, WorkerProcess, free_port, gemma_tokenizer_dir
@@ -83,9 +84,9 @@ def complete(url: str, prompt, *, max_tokens: int = 6, prefill_url: str | None =
              expect: int = 200) -> dict:
     headers = {}
     if prefill_url:
-        headers["X-Ferry-Prefill-Endpoint"] = prefill_url
+        headers[http_headers.PREFILL_ENDPOINT] = prefill_url
     if fault:
-        headers["X-Ferry-Fault-KV"] = fault
+        headers[http_headers.FAULT_KV] = fault
     body = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True}
     response = httpx.post(url + "/v1/completions", json=body, headers=headers, timeout=600)
     assert response.status_code == expect, response.text
@@ -199,7 +200,7 @@ async def _prefill_into_own_receiver(prefill_url: str, prompt: list[int], health
             unsigned = await client.post(prefill_url + "/internal/prefill", content=body)
             assert unsigned.status_code == 401
             response = await client.post(prefill_url + "/internal/prefill", content=body,
-                                         headers={"X-Ferry-KV-Signature": signature})
+                                         headers={http_headers.KV_SIGNATURE: signature})
         assert response.status_code == 200, response.text
         return await receiver.wait(rid, 10.0), response.json()
     finally:
@@ -311,7 +312,7 @@ def test_router_sends_a_long_prompt_prefill_to_decode(prefill, decode, tokens, t
             body = {"model": MODEL, "prompt": text, "max_tokens": 6, "temperature": 0.0, "ignore_eos": True}
             response = httpx.post(url + "/v1/completions", json=body, timeout=600)
             assert response.status_code == 200, response.text
-            assert response.headers["X-Ferry-Decision"] == decision
+            assert response.headers[http_headers.DECISION] == decision
             assert response.json()["choices"][0]["text"] == reference
             assert transfers(decode.base_url, "receive") == before + transferred
             key = ("ferry_router_decisions_total", frozenset({("pool", "decode-dc1"), ("decision", decision),
