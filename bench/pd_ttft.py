@@ -37,7 +37,7 @@ from inference_worker import http_headers  # noqa: E402
 from inference_worker.config import ModelConfig  # noqa: E402
 from inference_worker.kv_transfer.layout import KVLayout  # noqa: E402
 from inference_worker.registry import gguf_path  # noqa: E402
-from inference_worker.server.testing import WorkerProcess, gemma_tokenizer_dir  # noqa: E402
+from inference_worker.tests.support.worker import WorkerProcess, gemma_tokenizer_dir  # noqa: E402
 from inference_worker.tokenization import load_tokenizer  # noqa: E402
 
 MODEL = "gemma-3-270m"

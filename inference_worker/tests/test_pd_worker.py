@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from inference_worker import http_headers
 from inference_worker.kv_transfer.layout import KVLayout, transfer_tokens
 from inference_worker.kv_transfer.receiver import KVReceiver
-from inference_worker.server.testing import REPO_ROOT, WorkerProcess, free_port, gemma_tokenizer_dir
+from inference_worker.tests.support.worker import REPO_ROOT, WorkerProcess, free_port, gemma_tokenizer_dir
 from inference_worker.tokenization import load_tokenizer
 
 pytestmark = pytest.mark.slow

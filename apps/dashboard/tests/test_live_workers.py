@@ -37,7 +37,7 @@ from apps.dashboard.tests.live_stack import (
 from apps.fleet.models import Replica
 from apps.fleet.services import cluster_create, pool_create, pool_scale
 from apps.telemetry.models import AlertRule
-from inference_worker.agent.testing import AgentProcess, wait_for
+from inference_worker.tests.support.agent import AgentProcess, wait_for
 
 pytestmark = [
     pytest.mark.slow,

@@ -47,8 +47,8 @@ from apps.rollouts.tasks import rollouts_tick
 from apps.telemetry.history import SignalHistory
 from apps.telemetry.poller import TelemetryPoller
 from inference_worker import http_headers
-from inference_worker.agent.testing import AgentProcess, wait_for
-from inference_worker.server.testing import REPO_ROOT, free_port
+from inference_worker.tests.support.agent import AgentProcess, wait_for
+from inference_worker.tests.support.worker import REPO_ROOT, free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 logger = logging.getLogger(__name__)
