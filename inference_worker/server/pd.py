@@ -49,7 +49,7 @@ from inference_worker.kv_transfer.transport import KVSender
 from inference_worker.kv_transfer.wire import encode_kv
 from inference_worker.server.engine_loop import SeqUpdate
 from inference_worker.server.errors import OpenAIError
-from inference_worker.server.pd_faults import RAW_MODES, parse_fault, send_faulty_frame
+from inference_worker.server.pd_faults import RAW_MODES, TEST_HEADER_ENV, parse_fault, send_faulty_frame
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +74,10 @@ class PDSettings:
     recompute_on_failure: bool = True
     compression: str = "none"
     fault_kv: str | None = None
-    """TEST ONLY (see :mod:`.pd_faults`)."""
+    """Prefill: a KV fault to rehearse (``--fault-kv``, see :mod:`.pd_faults`); None: no fault."""
+    fault_header: bool = False
+    """TEST ONLY: honour the per-request ``FAULT_KV`` header (decode: forward it; prefill: ``--fault-kv
+    header``). Set from ``FERRY_TEST_KV_FAULT_HEADER=1``; off by default (see :mod:`.pd_faults`)."""
 
 
 def sign(secret: bytes, body: bytes) -> str:
@@ -103,6 +106,8 @@ class PDService:
         self.metrics = metrics
         self.recorder = TransferRecorder(metrics.kv_transfer, metrics.identity)
         self.fault = parse_fault(settings.fault_kv)
+        if self.fault is not None and self.fault[0] == "header" and not settings.fault_header:
+            raise ValueError(f"--fault-kv header is a test hook: it needs {TEST_HEADER_ENV}=1 in the environment")
         self.receiver: KVReceiver | None = None
         self._senders: dict[tuple[str, int], KVSender] = {}
         self._client: httpx.AsyncClient | None = None
@@ -154,7 +159,10 @@ class PDService:
                               f"not {body.get('model_version_id')!r}", code="version_mismatch")
         fault = self.fault
         if fault is not None and fault[0] == "header":
-            fault = parse_fault(headers.get(http_headers.FAULT_KV))
+            try:
+                fault = parse_fault(headers.get(http_headers.FAULT_KV))
+            except ValueError as exc:
+                raise OpenAIError(400, str(exc), param=http_headers.FAULT_KV) from None
         params = model.make_sampling_params(max_tokens=2, ignore_eos=True, **{
             k: sampling[k] for k in ("temperature", "top_p", "top_k", "seed") if sampling.get(k) is not None})
         started = time.perf_counter()
@@ -202,7 +210,7 @@ class PDService:
     # ---- decode role ------------------------------------------------------------------------
     def remote_prefill_for(self, prefill_url: str, headers) -> Any:
         """The ``Generation.remote_prefill`` callable for a request routed with a prefill endpoint."""
-        fault = headers.get(http_headers.FAULT_KV)
+        fault = headers.get(http_headers.FAULT_KV) if self.settings.fault_header else None
 
         async def run(engine_loop, request_id: str, prompt: list[int], params, sampling: dict,
                       updates: asyncio.Queue) -> None:

@@ -1,7 +1,8 @@
 """Prefill/decode disaggregation on real worker processes (Gemma 3 270M, CPU).
 
 One prefill worker (``--fault-kv header``: each request may name a fault) and one decode worker
-serve the whole module. The colocated reference is the same decode worker without
+serve the whole module; both run with the per-request fault header test hook on
+(``FERRY_TEST_KV_FAULT_HEADER=1``, see :mod:`inference_worker.server.pd_faults`). The colocated reference is the same decode worker without
 ``X-Ferry-Prefill-Endpoint`` (it then prefills locally), so both paths run the same weights.
 """
 
@@ -22,6 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from inference_worker import http_headers
 from inference_worker.kv_transfer.layout import KVLayout, transfer_tokens
 from inference_worker.kv_transfer.receiver import KVReceiver
+from inference_worker.server.pd_faults import TEST_HEADER_ENV
 from inference_worker.tests.support.worker import REPO_ROOT, WorkerProcess, free_port, gemma_tokenizer_dir
 from inference_worker.tokenization import load_tokenizer
 
@@ -32,18 +34,19 @@ SECRET = "ferry-test-link-secret-0123456789"
 COMMON = ("--kv-link-secret", SECRET, "--kv-cache-memory", "256MiB", "--max-num-seqs", "4", "--model-version", "v1")
 TEXT = " ".join(f"Step {i}: the ferry leaves harbour {i % 7} carrying {3 * i + 1} crates of apples to the "
                 f"island market." for i in range(400))
+FAULT_HEADER_HOOK = {TEST_HEADER_ENV: "1"}
 FAULT_REASONS = {"corrupt": "checksum", "truncate": "truncated", "wrong-key": "auth", "wrong-version": "version_mismatch"}
 
 
 @pytest.fixture(scope="module")
 def prefill():
-    with WorkerProcess("--role", "prefill", "--fault-kv", "header", *COMMON) as proc:
+    with WorkerProcess("--role", "prefill", "--fault-kv", "header", *COMMON, env=FAULT_HEADER_HOOK) as proc:
         yield proc
 
 
 @pytest.fixture(scope="module")
 def decode(prefill):
-    with WorkerProcess("--role", "decode", "--kv-timeout", "120", *COMMON) as proc:
+    with WorkerProcess("--role", "decode", "--kv-timeout", "120", *COMMON, env=FAULT_HEADER_HOOK) as proc:
         yield proc
 
 
@@ -259,7 +262,7 @@ def test_prefill_killed_mid_send_hangs_nothing(prefill, decode, tokens):
 def test_late_kv_with_recompute_off_is_a_clean_error(prefill, tokens):
     prompt = tokens[:40]
     with WorkerProcess("--role", "decode", "--kv-timeout", "3", "--kv-recompute-on-failure", "false",
-                       *COMMON) as strict:
+                       *COMMON, env=FAULT_HEADER_HOOK) as strict:
         timeouts, late = transfers(strict.base_url, "receive", "timeout"), transfers(strict.base_url, "receive", "late")
         sent_late = transfers(prefill.base_url, "send", "late")
         started = time.monotonic()
