@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # heavy imports (torch, fastapi) happen in run(), not when building the CLI parser
     from inference_worker.metrics import WorkerMetrics
-    from inference_worker.server.state import LoadedModel
+    from inference_worker.server.state import ServedModel
 
 ROLES = ("colocated", "prefill", "decode")
 
@@ -132,11 +132,11 @@ def link_secret(args: argparse.Namespace) -> bytes | None:
     return value.encode() if value else None
 
 
-def load_model(args: argparse.Namespace, metrics: WorkerMetrics) -> LoadedModel:
+def load_model(args: argparse.Namespace, metrics: WorkerMetrics) -> ServedModel:
     """Build the engine and everything the routes need (runs in the loader thread)."""
-    from inference_worker.server.engine_adapter import build_loaded_model
+    from inference_worker.server.engine_adapter import build_served_model
 
-    return build_loaded_model(args.model, metrics=metrics, max_num_seqs=args.max_num_seqs,
+    return build_served_model(args.model, metrics=metrics, max_num_seqs=args.max_num_seqs,
                               max_model_len=args.max_model_len, kv_cache_memory=args.kv_cache_memory, dtype=args.dtype,
                               device=args.device)
 

@@ -37,7 +37,7 @@ from inference_worker.server.protocol import (
     completion_sampling,
     parse_body,
 )
-from inference_worker.server.state import LoadedModel, ServerState
+from inference_worker.server.state import ServedModel, ServerState
 from inference_worker.server.streaming import SSE_DONE, ChoiceEvent, Generation, GenerationError, sse
 from inference_worker.tokenization import ChatTemplateError
 
@@ -171,7 +171,7 @@ async def _serve(state: ServerState, request: Request, *, chat: bool) -> Respons
             state.request_finished()
 
 
-def _prepare(state: ServerState, model: LoadedModel, raw: bytes, *, chat: bool,
+def _prepare(state: ServerState, model: ServedModel, raw: bytes, *, chat: bool,
              headers=None) -> tuple[Generation, SamplingRequest]:
     body = parse_body(raw, ChatCompletionRequest if chat else CompletionRequest)
     if body.model != state.served_model_name:
