@@ -77,7 +77,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="decode: KV receiver address, bound and given to prefill workers (default: --host)")
     parser.add_argument("--kv-port", type=int, default=0, help="decode: KV receiver port (0: any free port)")
     parser.add_argument("--kv-link-secret", default=None,
-                        help="per-link HMAC secret, >= 16 bytes (default: env FERRY_KV_LINK_SECRET)")
+                        help="per-link secret, >= 16 bytes: keys the KV frames' BLAKE3 tag and the prefill "
+                             "requests' HMAC-SHA256 signature (default: env FERRY_KV_LINK_SECRET)")
     parser.add_argument("--kv-bandwidth-gbps", type=float, default=None, metavar="GBPS",
                         help="prefill: cap on each outgoing KV link in Gbit/s (emulates a WAN)")
     parser.add_argument("--kv-timeout", type=float, default=30.0, metavar="S",
