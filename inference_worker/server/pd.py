@@ -99,6 +99,9 @@ class PDService:
     Args:
         settings: the options.
         metrics: the worker's :class:`~inference_worker.metrics.WorkerMetrics`.
+
+    Raises:
+        ValueError: ``settings.fault_kv`` is not a fault mode, or is ``header`` without ``settings.fault_header``.
     """
 
     def __init__(self, settings: PDSettings, metrics):
@@ -142,7 +145,8 @@ class PDService:
         """Serve ``POST /internal/prefill``: prefill, send the KV, return the first token.
 
         Raises:
-            OpenAIError: 401 bad signature, 400 bad body, 409 another model version, 502 the KV
+            OpenAIError: 401 bad signature, 400 bad body (or, test hook only, an unknown fault named in the
+                ``FAULT_KV`` header), 409 another model version, 502 the KV
                 could not be delivered (``error.reason`` is the transfer failure reason).
         """
         if not hmac.compare_digest(sign(self.settings.link_secret, raw), headers.get(http_headers.KV_SIGNATURE, "")):
