@@ -33,10 +33,11 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from inference_worker import http_headers  # noqa: E402
 from inference_worker.config import ModelConfig  # noqa: E402
 from inference_worker.kv_transfer.layout import KVLayout  # noqa: E402
 from inference_worker.registry import gguf_path  # noqa: E402
-from inference_worker.server.testing import WorkerProcess, gemma_tokenizer_dir  # noqa: E402
+from inference_worker.tests.support.worker import WorkerProcess, gemma_tokenizer_dir  # noqa: E402
 from inference_worker.tokenization import load_tokenizer  # noqa: E402
 
 MODEL = "gemma-3-270m"
@@ -56,7 +57,7 @@ def prompt_tokens(num_tokens: int) -> list[int]:
 
 def ttft(url: str, prompt: list[int], prefill_url: str | None) -> float:
     """Seconds until the (single-token) response arrives."""
-    headers = {"X-Ferry-Prefill-Endpoint": prefill_url} if prefill_url else {}
+    headers = {http_headers.PREFILL_ENDPOINT: prefill_url} if prefill_url else {}
     body = {"model": MODEL, "prompt": prompt, "max_tokens": 1, "temperature": 0.0, "ignore_eos": True}
     started = time.perf_counter()
     response = httpx.post(url + "/v1/completions", json=body, headers=headers, timeout=900)

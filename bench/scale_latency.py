@@ -85,7 +85,7 @@ def run(runs: int) -> int:
     from apps.orchestrators.kubernetes_backend import KubernetesBackend
     from apps.orchestrators.local_backend import LocalAgentBackend
     from apps.orchestrators.tests.kube_mock import DEPLOYMENTS, FakeController, KubeMock, api_client
-    from inference_worker.agent.testing import AgentProcess
+    from inference_worker.tests.support.agent import AgentProcess
 
     config = {"model_type": "gemma3_text", "num_hidden_layers": 18, "hidden_size": 640, "intermediate_size": 2048,
               "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 256, "vocab_size": 262144,

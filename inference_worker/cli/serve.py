@@ -22,14 +22,17 @@ prefills every prompt itself (no ``/internal/prefill``, no KV receiver). ``--mod
 version in KV payloads (KV from another version is refused). ``--pool``, ``--track`` and
 ``--replica`` only label the metrics.
 
-``--fault-kv MODE`` is TEST ONLY (prefill role): damage the KV hand-off on purpose (``corrupt``,
-``truncate``, ``wrong-key``, ``wrong-version``, ``delay:S``, ``die-mid-send``, or ``header`` to take
-the mode per request from ``X-Ferry-Fault-KV``); see :mod:`inference_worker.server.pd_faults`.
+``--fault-kv MODE`` (prefill role) damages the KV hand-off on purpose to rehearse a bad KV link
+(``corrupt``, ``truncate``, ``wrong-key``, ``wrong-version``, ``delay:S``, ``die-mid-send``); never set
+it on a worker that takes production traffic. ``--fault-kv header`` (take the mode per request from the
+``X-Ferry-Fault-KV`` header) is a test hook, refused unless ``FERRY_TEST_KV_FAULT_HEADER=1`` is set, which
+also makes a decode worker forward that header; see :mod:`inference_worker.server.pd_faults`.
 
-``--fault-error-rate F`` is a test-only option: that fraction of valid completion requests
+``--fault-error-rate F`` rehearses a bad release: that fraction of valid completion requests
 fails with a 500 OpenAI error (``code: injected_fault``), chosen by an RNG seeded with
-``--fault-seed`` so a run is reproducible. Rollout gate tests use it to get a worker that
-really fails; never set it in production.
+``--fault-seed`` so a run is reproducible. Operators and the rollout gate tests use it to get a
+worker that really fails (a canary that should be rolled back); never set it on a worker that takes
+production traffic.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # heavy imports (torch, fastapi) happen in run(), not when building the CLI parser
     from inference_worker.metrics import WorkerMetrics
-    from inference_worker.server.state import LoadedModel
+    from inference_worker.server.state import ServedModel
 
 ROLES = ("colocated", "prefill", "decode")
 
@@ -74,7 +77,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="decode: KV receiver address, bound and given to prefill workers (default: --host)")
     parser.add_argument("--kv-port", type=int, default=0, help="decode: KV receiver port (0: any free port)")
     parser.add_argument("--kv-link-secret", default=None,
-                        help="per-link HMAC secret, >= 16 bytes (default: env FERRY_KV_LINK_SECRET)")
+                        help="per-link secret, >= 16 bytes: keys the KV frames' BLAKE3 tag and the prefill "
+                             "requests' HMAC-SHA256 signature (default: env FERRY_KV_LINK_SECRET)")
     parser.add_argument("--kv-bandwidth-gbps", type=float, default=None, metavar="GBPS",
                         help="prefill: cap on each outgoing KV link in Gbit/s (emulates a WAN)")
     parser.add_argument("--kv-timeout", type=float, default=30.0, metavar="S",
@@ -83,7 +87,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="decode: prefill locally after a failed KV hand-off (false: 502 error)")
     parser.add_argument("--kv-compression", choices=("none", "zstd"), default="none", help="prefill: KV payload compression")
     parser.add_argument("--fault-kv", default=None, metavar="MODE",
-                        help="TEST ONLY (prefill): corrupt|truncate|wrong-key|wrong-version|delay:S|die-mid-send|header")
+                        help="prefill, fault rehearsal: corrupt|truncate|wrong-key|wrong-version|delay:S|die-mid-send "
+                             "(header: test hook, needs FERRY_TEST_KV_FAULT_HEADER=1)")
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
 
 
@@ -111,9 +116,11 @@ def validate(args: argparse.Namespace) -> None:
     if args.kv_bandwidth_gbps is not None and args.kv_bandwidth_gbps <= 0:
         raise ValueError(f"--kv-bandwidth-gbps must be > 0, got {args.kv_bandwidth_gbps}")
     if args.fault_kv is not None:
-        from inference_worker.server.pd_faults import parse_fault
+        from inference_worker.server.pd_faults import TEST_HEADER_ENV, fault_header_enabled, parse_fault
 
-        parse_fault(args.fault_kv)
+        fault = parse_fault(args.fault_kv)
+        if fault is not None and fault[0] == "header" and not fault_header_enabled():
+            raise ValueError(f"--fault-kv header is a test hook: it needs {TEST_HEADER_ENV}=1 in the environment")
     if args.kv_cache_memory is not None:
         from inference_worker.engine.kv_cache_sizing import parse_kv_cache_memory  # torch-free
 
@@ -126,11 +133,11 @@ def link_secret(args: argparse.Namespace) -> bytes | None:
     return value.encode() if value else None
 
 
-def load_model(args: argparse.Namespace, metrics: WorkerMetrics) -> LoadedModel:
+def load_model(args: argparse.Namespace, metrics: WorkerMetrics) -> ServedModel:
     """Build the engine and everything the routes need (runs in the loader thread)."""
-    from inference_worker.server.engine_adapter import build_loaded_model
+    from inference_worker.server.engine_adapter import build_served_model
 
-    return build_loaded_model(args.model, metrics=metrics, max_num_seqs=args.max_num_seqs,
+    return build_served_model(args.model, metrics=metrics, max_num_seqs=args.max_num_seqs,
                               max_model_len=args.max_model_len, kv_cache_memory=args.kv_cache_memory, dtype=args.dtype,
                               device=args.device)
 
@@ -162,10 +169,12 @@ def run(args: argparse.Namespace) -> int:
             "the worker prefills every prompt itself", args.role)
     elif args.role in ("prefill", "decode"):
         from inference_worker.server.pd import PDService, PDSettings
+        from inference_worker.server.pd_faults import fault_header_enabled
 
         state.pd = PDService(PDSettings(
             role=args.role, link_secret=link_secret(args), model_version_id=args.model_version or "unversioned",
             kv_host=args.kv_host or args.host, kv_port=args.kv_port, bandwidth_gbps=args.kv_bandwidth_gbps,
             timeout_s=args.kv_timeout, recompute_on_failure=args.kv_recompute_on_failure == "true",
-            compression=args.kv_compression, fault_kv=args.fault_kv), state.metrics)
+            compression=args.kv_compression, fault_kv=args.fault_kv, fault_header=fault_header_enabled()),
+            state.metrics)
     return run_server(state, lambda: load_model(args, state.metrics), host=args.host, port=args.port, log_level=args.log_level)

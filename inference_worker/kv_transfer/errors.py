@@ -16,7 +16,8 @@ class KVTransferError(Exception):
 
 
 class CorruptPayload(KVTransferError):
-    """Bytes changed in flight (checksum mismatch), bad magic, or a header inconsistent with the payload."""
+    """Bytes changed in flight (the keyed-BLAKE3 tag fails under this link's own key), bad magic, or a header
+    inconsistent with the payload."""
 
     reason = "checksum"
     retryable = True
@@ -30,7 +31,7 @@ class TruncatedPayload(KVTransferError):
 
 
 class AuthenticationFailed(KVTransferError):
-    """The HMAC did not verify with this link's secret (wrong key or forged payload)."""
+    """The frame's keyed-BLAKE3 tag does not verify and its key id names another secret (wrong key or forgery)."""
 
     reason = "auth"
 

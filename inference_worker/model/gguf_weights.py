@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from inference_worker.config import ModelConfig
-from inference_worker.model.gguf_header import GGUFTensorInfo, read_gguf_header
+from inference_worker.config.gguf_header import GGUFTensorInfo, read_gguf_header
 
 _LAYER_NAMES = {
     "attn_q": "self_attn.q_proj",

@@ -37,7 +37,8 @@ class WeightsHashMismatch(ValueError):
 
 @dataclass
 class LoadedModel:
-    """A model ready to run.
+    """A model ready to run: weights, config and tokenizer as loaded from disk (the engine is built from it;
+    the worker server wraps the running engine as :class:`inference_worker.server.state.ServedModel`).
 
     Attributes:
         name: display name (artifact name or file/directory name).

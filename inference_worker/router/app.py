@@ -28,6 +28,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from inference_worker import http_headers
 from inference_worker.router.auth import ApiKeys
 from inference_worker.router.decisions import LoadTracker, NoReplicaAvailable, RoutePlan, plan_route
 from inference_worker.router.metrics import RouterMetrics
@@ -143,17 +144,17 @@ class Router:
         if table is None:
             return _error(503, "no routing table loaded yet", "unavailable")
         request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
-        key = request.headers.get("x-ferry-sticky-key") or request_id
+        key = request.headers.get(http_headers.STICKY_KEY) or request_id
         num_tokens = self.counter.count(request.url.path, body)
         try:
             plan = plan_route(table, key=key, num_prompt_tokens=num_tokens, loads=self.loads)
         except NoReplicaAvailable as exc:
             return _error(503, str(exc), "unavailable")
         headers = {"content-type": "application/json", "x-request-id": request_id,
-                   "x-ferry-track": plan.track.name, "x-ferry-model-version": plan.track.model_version,
-                   "x-ferry-decision": plan.decision}
+                   http_headers.TRACK: plan.track.name, http_headers.MODEL_VERSION: plan.track.model_version,
+                   http_headers.DECISION: plan.decision}
         if plan.prefill is not None:
-            headers["x-ferry-prefill-endpoint"] = plan.prefill.url
+            headers[http_headers.PREFILL_ENDPOINT] = plan.prefill.url
             self.loads.assign(plan.prefill)
         return await self._forward("POST", request.url.path, raw, headers, plan, stream=bool(body.get("stream")))
 
@@ -221,8 +222,8 @@ class Router:
             chunks = response.aiter_raw()
             first = await anext(chunks, b"")
             out_headers = {k: v for k, v in response.headers.items() if k.lower() in PASS_HEADERS}
-            out_headers.update({"x-ferry-replica": replica.name, "x-ferry-track": plan.track.name,
-                                "x-ferry-decision": plan.decision, "x-request-id": headers.get("x-request-id", "")})
+            out_headers.update({http_headers.REPLICA: replica.name, http_headers.TRACK: plan.track.name,
+                                http_headers.DECISION: plan.decision, "x-request-id": headers.get("x-request-id", "")})
             if not stream:
                 body = first + b"".join([c async for c in chunks])
                 return Response(body, response.status_code, headers=out_headers)

@@ -26,6 +26,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from inference_worker import http_headers
 from inference_worker.server.errors import OpenAIError, invalid
 from inference_worker.server.protocol import (
     ChatCompletionRequest,
@@ -36,7 +37,7 @@ from inference_worker.server.protocol import (
     completion_sampling,
     parse_body,
 )
-from inference_worker.server.state import LoadedModel, ServerState
+from inference_worker.server.state import ServedModel, ServerState
 from inference_worker.server.streaming import SSE_DONE, ChoiceEvent, Generation, GenerationError, sse
 from inference_worker.tokenization import ChatTemplateError
 
@@ -170,7 +171,7 @@ async def _serve(state: ServerState, request: Request, *, chat: bool) -> Respons
             state.request_finished()
 
 
-def _prepare(state: ServerState, model: LoadedModel, raw: bytes, *, chat: bool,
+def _prepare(state: ServerState, model: ServedModel, raw: bytes, *, chat: bool,
              headers=None) -> tuple[Generation, SamplingRequest]:
     body = parse_body(raw, ChatCompletionRequest if chat else CompletionRequest)
     if body.model != state.served_model_name:
@@ -222,7 +223,7 @@ def _prepare(state: ServerState, model: LoadedModel, raw: bytes, *, chat: bool,
 
     prefix = "chatcmpl" if chat else "cmpl"
     remote_prefill = None
-    prefill_url = (headers or {}).get("X-Ferry-Prefill-Endpoint")
+    prefill_url = (headers or {}).get(http_headers.PREFILL_ENDPOINT)
     if prefill_url and state.pd is not None and state.pd.settings.role == "decode":
         remote_prefill = state.pd.remote_prefill_for(prefill_url, headers)
     forwarded = {"temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k,

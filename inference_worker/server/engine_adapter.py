@@ -1,7 +1,7 @@
 """Builds what the server needs from the engine package: the engine, its thread, tokenizer and chat template.
 
 The only module of the server that imports ``inference_worker.engine``; the routes see a
-:class:`~inference_worker.server.state.LoadedModel`.
+:class:`~inference_worker.server.state.ServedModel`.
 """
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ from inference_worker.engine.sampling_params import SamplingParams
 from inference_worker.metrics import WorkerMetrics
 from inference_worker.model.prepare import weights_sha256
 from inference_worker.server.engine_loop import EngineLoop
-from inference_worker.server.state import LoadedModel
+from inference_worker.server.state import ServedModel
 from inference_worker.tokenization import ChatTemplate
 
 
-def build_loaded_model(model: str, *, metrics: WorkerMetrics | None = None, max_num_seqs: int | None = None,
+def build_served_model(model: str, *, metrics: WorkerMetrics | None = None, max_num_seqs: int | None = None,
                        max_model_len: int | None = None, kv_cache_memory: str | None = None,
-                       dtype: str | None = None, device: str | None = None) -> LoadedModel:
+                       dtype: str | None = None, device: str | None = None) -> ServedModel:
     """Load ``model`` into an ``LLMEngine`` and wrap it for the server (the engine thread is not started).
 
     Args:
@@ -51,7 +51,7 @@ def build_loaded_model(model: str, *, metrics: WorkerMetrics | None = None, max_
         return SamplingParams(**options).validate()  # type: ignore[arg-type]
 
     sha = loaded.sha256 or weights_sha256(loaded.path)
-    return LoadedModel(
+    return ServedModel(
         kv_layout=kv_layout(engine),
         weights_sha256=sha,
         engine_loop=EngineLoop(engine, metrics),

@@ -25,7 +25,7 @@ from types import FrameType
 import uvicorn
 
 from inference_worker.server.app import create_app
-from inference_worker.server.state import LoadedModel, ServerState
+from inference_worker.server.state import ServedModel, ServerState
 
 logger = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ class DrainingServer(uvicorn.Server):
         self.should_exit = True
 
 
-def load_in_background(state: ServerState, loader: Callable[[], LoadedModel]) -> threading.Thread:
+def load_in_background(state: ServerState, loader: Callable[[], ServedModel]) -> threading.Thread:
     """Run ``loader`` in a thread and publish its result (or its error) on ``state``."""
 
     def run() -> None:
@@ -96,7 +96,7 @@ def load_in_background(state: ServerState, loader: Callable[[], LoadedModel]) ->
     return thread
 
 
-def run_server(state: ServerState, loader: Callable[[], LoadedModel], *, host: str, port: int,
+def run_server(state: ServerState, loader: Callable[[], ServedModel], *, host: str, port: int,
                log_level: str = "info") -> int:
     """Serve until drained; returns the process exit status (0 after a clean drain).
 

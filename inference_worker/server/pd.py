@@ -41,6 +41,7 @@ from typing import Any
 
 import httpx
 
+from inference_worker import http_headers
 from inference_worker.kv_transfer.errors import ConnectionFailed, KVTransferError, ProtocolVersionMismatch
 from inference_worker.kv_transfer.receiver import KVReceiver
 from inference_worker.kv_transfer.recorder import RECEIVE, SEND, TransferRecorder
@@ -48,13 +49,11 @@ from inference_worker.kv_transfer.transport import KVSender
 from inference_worker.kv_transfer.wire import encode_kv
 from inference_worker.server.engine_loop import SeqUpdate
 from inference_worker.server.errors import OpenAIError
-from inference_worker.server.pd_faults import FAULT_HEADER, RAW_MODES, parse_fault, send_faulty_frame
+from inference_worker.server.pd_faults import RAW_MODES, TEST_HEADER_ENV, parse_fault, send_faulty_frame
 
 logger = logging.getLogger(__name__)
 
 PREFILL_PATH = "/internal/prefill"
-SIGNATURE_HEADER = "X-Ferry-KV-Signature"
-PREFILL_ENDPOINT_HEADER = "X-Ferry-Prefill-Endpoint"
 
 
 @dataclass
@@ -75,7 +74,10 @@ class PDSettings:
     recompute_on_failure: bool = True
     compression: str = "none"
     fault_kv: str | None = None
-    """TEST ONLY (see :mod:`.pd_faults`)."""
+    """Prefill: a KV fault to rehearse (``--fault-kv``, see :mod:`.pd_faults`); None: no fault."""
+    fault_header: bool = False
+    """TEST ONLY: honour the per-request ``FAULT_KV`` header (decode: forward it; prefill: ``--fault-kv
+    header``). Set from ``FERRY_TEST_KV_FAULT_HEADER=1``; off by default (see :mod:`.pd_faults`)."""
 
 
 def sign(secret: bytes, body: bytes) -> str:
@@ -97,6 +99,9 @@ class PDService:
     Args:
         settings: the options.
         metrics: the worker's :class:`~inference_worker.metrics.WorkerMetrics`.
+
+    Raises:
+        ValueError: ``settings.fault_kv`` is not a fault mode, or is ``header`` without ``settings.fault_header``.
     """
 
     def __init__(self, settings: PDSettings, metrics):
@@ -104,6 +109,8 @@ class PDService:
         self.metrics = metrics
         self.recorder = TransferRecorder(metrics.kv_transfer, metrics.identity)
         self.fault = parse_fault(settings.fault_kv)
+        if self.fault is not None and self.fault[0] == "header" and not settings.fault_header:
+            raise ValueError(f"--fault-kv header is a test hook: it needs {TEST_HEADER_ENV}=1 in the environment")
         self.receiver: KVReceiver | None = None
         self._senders: dict[tuple[str, int], KVSender] = {}
         self._client: httpx.AsyncClient | None = None
@@ -138,10 +145,11 @@ class PDService:
         """Serve ``POST /internal/prefill``: prefill, send the KV, return the first token.
 
         Raises:
-            OpenAIError: 401 bad signature, 400 bad body, 409 another model version, 502 the KV
+            OpenAIError: 401 bad signature, 400 bad body (or, test hook only, an unknown fault named in the
+                ``FAULT_KV`` header), 409 another model version, 502 the KV
                 could not be delivered (``error.reason`` is the transfer failure reason).
         """
-        if not hmac.compare_digest(sign(self.settings.link_secret, raw), headers.get(SIGNATURE_HEADER, "")):
+        if not hmac.compare_digest(sign(self.settings.link_secret, raw), headers.get(http_headers.KV_SIGNATURE, "")):
             raise OpenAIError(401, "invalid or missing KV link signature", type="authentication_error",
                               code="invalid_signature")
         try:
@@ -155,7 +163,10 @@ class PDService:
                               f"not {body.get('model_version_id')!r}", code="version_mismatch")
         fault = self.fault
         if fault is not None and fault[0] == "header":
-            fault = parse_fault(headers.get(FAULT_HEADER))
+            try:
+                fault = parse_fault(headers.get(http_headers.FAULT_KV))
+            except ValueError as exc:
+                raise OpenAIError(400, str(exc), param=http_headers.FAULT_KV) from None
         params = model.make_sampling_params(max_tokens=2, ignore_eos=True, **{
             k: sampling[k] for k in ("temperature", "top_p", "top_k", "seed") if sampling.get(k) is not None})
         started = time.perf_counter()
@@ -203,7 +214,7 @@ class PDService:
     # ---- decode role ------------------------------------------------------------------------
     def remote_prefill_for(self, prefill_url: str, headers) -> Any:
         """The ``Generation.remote_prefill`` callable for a request routed with a prefill endpoint."""
-        fault = headers.get(FAULT_HEADER)
+        fault = headers.get(http_headers.FAULT_KV) if self.settings.fault_header else None
 
         async def run(engine_loop, request_id: str, prompt: list[int], params, sampling: dict,
                       updates: asyncio.Queue) -> None:
@@ -246,9 +257,9 @@ class PDService:
         body = json.dumps({"request_id": request_id, "prompt_token_ids": prompt, "sampling": sampling,
                            "kv_host": self.settings.kv_host, "kv_port": receiver.port,
                            "model_version_id": self.settings.model_version_id}).encode()
-        headers = {SIGNATURE_HEADER: sign(self.settings.link_secret, body), "Content-Type": "application/json"}
+        headers = {http_headers.KV_SIGNATURE: sign(self.settings.link_secret, body), "Content-Type": "application/json"}
         if fault:
-            headers[FAULT_HEADER] = fault
+            headers[http_headers.FAULT_KV] = fault
         receiver.expect(request_id)
         http = asyncio.ensure_future(self._client.post(prefill_url.rstrip("/") + PREFILL_PATH, content=body,
                                                        headers=headers, timeout=timeout_s + 5.0))

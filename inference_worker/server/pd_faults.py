@@ -1,6 +1,9 @@
-"""TEST ONLY: KV hand-off faults a prefill worker injects on purpose (``serve --fault-kv MODE``).
+"""KV hand-off fault rehearsal: faults a prefill worker injects on purpose (``serve --fault-kv MODE``).
 
-Never set in production. Modes (what the decode side then sees):
+Like ``--fault-error-rate``, this is for rehearsing a bad release or a bad KV link on a worker that
+takes no production traffic (does the decode pool fall back to local prefill, do the transfer-failure
+metrics and rollout gates see it?); it is off unless the option is given. Modes (what the decode side
+then sees):
 
 - ``corrupt``: one payload byte flipped after sealing -> ``checksum``;
 - ``truncate``: half the frame, then the connection is closed -> ``truncated``;
@@ -9,8 +12,14 @@ Never set in production. Modes (what the decode side then sees):
 - ``delay:S``: the frame is sent S seconds late -> ``timeout`` on decode, then ``late``;
 - ``die-mid-send``: half the frame, then the prefill process kills itself (SIGKILL) -> ``truncated``
   and a broken HTTP hand-off;
-- ``header``: no fault of its own; each request may name one of the modes above in the
-  ``X-Ferry-Fault-KV`` header (forwarded by the decode worker), so one test worker serves many.
+- ``header``: TEST HOOK, no fault of its own: each request may name one of the modes above in the
+  :data:`~inference_worker.http_headers.FAULT_KV` header, so one test worker serves many faults.
+
+The ``header`` mode is a test hook, not a rehearsal option: any client that can reach a worker could
+pick a fault per request. It is therefore off by default on both sides and enabled only when the
+environment variable :data:`TEST_HEADER_ENV` (``FERRY_TEST_KV_FAULT_HEADER``) is ``1``, which only the
+PD worker tests set: a decode worker forwards the header to the prefill worker only then, and
+``--fault-kv header`` is refused without it.
 """
 
 from __future__ import annotations
@@ -19,15 +28,22 @@ import asyncio
 import hashlib
 import os
 import signal
+from collections.abc import Mapping
 
 from inference_worker.kv_transfer.connection import open_connection
 from inference_worker.kv_transfer.errors import ERRORS_BY_REASON, KVTransferError, TruncatedPayload
 from inference_worker.kv_transfer.wire import ACK_LENGTH, KVFrame, parse_ack
 
-FAULT_HEADER = "X-Ferry-Fault-KV"
+TEST_HEADER_ENV = "FERRY_TEST_KV_FAULT_HEADER"
+"""TEST ONLY: set to ``1`` to let requests choose a KV fault by header (see the module docstring)."""
 MODES = ("corrupt", "truncate", "wrong-key", "wrong-version", "delay", "die-mid-send", "header")
 RAW_MODES = ("corrupt", "truncate", "wrong-key", "die-mid-send")
 """Modes sent by :func:`send_faulty_frame` instead of the real sender."""
+
+
+def fault_header_enabled(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether the per-request fault header test hook is on: ``environ[TEST_HEADER_ENV] == "1"``."""
+    return environ.get(TEST_HEADER_ENV) == "1"
 
 
 def parse_fault(value: str | None) -> tuple[str, float] | None:

@@ -22,8 +22,11 @@ from inference_worker.tokenization import ChatTemplate
 
 
 @dataclass
-class LoadedModel:
-    """What the routes need from a loaded model.
+class ServedModel:
+    """What the routes need from the model this worker serves: its running engine, tokenizer and limits.
+
+    Not to be confused with :class:`inference_worker.model.loader.LoadedModel` (weights, config and
+    tokenizer as loaded from disk), from which the engine under ``engine_loop`` was built.
 
     Attributes:
         engine_loop: the running engine thread.
@@ -68,7 +71,7 @@ class ServerState:
     drain_timeout_s: float = 30.0
     pd: Any = None
     """The disaggregation service (:class:`~inference_worker.server.pd.PDService`) or None (colocated)."""
-    model: LoadedModel | None = None
+    model: ServedModel | None = None
     load_error: str | None = None
     draining: bool = False
     num_in_flight: int = 0
@@ -97,7 +100,7 @@ class ServerState:
             return False, f"engine loop stopped: {self.model.engine_loop.fatal_error}"
         return True, "ready"
 
-    def set_model(self, model: LoadedModel) -> None:
+    def set_model(self, model: ServedModel) -> None:
         """Publish a loaded model (called from the loader thread)."""
         if self.pd is not None:
             self.pd.bind_model(model.kv_layout, model.weights_sha256)

@@ -7,7 +7,7 @@ import pytest
 
 from inference_worker.agent.processes import validate_args, validate_env
 from inference_worker.agent.state import InvalidRequest
-from inference_worker.agent.testing import AgentProcess
+from inference_worker.tests.support.agent import AgentProcess
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import signal
 import pytest
 
 from inference_worker.agent.processes import read_cmdline
-from inference_worker.agent.testing import AgentProcess, wait_for
+from inference_worker.tests.support.agent import AgentProcess, wait_for
 
 TABLE = {"version": 1, "tracks": [{"name": "stable", "model_version": "v1", "weight": 100}], "pools": []}
 

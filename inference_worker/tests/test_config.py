@@ -1,11 +1,15 @@
-"""Tests for inference_worker.config: parsing HF/GGUF configs and the KV accounting formula."""
+"""Tests for inference_worker.config: parsing HF/GGUF configs, the KV accounting formula, and that the package
+stays torch-free and below ``inference_worker.model``."""
 
+import ast
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+import inference_worker.config
 from inference_worker.config import (
     FULL_ATTENTION,
     SLIDING_ATTENTION,
@@ -146,7 +150,41 @@ def test_derive_layer_types_rules():
         derive_layer_types("qwen3", 2, None)
 
 
-def test_config_module_does_not_import_torch():
-    code = "import sys, inference_worker.config as c; c.ModelConfig; print('torch' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "False"
+def test_config_package_imports_with_torch_blocked():
+    # sys.modules["torch"] = None makes any ``import torch`` raise ImportError: the package must not need it
+    code = ("import sys; sys.modules['torch'] = None; import inference_worker.config as c; "
+            f"print(c.ModelConfig.from_hf_config({GEMMA_HF!r}).num_sliding_layers, sorted(m for m in sys.modules "
+            "if m.startswith('inference_worker.model')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "15 []"
+
+
+def _imported_modules(path: Path) -> set[str]:
+    """Every module an ``import``/``from ... import`` anywhere in ``path`` names (function-local ones too)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def test_config_package_never_imports_the_model_package():
+    package = Path(inference_worker.config.__file__).parent
+    sources = sorted(package.glob("*.py"))
+    assert [p.name for p in sources] == ["__init__.py", "architecture.py", "gguf.py", "gguf_header.py", "hf.py",
+                                         "model_config.py"]
+    offending = {p.name: sorted(m for m in _imported_modules(p) if m.split(".")[0] == "torch"
+                                or m == "inference_worker.model" or m.startswith("inference_worker.model."))
+                 for p in sources}
+    assert offending == {p.name: [] for p in sources}
+
+
+def test_ast_scan_sees_function_local_imports(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text("def f():\n    from inference_worker.model.loader import load_model\n    import torch\n")
+    assert _imported_modules(probe) == {"inference_worker.model.loader", "inference_worker.model.loader.load_model",
+                                        "torch"}

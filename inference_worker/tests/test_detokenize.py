@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from inference_worker.server.testing import gemma_tokenizer_dir
+from inference_worker.tests.support.worker import gemma_tokenizer_dir
 from inference_worker.tokenization import (
     GEMMA_CHAT_TEMPLATE,
     ChatTemplate,

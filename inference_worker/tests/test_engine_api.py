@@ -10,7 +10,7 @@ import torch
 from inference_worker.engine.llm_engine import ContiguousLLMEngine, LLMEngine
 from inference_worker.engine.sampler import Sampler, apply_top_k_top_p
 from inference_worker.engine.sampling_params import SamplingParams
-from inference_worker.testing import GEMMA, SMOLLM2, load_prepared
+from inference_worker.tests.support.models import GEMMA, SMOLLM2, load_prepared
 
 torch.set_num_threads(1)
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time"]

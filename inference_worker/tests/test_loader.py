@@ -9,13 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-from inference_worker.config import ModelConfig
-from inference_worker.model.gguf_header import read_gguf_header
+from inference_worker.config import ModelConfig, read_gguf_header
 from inference_worker.model.gguf_weights import hf_name, unpermute_llama_qk
 from inference_worker.model.loader import WeightsHashMismatch, load_model, verify_sha256
 from inference_worker.model.prepare import prepare_model, read_manifest, weights_sha256
 from inference_worker.registry import resolve_model, split_dtype_suffix
-from inference_worker.testing import GEMMA, SMOLLM2, prepared_model_dir
+from inference_worker.tests.support.models import GEMMA, SMOLLM2, prepared_model_dir
 
 torch.set_num_threads(1)
 

@@ -14,7 +14,7 @@ in 512-token steps mixed with decodes over the paged KV cache). Both are held to
 reference run: transformers' own model class with a DynamicCache greedy loop (loaded once per model). The
 reference (prefill logits, greedy tokens, top-2 gap at each step) is computed once per GGUF sha256, prompt
 set, reference code and torch/transformers versions, and read back from ``~/.cache/ferry/test-references``
-on later runs (``inference_worker.testing.cached_reference``).
+on later runs (``inference_worker.tests.support.models.cached_reference``).
 """
 
 import inspect
@@ -28,7 +28,7 @@ from inference_worker.engine.llm_engine import LLMEngine
 from inference_worker.engine.paged_engine import PagedLLMEngine
 from inference_worker.engine.sampling_params import SamplingParams
 from inference_worker.registry import gguf_path
-from inference_worker.testing import GEMMA, SMOLLM2, cached_reference, file_sha256, load_prepared
+from inference_worker.tests.support.models import GEMMA, SMOLLM2, cached_reference, file_sha256, load_prepared
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]  # transformers loads the GGUF once per model
 torch.set_num_threads(1)

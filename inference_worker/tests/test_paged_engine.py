@@ -11,7 +11,7 @@ import torch
 
 from inference_worker.engine.contiguous_runner import ContiguousModelRunner
 from inference_worker.engine.paged_engine import PagedEngineCore
-from inference_worker.testing import GEMMA, load_prepared
+from inference_worker.tests.support.models import GEMMA, load_prepared
 
 pytestmark = pytest.mark.slow
 torch.set_num_threads(1)

@@ -1,7 +1,8 @@
 """Prefill/decode disaggregation on real worker processes (Gemma 3 270M, CPU).
 
 One prefill worker (``--fault-kv header``: each request may name a fault) and one decode worker
-serve the whole module. The colocated reference is the same decode worker without
+serve the whole module; both run with the per-request fault header test hook on
+(``FERRY_TEST_KV_FAULT_HEADER=1``, see :mod:`inference_worker.server.pd_faults`). The colocated reference is the same decode worker without
 ``X-Ferry-Prefill-Endpoint`` (it then prefills locally), so both paths run the same weights.
 """
 
@@ -19,9 +20,11 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from inference_worker import http_headers
 from inference_worker.kv_transfer.layout import KVLayout, transfer_tokens
 from inference_worker.kv_transfer.receiver import KVReceiver
-from inference_worker.server.testing import REPO_ROOT, WorkerProcess, free_port, gemma_tokenizer_dir
+from inference_worker.server.pd_faults import TEST_HEADER_ENV
+from inference_worker.tests.support.worker import REPO_ROOT, WorkerProcess, free_port, gemma_tokenizer_dir
 from inference_worker.tokenization import load_tokenizer
 
 pytestmark = pytest.mark.slow
@@ -31,18 +34,19 @@ SECRET = "ferry-test-link-secret-0123456789"
 COMMON = ("--kv-link-secret", SECRET, "--kv-cache-memory", "256MiB", "--max-num-seqs", "4", "--model-version", "v1")
 TEXT = " ".join(f"Step {i}: the ferry leaves harbour {i % 7} carrying {3 * i + 1} crates of apples to the "
                 f"island market." for i in range(400))
+FAULT_HEADER_HOOK = {TEST_HEADER_ENV: "1"}
 FAULT_REASONS = {"corrupt": "checksum", "truncate": "truncated", "wrong-key": "auth", "wrong-version": "version_mismatch"}
 
 
 @pytest.fixture(scope="module")
 def prefill():
-    with WorkerProcess("--role", "prefill", "--fault-kv", "header", *COMMON) as proc:
+    with WorkerProcess("--role", "prefill", "--fault-kv", "header", *COMMON, env=FAULT_HEADER_HOOK) as proc:
         yield proc
 
 
 @pytest.fixture(scope="module")
 def decode(prefill):
-    with WorkerProcess("--role", "decode", "--kv-timeout", "120", *COMMON) as proc:
+    with WorkerProcess("--role", "decode", "--kv-timeout", "120", *COMMON, env=FAULT_HEADER_HOOK) as proc:
         yield proc
 
 
@@ -83,9 +87,9 @@ def complete(url: str, prompt, *, max_tokens: int = 6, prefill_url: str | None =
              expect: int = 200) -> dict:
     headers = {}
     if prefill_url:
-        headers["X-Ferry-Prefill-Endpoint"] = prefill_url
+        headers[http_headers.PREFILL_ENDPOINT] = prefill_url
     if fault:
-        headers["X-Ferry-Fault-KV"] = fault
+        headers[http_headers.FAULT_KV] = fault
     body = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True}
     response = httpx.post(url + "/v1/completions", json=body, headers=headers, timeout=600)
     assert response.status_code == expect, response.text
@@ -199,7 +203,7 @@ async def _prefill_into_own_receiver(prefill_url: str, prompt: list[int], health
             unsigned = await client.post(prefill_url + "/internal/prefill", content=body)
             assert unsigned.status_code == 401
             response = await client.post(prefill_url + "/internal/prefill", content=body,
-                                         headers={"X-Ferry-KV-Signature": signature})
+                                         headers={http_headers.KV_SIGNATURE: signature})
         assert response.status_code == 200, response.text
         return await receiver.wait(rid, 10.0), response.json()
     finally:
@@ -258,7 +262,7 @@ def test_prefill_killed_mid_send_hangs_nothing(prefill, decode, tokens):
 def test_late_kv_with_recompute_off_is_a_clean_error(prefill, tokens):
     prompt = tokens[:40]
     with WorkerProcess("--role", "decode", "--kv-timeout", "3", "--kv-recompute-on-failure", "false",
-                       *COMMON) as strict:
+                       *COMMON, env=FAULT_HEADER_HOOK) as strict:
         timeouts, late = transfers(strict.base_url, "receive", "timeout"), transfers(strict.base_url, "receive", "late")
         sent_late = transfers(prefill.base_url, "send", "late")
         started = time.monotonic()
@@ -311,7 +315,7 @@ def test_router_sends_a_long_prompt_prefill_to_decode(prefill, decode, tokens, t
             body = {"model": MODEL, "prompt": text, "max_tokens": 6, "temperature": 0.0, "ignore_eos": True}
             response = httpx.post(url + "/v1/completions", json=body, timeout=600)
             assert response.status_code == 200, response.text
-            assert response.headers["X-Ferry-Decision"] == decision
+            assert response.headers[http_headers.DECISION] == decision
             assert response.json()["choices"][0]["text"] == reference
             assert transfers(decode.base_url, "receive") == before + transferred
             key = ("ferry_router_decisions_total", frozenset({("pool", "decode-dc1"), ("decision", decision),

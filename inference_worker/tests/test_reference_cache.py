@@ -1,5 +1,6 @@
-"""``inference_worker.testing.cached_reference``: computed once per key, read back exactly, recomputed when the
-key or the installed torch/transformers version changes; ``file_sha256`` is the file's sha256."""
+"""``inference_worker.tests.support.models.cached_reference``: computed once per key, read back exactly,
+recomputed when the key or the installed torch/transformers version changes; ``file_sha256`` is the file's
+sha256."""
 
 import hashlib
 import importlib.metadata
@@ -7,8 +8,8 @@ import importlib.metadata
 import pytest
 import torch
 
-from inference_worker import testing
-from inference_worker.testing import cached_reference, file_sha256
+from inference_worker.tests.support import models
+from inference_worker.tests.support.models import cached_reference, file_sha256
 
 
 def test_same_key_reads_back_the_stored_value_without_recomputing(tmp_path, monkeypatch):
@@ -37,7 +38,7 @@ def test_a_different_key_or_library_version_recomputes(tmp_path, monkeypatch):
     assert cached_reference("demo", {"prompts": [[1]]}, compute) == 1
     assert cached_reference("demo", {"prompts": [[2]]}, compute) == 2
     real_version = importlib.metadata.version
-    monkeypatch.setattr(testing.importlib.metadata, "version",
+    monkeypatch.setattr(models.importlib.metadata, "version",
                         lambda dist: "0.0-other" if dist == "transformers" else real_version(dist))
     assert cached_reference("demo", {"prompts": [[1]]}, compute) == 3
     monkeypatch.undo()

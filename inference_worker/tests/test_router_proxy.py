@@ -19,6 +19,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from inference_worker import http_headers
+
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -168,14 +170,14 @@ def test_prompts_one_below_and_one_above_the_threshold(fleet):
     rid = stable_id()
     below = httpx.post(fleet.url + "/v1/completions", headers={**GOOD, "X-Request-Id": rid},
                        json={"prompt": list(range(99)), "max_tokens": 4}).json()
-    assert below["headers"]["x-ferry-decision"] == "local_prefill"
-    assert "x-ferry-prefill-endpoint" not in below["headers"]
+    assert below["headers"][http_headers.DECISION] == "local_prefill"
+    assert http_headers.PREFILL_ENDPOINT not in below["headers"]
     assert below["replica"] in ("d0", "d1") and below["headers"]["x-request-id"] == rid
     above = httpx.post(fleet.url + "/v1/completions", headers={**GOOD, "X-Request-Id": rid},
                        json={"prompt": list(range(101)), "max_tokens": 4}).json()
-    assert above["headers"]["x-ferry-decision"] == "remote_prefill"
-    assert above["headers"]["x-ferry-prefill-endpoint"] == fleet.urls["p0"]
-    assert above["replica"] in ("d0", "d1") and above["headers"]["x-ferry-model-version"] == "v1"
+    assert above["headers"][http_headers.DECISION] == "remote_prefill"
+    assert above["headers"][http_headers.PREFILL_ENDPOINT] == fleet.urls["p0"]
+    assert above["replica"] in ("d0", "d1") and above["headers"][http_headers.MODEL_VERSION] == "v1"
     assert above["body"]["prompt"] == list(range(101))
 
 
@@ -187,7 +189,7 @@ def test_split_is_deterministic_per_request_id(fleet):
     with httpx.Client(headers=GOOD) as client:
         for rid in ids + ids[:20]:
             r = client.post(fleet.url + "/v1/completions", headers={"X-Request-Id": rid}, json={"prompt": "hi"})
-            assert r.headers["x-ferry-track"] == expected[rid]
+            assert r.headers[http_headers.TRACK] == expected[rid]
             assert (r.json()["replica"] == "d2") == (expected[rid] == "canary")
     # the decision counter is labelled by track: its increase per track is exactly the split above
     sent = [expected[rid] for rid in ids + ids[:20]]
@@ -202,7 +204,7 @@ def test_streaming_is_passed_through(fleet):
                       json={"messages": [{"role": "user", "content": "hi"}], "stream": True}) as r:
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
         text = r.read().decode()
-    replica = r.headers["x-ferry-replica"]
+    replica = r.headers[http_headers.REPLICA]
     assert text == "".join(f"data: {json.dumps({'replica': replica, 'i': i})}\n\n" for i in range(3)) + \
         "data: [DONE]\n\n"
 

@@ -7,7 +7,7 @@ import json
 import httpx
 import pytest
 
-from inference_worker.server.testing import WorkerProcess, gemma_tokenizer_dir
+from inference_worker.tests.support.worker import WorkerProcess, gemma_tokenizer_dir
 from inference_worker.tokenization import ChatTemplate, load_tokenizer
 
 pytestmark = pytest.mark.slow

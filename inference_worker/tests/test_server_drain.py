@@ -14,7 +14,7 @@ import time
 import httpx
 import pytest
 
-from inference_worker.server.testing import WorkerProcess, start_together
+from inference_worker.tests.support.worker import WorkerProcess, start_together
 
 pytestmark = pytest.mark.slow
 

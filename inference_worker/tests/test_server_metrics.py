@@ -9,7 +9,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from inference_worker.server.testing import WorkerProcess, gemma_tokenizer_dir
+from inference_worker.tests.support.worker import WorkerProcess, gemma_tokenizer_dir
 from inference_worker.tokenization import load_tokenizer
 
 pytestmark = pytest.mark.slow

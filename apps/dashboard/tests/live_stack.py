@@ -23,7 +23,7 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.hashers import PBKDF2PasswordHasher
 from django.db import connection, connections
 
-from inference_worker.server.testing import REPO_ROOT, free_port
+from inference_worker.tests.support.worker import REPO_ROOT, free_port
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",

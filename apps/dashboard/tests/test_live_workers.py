@@ -38,7 +38,7 @@ from apps.fleet.models import Replica
 from apps.fleet.services import cluster_create, pool_create
 from apps.operations.pools import pool_scale
 from apps.telemetry.models import AlertRule
-from inference_worker.agent.testing import AgentProcess, wait_for
+from inference_worker.tests.support.agent import AgentProcess, wait_for
 
 pytestmark = [
     pytest.mark.slow,

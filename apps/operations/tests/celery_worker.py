@@ -19,7 +19,7 @@ from pathlib import Path
 from django.conf import settings
 from django.db import connection
 
-from inference_worker.server.testing import REPO_ROOT
+from inference_worker.tests.support.worker import REPO_ROOT
 
 QUEUES = ("operations", "reconcile")
 

@@ -14,7 +14,7 @@ from apps.operations.models import Action
 from apps.operations.reconcile import reconcile_all
 from apps.operations.tasks import execute_action
 from apps.orchestrators.tests.kube_mock import DEPLOYMENTS
-from inference_worker.agent.testing import wait_for
+from inference_worker.tests.support.agent import wait_for
 
 from .celery_worker import CeleryWorker, purge_queues
 from .conftest import NS

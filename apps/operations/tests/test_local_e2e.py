@@ -17,7 +17,7 @@ from apps.operations.backends import pool_ref
 from apps.operations.models import Action
 from apps.operations.reconcile import reconcile_all
 from apps.orchestrators.local_backend import LocalAgentBackend
-from inference_worker.agent.testing import AgentProcess, wait_for
+from inference_worker.tests.support.agent import AgentProcess, wait_for
 
 from .celery_worker import CeleryWorker, purge_queues
 

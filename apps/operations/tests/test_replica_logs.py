@@ -9,7 +9,7 @@ import pytest
 from django.utils import timezone
 
 from apps.fleet.models import Replica
-from inference_worker.agent.testing import AgentProcess, wait_for
+from inference_worker.tests.support.agent import AgentProcess, wait_for
 
 
 @pytest.fixture

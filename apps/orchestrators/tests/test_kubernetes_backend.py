@@ -28,7 +28,7 @@ from apps.orchestrators.tests.kube_mock import (
     KubeMock,
     api_client,
 )
-from inference_worker.agent.testing import wait_for
+from inference_worker.tests.support.agent import wait_for
 
 NS = "ferry"
 POOL = PoolRef(pool_id=3, pool_name="decode-a", namespace=NS)

@@ -24,7 +24,7 @@ from apps.orchestrators.base import (
 )
 from apps.orchestrators.local_backend import LocalAgentBackend
 from inference_worker.agent.processes import read_cmdline
-from inference_worker.agent.testing import AgentProcess, wait_for
+from inference_worker.tests.support.agent import AgentProcess, wait_for
 
 pytestmark = pytest.mark.slow
 

@@ -46,8 +46,9 @@ from apps.rollouts.models import GateMeasurement, RolloutPlan
 from apps.rollouts.tasks import rollouts_tick
 from apps.telemetry.history import SignalHistory
 from apps.telemetry.poller import TelemetryPoller
-from inference_worker.agent.testing import AgentProcess, wait_for
-from inference_worker.server.testing import REPO_ROOT, free_port
+from inference_worker import http_headers
+from inference_worker.tests.support.agent import AgentProcess, wait_for
+from inference_worker.tests.support.worker import REPO_ROOT, free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 logger = logging.getLogger(__name__)
@@ -113,7 +114,7 @@ class Load(threading.Thread):
                 try:
                     r = client.post(self.url + "/v1/completions", json=body)
                     detail = "" if r.status_code == 200 else r.text[:300]
-                    self.results.append((started, r.status_code, r.headers.get("x-ferry-track", ""), detail))
+                    self.results.append((started, r.status_code, r.headers.get(http_headers.TRACK, ""), detail))
                 except httpx.HTTPError as exc:
                     self.results.append((started, 0, "", repr(exc)))
                 self.stop_event.wait(max(0.0, self.interval_s - (time.monotonic() - started)))
@@ -349,7 +350,7 @@ def _faulty_canary_aborts(stack, operator_api, load, pool, v3) -> None:  # noqa:
         replies = [client.post(router.url + "/v1/completions",
                                json={"model": MODEL, "prompt": f"Request {i} after the abort", "max_tokens": 2})
                    for i in range(20)]
-    assert [(r.status_code, r.headers["x-ferry-track"]) for r in replies] == [(200, "stable")] * 20
+    assert [(r.status_code, r.headers[http_headers.TRACK]) for r in replies] == [(200, "stable")] * 20
     plan = wait_plan(plan_id, lambda p: not p.progress.get("cleanup"), 60, stack)
     assert wait_for(lambda: processes(stack["agent"], "canary") == [], 30)
     assert table_weights() == {"stable": ("v2", 100)}

@@ -23,7 +23,7 @@ from apps.telemetry.endpoints import (
     prometheus_router_scrape_config,
     prometheus_scrape_config,
 )
-from inference_worker.server.testing import free_port
+from inference_worker.tests.support.worker import free_port
 
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 

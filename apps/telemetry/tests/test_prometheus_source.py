@@ -7,7 +7,7 @@ from apps.telemetry.selectors import SourceChoice
 from apps.telemetry.signals import Scope
 from apps.telemetry.sources.base import MetricSourceError
 from apps.telemetry.sources.prometheus import PrometheusSource
-from inference_worker.server.testing import free_port
+from inference_worker.tests.support.worker import free_port
 
 
 @pytest.mark.parametrize(

@@ -27,7 +27,7 @@ from apps.telemetry.sources.scrape import DirectScrapeSource
 from apps.telemetry.tests.prometheus_process import PrometheusProcess, prometheus_available
 from inference_worker.metrics import WorkerMetrics
 from inference_worker.router.metrics import RouterMetrics
-from inference_worker.server.testing import WorkerProcess
+from inference_worker.tests.support.worker import WorkerProcess
 
 pytestmark = pytest.mark.skipif(not prometheus_available(),
                                 reason="needs Debian's prometheus: apt-get install -y prometheus")

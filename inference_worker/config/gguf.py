@@ -10,12 +10,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from inference_worker.config import (
+from inference_worker.config.architecture import (
     GEMMA3_DEFAULT_ROPE_LOCAL_BASE_FREQ,
     SUPPORTED_ARCHITECTURES,
     derive_layer_types,
 )
-from inference_worker.model.gguf_header import read_gguf_header
+from inference_worker.config.gguf_header import read_gguf_header
 
 
 def read_gguf_metadata(path: str | Path) -> dict[str, Any]:

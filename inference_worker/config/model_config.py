@@ -1,14 +1,9 @@
-"""Model configuration and KV-cache accounting, torch-free.
+"""``ModelConfig``: the architecture of a decoder-only transformer, parsed from HF or GGUF (torch-free).
 
 This is the one place in Ferry that parses a model's architecture: from an HF ``config.json``
 (``ModelConfig.from_hf_config`` / ``from_path`` on a directory) or from GGUF metadata
 (``ModelConfig.from_gguf``). The Django control plane imports it (it must never import torch),
-and so do the worker's loaders and model.
-
-KV accounting (DESIGN.md, "KV accounting"): with ``b = 2 * num_kv_heads * head_dim * dtype_bytes``
-bytes per token per layer (K and V), the KV resident while computing token ``N`` is
-``b * (num_full_layers * N + num_sliding_layers * min(N, W))``; the all-full (dense) equivalent is
-``b * num_layers * N``. Block rounding of a real paged cache is not included.
+and so do the worker's loaders and model. The KV accounting formula is in :mod:`.architecture`.
 """
 
 from __future__ import annotations
@@ -18,89 +13,21 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-FULL_ATTENTION = "full_attention"
-SLIDING_ATTENTION = "sliding_attention"
-LAYER_TYPES = (FULL_ATTENTION, SLIDING_ATTENTION)
-SUPPORTED_ARCHITECTURES = ("gemma3", "llama")
-DTYPES = ("float32", "bfloat16", "float16")
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-
-# Gemma 3: one full-attention layer after every five sliding ones (layer i is full iff (i+1) % 6 == 0).
-# Source: Gemma 3 technical report (5:1 local:global) and HF Gemma3TextConfig's default layer_types.
-GEMMA3_SLIDING_WINDOW_PATTERN = 6
-# Gemma 3 RoPE base for local (sliding) layers. GGUF files carry only the global base
-# (``gemma3.rope.freq_base``), so this architecture default (HF Gemma3TextConfig) is used for them.
-GEMMA3_DEFAULT_ROPE_LOCAL_BASE_FREQ = 10_000.0
+from inference_worker.config.architecture import (
+    DTYPES,
+    FULL_ATTENTION,
+    LAYER_TYPES,
+    SLIDING_ATTENTION,
+    SUPPORTED_ARCHITECTURES,
+    derive_layer_types,
+    kv_bytes,
+    kv_bytes_per_token,
+    require_positive_int,
+)
+from inference_worker.config.gguf import gguf_config_kwargs
+from inference_worker.config.hf import hf_rope_parameters, model_config_to_hf
 
 _HF_MODEL_TYPES = {"gemma3_text": "gemma3", "gemma3": "gemma3", "llama": "llama"}
-
-
-def kv_bytes_per_token(*, num_kv_heads: int, head_dim: int, dtype_bytes: int = 2) -> int:
-    """Bytes of K and V for one token in one layer: ``2 * num_kv_heads * head_dim * dtype_bytes``.
-
-    Raises:
-        ValueError: if any argument is not a positive integer.
-    """
-    for name, value in (("num_kv_heads", num_kv_heads), ("head_dim", head_dim), ("dtype_bytes", dtype_bytes)):
-        _require_positive_int(name, value)
-    return 2 * num_kv_heads * head_dim * dtype_bytes
-
-
-def kv_bytes(
-    num_tokens: int,
-    *,
-    num_full_layers: int,
-    num_sliding_layers: int,
-    sliding_window: int | None,
-    num_kv_heads: int,
-    head_dim: int,
-    dtype_bytes: int = 2,
-    hybrid: bool = True,
-) -> int:
-    """KV-cache bytes resident while computing token ``num_tokens`` (DESIGN.md planner formula).
-
-    ``hybrid=True``: ``b * (num_full_layers * N + num_sliding_layers * min(N, W))``.
-    ``hybrid=False`` (dense equivalent, every layer full): ``b * (num_full_layers + num_sliding_layers) * N``.
-    ``b`` is :func:`kv_bytes_per_token`. Block rounding is not included.
-
-    Raises:
-        ValueError: on negative counts, or sliding layers without a positive ``sliding_window``.
-    """
-    if not isinstance(num_tokens, int) or isinstance(num_tokens, bool) or num_tokens < 0:
-        raise ValueError(f"num_tokens must be an integer >= 0, got {num_tokens!r}")
-    for name, value in (("num_full_layers", num_full_layers), ("num_sliding_layers", num_sliding_layers)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
-    if num_sliding_layers and (sliding_window is None or sliding_window <= 0):
-        raise ValueError(
-            f"{num_sliding_layers} sliding layers need a positive sliding_window, got {sliding_window!r}"
-        )
-    b = kv_bytes_per_token(num_kv_heads=num_kv_heads, head_dim=head_dim, dtype_bytes=dtype_bytes)
-    if not hybrid:
-        return b * (num_full_layers + num_sliding_layers) * num_tokens
-    sliding_tokens = min(num_tokens, sliding_window) if num_sliding_layers else 0
-    return b * (num_full_layers * num_tokens + num_sliding_layers * sliding_tokens)
-
-
-def derive_layer_types(architecture: str, num_hidden_layers: int, sliding_window: int | None) -> tuple[str, ...]:
-    """The architecture's rule for ``layer_types`` when the file has none (GGUF never has them).
-
-    Gemma 3: layer ``i`` is full iff ``(i + 1) % 6 == 0`` (all full if there is no window).
-    Llama: every layer full.
-
-    Raises:
-        ValueError: for an unsupported architecture.
-    """
-    if architecture == "gemma3":
-        if sliding_window is None:
-            return (FULL_ATTENTION,) * num_hidden_layers
-        return tuple(
-            FULL_ATTENTION if (i + 1) % GEMMA3_SLIDING_WINDOW_PATTERN == 0 else SLIDING_ATTENTION
-            for i in range(num_hidden_layers)
-        )
-    if architecture == "llama":
-        return (FULL_ATTENTION,) * num_hidden_layers
-    raise ValueError(f"unsupported architecture {architecture!r}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
 
 
 @dataclass(frozen=True)
@@ -169,7 +96,7 @@ class ModelConfig:
             )
         for name in ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads",
                      "num_key_value_heads", "head_dim", "vocab_size", "max_position_embeddings"):
-            _require_positive_int(name, getattr(self, name))
+            require_positive_int(name, getattr(self, name))
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(
                 f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
@@ -281,8 +208,6 @@ class ModelConfig:
         layer_types = data.get("layer_types") or derive_layer_types(architecture, num_layers, sliding_window)
         if SLIDING_ATTENTION not in layer_types:
             sliding_window = None
-        from inference_worker.model.hf_config import hf_rope_parameters
-
         rope_theta, rope_local, scaling = hf_rope_parameters(data, gemma)
         eos = data.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list | tuple) else (() if eos is None else (eos,))
@@ -327,8 +252,6 @@ class ModelConfig:
             ValueError: the file is not GGUF, or its ``general.architecture`` is unsupported (named).
             FileNotFoundError: the path does not exist.
         """
-        from inference_worker.model.gguf_config import gguf_config_kwargs
-
         return cls(**gguf_config_kwargs(path))
 
     @classmethod
@@ -363,14 +286,7 @@ class ModelConfig:
 
     def to_hf_config(self) -> dict[str, Any]:
         """An HF ``config.json`` dict (transformers 5 names) that :meth:`from_hf_config` parses back."""
-        from inference_worker.model.hf_config import model_config_to_hf
-
         return model_config_to_hf(self)
-
-
-def _require_positive_int(name: str, value: Any) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
 def _check_layer_type(layer_type: str) -> None:

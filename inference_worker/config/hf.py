@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from inference_worker.config import (
+from inference_worker.config.architecture import (
     FULL_ATTENTION,
     GEMMA3_DEFAULT_ROPE_LOCAL_BASE_FREQ,
     SLIDING_ATTENTION,
 )
 
 if TYPE_CHECKING:
-    from inference_worker.config import ModelConfig
+    from inference_worker.config.model_config import ModelConfig
 
 _HF_MODEL_TYPE_OUT = {"gemma3": "gemma3_text", "llama": "llama"}
 _HF_ARCH_CLASS = {"gemma3": "Gemma3ForCausalLM", "llama": "LlamaForCausalLM"}

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 
-from inference_worker.server.testing import REPO_ROOT, free_port
+from inference_worker.tests.support.worker import REPO_ROOT, free_port
 
 TOKEN = "test-agent-token-0123456789"
 

@@ -2,7 +2,7 @@
 
 Other test modules reuse these instead of loading weights themselves::
 
-    from inference_worker.testing import load_prepared, prepared_model_dir
+    from inference_worker.tests.support.models import load_prepared, prepared_model_dir
 
     @pytest.fixture(scope="session")
     def gemma():

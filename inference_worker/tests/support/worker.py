@@ -17,7 +17,7 @@ from pathlib import Path
 
 import httpx
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
 def free_port() -> int:
@@ -51,17 +51,20 @@ class WorkerProcess:
         args: extra CLI arguments (``--max-num-seqs 1``, ``--drain-timeout 30``, ...).
         model: the ``--model`` value.
         ready_timeout_s: how long :meth:`start` waits for ``/ready``.
+        env: extra environment variables of the process (e.g. a test hook's switch).
 
     Raises:
         RuntimeError: from :meth:`start` when the process exits or is not ready in time.
     """
 
-    def __init__(self, *args: str, model: str = "gemma-3-270m", ready_timeout_s: float = 300.0):
+    def __init__(self, *args: str, model: str = "gemma-3-270m", ready_timeout_s: float = 300.0,
+                 env: dict[str, str] | None = None):
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.args = [sys.executable, "-m", "inference_worker", "serve", "--model", model, "--host", "127.0.0.1",
                      "--port", str(self.port), *args]
         self.ready_timeout_s = ready_timeout_s
+        self.env = dict(env or {})
         self.log_path = REPO_ROOT / "var" / "test-logs" / f"worker-{self.port}.log"
         self.proc: subprocess.Popen | None = None
 
@@ -72,7 +75,7 @@ class WorkerProcess:
     def launch(self) -> WorkerProcess:
         """Start the process without waiting (see :func:`start_together`)."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "TORCH_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "TORCH_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **self.env}
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(self.args, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
         return self
