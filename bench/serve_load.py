@@ -4,8 +4,9 @@ Works against any OpenAI-compatible base URL (a Ferry worker, the Ferry router, 
 Requests arrive as a Poisson process (``--request-rate`` per second; ``inf`` sends them all at
 once) and are capped at ``--concurrency`` in flight; several concurrency levels run one after the
 other against the same server, and the first level is the reference the others are compared with
-(throughput ratio). Prompts are synthetic with mixed lengths drawn from a fixed seed; outputs
-use ``ignore_eos`` so each request generates exactly its drawn length.
+(throughput ratio). Prompts are synthetic with mixed lengths drawn from a fixed seed (``bench/workloads.py``:
+:func:`~bench.workloads.word_prompts`, arrivals :func:`~bench.workloads.poisson_gaps`); outputs use
+``ignore_eos`` so each request generates exactly its drawn length.
 
 Definitions (as serving benchmarks such as vLLM's ``benchmark_serving`` use them):
 TTFT = time to the first streamed token; TPOT = (e2e - TTFT) / (output tokens - 1) per request;
@@ -23,17 +24,17 @@ import argparse
 import asyncio
 import json
 import math
-import random
 import statistics
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import httpx
 
-WORDS = ("the river carries light across stone bridges while engineers measure every quiet signal in "
-         "distant data centers and small models learn to write careful answers about weather music "
-         "history cooking travel mathematics gardens").split()
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.workloads import Request, poisson_gaps, word_prompts  # noqa: E402
 
 
 @dataclass
@@ -55,17 +56,6 @@ class RequestResult:
         if self.num_output_tokens < 2:
             return math.nan
         return (self.e2e_s - self.ttft_s) / (self.num_output_tokens - 1)
-
-
-def make_workload(num_prompts: int, seed: int, input_words: tuple[int, int], output_tokens: tuple[int, int]):
-    """Deterministic (prompt, max_tokens) pairs with lengths uniform in the given ranges."""
-    rng = random.Random(seed)
-    workload = []
-    for _ in range(num_prompts):
-        n_words = rng.randint(*input_words)
-        prompt = " ".join(rng.choice(WORDS) for _ in range(n_words))
-        workload.append((prompt, rng.randint(*output_tokens)))
-    return workload
 
 
 async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: str, max_tokens: int,
@@ -116,11 +106,11 @@ async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: s
     return result
 
 
-async def run_level(base_url: str, model: str, workload, *, concurrency: int, request_rate: float, seed: int,
+async def run_level(base_url: str, model: str, workload: list[Request], *, concurrency: int, request_rate: float, seed: int,
                     chat: bool, timeout_s: float) -> tuple[list[RequestResult], float]:
     """Run the workload with Poisson arrivals and at most ``concurrency`` requests in flight."""
     url = base_url.rstrip("/") + ("/v1/chat/completions" if chat else "/v1/completions")
-    rng = random.Random(seed + 1)
+    gaps = poisson_gaps(len(workload), request_rate, seed + 1)
     limiter = asyncio.Semaphore(concurrency)
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
 
@@ -132,10 +122,10 @@ async def run_level(base_url: str, model: str, workload, *, concurrency: int, re
 
         tasks = []
         start = time.perf_counter()
-        for prompt, max_tokens in workload:
-            tasks.append(asyncio.create_task(guarded(prompt, max_tokens)))
-            if request_rate != math.inf:
-                await asyncio.sleep(rng.expovariate(request_rate))
+        for request, gap in zip(workload, gaps, strict=True):
+            tasks.append(asyncio.create_task(guarded(request.prompt, request.max_tokens)))
+            if gap:
+                await asyncio.sleep(gap)
         results = await asyncio.gather(*tasks)
         duration = time.perf_counter() - start
     return list(results), duration
@@ -214,7 +204,7 @@ async def main_async(args: argparse.Namespace) -> list[dict]:
     rows = []
     for concurrency in [int(c) for c in args.concurrency.split(",")]:
         num_prompts = args.num_prompts or max(4, 2 * concurrency)
-        workload = make_workload(num_prompts, args.seed, parse_range(args.input_words), parse_range(args.output_tokens))
+        workload = word_prompts(num_prompts, args.seed, parse_range(args.input_words), parse_range(args.output_tokens))
         results, duration = await run_level(args.base_url, model, workload, concurrency=concurrency,
                                             request_rate=args.request_rate, seed=args.seed, chat=args.chat,
                                             timeout_s=args.timeout_s)
