@@ -39,17 +39,28 @@ from bench.workloads import Request, poisson_gaps, word_prompts  # noqa: E402
 
 @dataclass
 class RequestResult:
-    """One request's outcome; times in seconds."""
+    """One request's outcome; times in seconds (``started_s`` on the ``time.perf_counter`` clock).
+
+    ``num_cached_tokens`` is the server's ``usage.prompt_tokens_details.cached_tokens`` or else its
+    ``X-Ferry-Cached-Tokens`` header (``cached_tokens_from`` says which; ``absent``: neither, counted 0).
+    ``token_ids`` are the generated ids when the server returns them per choice (``return_token_ids``, as vLLM
+    names it), else None; ``text`` is the generated text.
+    """
 
     prompt_words: int
     max_tokens: int
     ok: bool = False
     error: str = ""
+    started_s: float = math.nan
     ttft_s: float = math.nan
     e2e_s: float = math.nan
     itl_s: list[float] = field(default_factory=list)
     num_output_tokens: int = 0
     num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0
+    cached_tokens_from: str = "absent"
+    text: str = ""
+    token_ids: list[int] | None = None
 
     @property
     def tpot_s(self) -> float:
@@ -58,23 +69,35 @@ class RequestResult:
         return (self.e2e_s - self.ttft_s) / (self.num_output_tokens - 1)
 
 
-async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: str, max_tokens: int,
-                      chat: bool) -> RequestResult:
-    """Send one streaming request and time its chunks."""
-    result = RequestResult(prompt_words=len(prompt.split()), max_tokens=max_tokens)
+async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: str | list[int], max_tokens: int,
+                      chat: bool, *, headers: dict[str, str] | None = None,
+                      return_token_ids: bool = False) -> RequestResult:
+    """Send one streaming request (greedy, ``ignore_eos``) and time its chunks.
+
+    TTFT is the time to the first chunk carrying text or token ids. ``prompt`` is text or token ids
+    (``/v1/completions`` only). Failures are recorded in the result (``ok`` False, ``error``), never raised.
+    """
+    words = len(prompt.split()) if isinstance(prompt, str) else 0
+    result = RequestResult(prompt_words=words, max_tokens=max_tokens)
     body = {"model": model, "max_tokens": max_tokens, "temperature": 0.0, "stream": True, "ignore_eos": True,
             "stream_options": {"include_usage": True}}
+    if return_token_ids:
+        body["return_token_ids"] = True
     if chat:
         body["messages"] = [{"role": "user", "content": prompt}]
     else:
         body["prompt"] = prompt
-    start = time.perf_counter()
+    start = result.started_s = time.perf_counter()
     last = None
+    pieces: list[str] = []
     try:
-        async with client.stream("POST", url, json=body) as response:
+        async with client.stream("POST", url, json=body, headers=headers) as response:
             if response.status_code != 200:
                 result.error = f"HTTP {response.status_code}: {(await response.aread())[:200]!r}"
                 return result
+            if "x-ferry-cached-tokens" in response.headers:
+                result.num_cached_tokens = int(response.headers["x-ferry-cached-tokens"])
+                result.cached_tokens_from = "header"
             async for line in response.aiter_lines():
                 if not line.startswith("data: "):
                     continue
@@ -86,11 +109,19 @@ async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: s
                     result.error = data["error"].get("message", "stream error")
                     return result
                 if data.get("usage"):
-                    result.num_output_tokens = data["usage"]["completion_tokens"]
-                    result.num_prompt_tokens = data["usage"]["prompt_tokens"]
+                    usage = data["usage"]
+                    result.num_output_tokens = usage["completion_tokens"]
+                    result.num_prompt_tokens = usage["prompt_tokens"]
+                    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+                    if cached is not None:
+                        result.num_cached_tokens, result.cached_tokens_from = cached, "usage"
                 choices = data.get("choices") or []
-                has_text = any((c.get("text") or (c.get("delta") or {}).get("content")) for c in choices)
-                if has_text:
+                texts = [c.get("text") or (c.get("delta") or {}).get("content") or "" for c in choices]
+                ids = [t for c in choices for t in (c.get("token_ids") or [])]
+                if ids:
+                    result.token_ids = (result.token_ids or []) + ids
+                pieces += texts
+                if any(texts) or ids:
                     now = time.perf_counter()
                     if last is None:
                         result.ttft_s = now - start
@@ -98,6 +129,7 @@ async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: s
                         result.itl_s.append(now - last)
                     last = now
         result.e2e_s = time.perf_counter() - start
+        result.text = "".join(pieces)
         result.ok = last is not None
         if not result.ok:
             result.error = "no tokens streamed"
