@@ -13,8 +13,9 @@ warm-up request that shares no prefix with the workload, runs the workload and s
 
 Answers: the previous answer is appended as the token ids the server returned when it returns them
 (``return_token_ids``); otherwise the returned text is re-encoded with the model's tokenizer, which need
-not give back the generated ids (``answers.length_mismatches`` counts re-encodings whose length differs
-from ``completion_tokens``). Reported per mode:
+not give back the generated ids (seen: 1 of the 8 first-turn answers of seed 0 re-encodes to other ids of
+the same length, so the next turn can hit only up to that point; ``answers.length_mismatches`` counts the
+re-encodings whose length differs from ``completion_tokens``). Reported per mode:
 
 * prefill tokens computed = ``usage.prompt_tokens`` - cached tokens (``usage.prompt_tokens_details.
   cached_tokens``, else the ``X-Ferry-Cached-Tokens`` header, else 0), summed over requests; the deltas of
@@ -88,7 +89,7 @@ def record(session: Session, turn: int, prompt: list[int], result: RequestResult
             "num_prompt_tokens": result.num_prompt_tokens, "num_cached_tokens": result.num_cached_tokens,
             "num_computed_tokens": result.num_prompt_tokens - result.num_cached_tokens,
             "cached_tokens_from": result.cached_tokens_from, "num_output_tokens": result.num_output_tokens,
-            "answer_source": answer_source, "num_answer_ids": len(answer), "ok": result.ok, "error": result.error,
+            "answer_source": answer_source, "num_answer_ids": len(answer), "answer_ids": answer,
             "started_s": result.started_s, "ttft_s": result.ttft_s, "e2e_s": result.e2e_s}
 
 
