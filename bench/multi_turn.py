@@ -36,13 +36,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import platform
 import random
 import re
 import subprocess
 import sys
 import time
-from collections import Counter, deque
+from collections import Counter
 from pathlib import Path
 
 import httpx
@@ -50,14 +51,8 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.serve_load import RequestResult, one_request, percentile  # noqa: E402
-from bench.workloads import (  # noqa: E402
-    SESSION_HEADER,
-    MultiTurnConfig,
-    MultiTurnWorkload,
-    Session,
-    ideal_prefill_tokens_of_run,
-)
+from bench.serve_load import TurnResult, percentile, run_sessions  # noqa: E402
+from bench.workloads import MultiTurnConfig, MultiTurnWorkload, ideal_prefill_tokens_of_run  # noqa: E402
 from inference_worker.registry import model_cache_dir  # noqa: E402
 from inference_worker.server.testing import WorkerProcess  # noqa: E402
 from inference_worker.tokenization import load_tokenizer  # noqa: E402
@@ -83,54 +78,14 @@ def worker_metrics(base_url: str) -> dict[str, float]:
     return totals
 
 
-def record(session: Session, turn: int, prompt: list[int], result: RequestResult, answer: list[int],
-           answer_source: str) -> dict:
-    return {"session_id": session.session_id, "turn": turn, "num_prompt_tokens_sent": len(prompt),
+def record(turn: TurnResult) -> dict:
+    result = turn.result
+    return {"session_id": turn.session_id, "turn": turn.turn, "num_prompt_tokens_sent": len(turn.prompt),
             "num_prompt_tokens": result.num_prompt_tokens, "num_cached_tokens": result.num_cached_tokens,
             "num_computed_tokens": result.num_prompt_tokens - result.num_cached_tokens,
             "cached_tokens_from": result.cached_tokens_from, "num_output_tokens": result.num_output_tokens,
-            "answer_source": answer_source, "num_answer_ids": len(answer), "answer_ids": answer,
+            "answer_source": turn.answer_source, "num_answer_ids": len(turn.answer), "answer_ids": turn.answer,
             "started_s": result.started_s, "ttft_s": result.ttft_s, "e2e_s": result.e2e_s}
-
-
-async def run_workload(base_url: str, model: str, workload: MultiTurnWorkload, concurrency: int, encode,
-                       timeout_s: float) -> tuple[list[dict], list[tuple], float]:
-    """Closed loop: ``concurrency`` sessions in flight, turns of a session in order.
-
-    Returns (per-request records, per-request ``(sent, first token, finished, prompt, answer)`` events for
-    :func:`~bench.workloads.ideal_prefill_tokens_of_run`, wall seconds).
-    Raises RuntimeError when a request fails (a later turn needs every earlier answer).
-    """
-    url = base_url + "/v1/completions"
-    queue = deque(workload.sessions)
-    records: list[dict] = []
-    events: list[tuple] = []
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(timeout=timeout_s, limits=limits) as client:
-
-        async def run_sessions() -> None:
-            while queue:
-                session = queue.popleft()
-                answers: list[list[int]] = []
-                for k, turn in enumerate(session.turns):
-                    prompt = session.prompt(answers)
-                    result = await one_request(client, url, model, prompt, turn.max_tokens, False,
-                                               headers={SESSION_HEADER: session.session_id}, return_token_ids=True)
-                    if not result.ok:
-                        raise RuntimeError(f"{session.session_id} turn {k}: {result.error}")
-                    if result.token_ids is not None:
-                        answer, source = result.token_ids, "token_ids"
-                    else:
-                        answer, source = list(encode(result.text)), "retokenized"
-                    answers.append(answer)
-                    records.append(record(session, k, prompt, result, answer, source))
-                    events.append((result.started_s, result.started_s + result.ttft_s,
-                                   result.started_s + result.e2e_s, prompt, answer))
-
-        start = time.perf_counter()
-        await asyncio.gather(*(run_sessions() for _ in range(concurrency)))
-        wall_s = time.perf_counter() - start
-    return records, events, wall_s
 
 
 def warm_up(base_url: str, model: str, seed: int) -> None:
@@ -176,9 +131,16 @@ def run_mode(name: str, flags: list[str], args: argparse.Namespace, workload: Mu
 
         warm_up(worker.base_url, args.model, args.seed)
         before = worker_metrics(worker.base_url)
-        records, events, wall_s = asyncio.run(run_workload(worker.base_url, args.model, workload, args.concurrency,
-                                                           encode, args.timeout_s))
+        turns, wall_s = asyncio.run(run_sessions(worker.base_url, args.model, workload, concurrency=args.concurrency,
+                                                 session_rate=math.inf, seed=args.seed, encode=encode,
+                                                 timeout_s=args.timeout_s))
         after = worker_metrics(worker.base_url)
+    failed = [t for t in turns if not t.result.ok]
+    if failed or len(turns) != sum(len(session.turns) for session in workload.sessions):
+        raise RuntimeError(f"{name}: {len(failed)} turns failed, first: {failed[0].result.error if failed else '-'}")
+    records = [record(t) for t in turns]
+    events = [(t.result.started_s, t.result.started_s + t.result.ttft_s, t.result.started_s + t.result.e2e_s,
+               t.prompt, t.answer) for t in turns]
     delta = {k: after[k] - before.get(k, 0.0) for k in sorted(after)}
     summary = summarize(records, wall_s, ideal_prefill_tokens_of_run(events, block_size), delta)
     print(f"{name}: {summary['num_requests']} requests in {wall_s:.1f} s (worker ready in {ready_s:.1f} s)",

@@ -8,6 +8,12 @@ other against the same server, and the first level is the reference the others a
 :func:`~bench.workloads.word_prompts`, arrivals :func:`~bench.workloads.poisson_gaps`); outputs use
 ``ignore_eos`` so each request generates exactly its drawn length.
 
+With ``--sessions N`` each level runs N multi-turn sessions instead (``bench/workloads.py``: a shared
+system prompt, appended user tokens, each answer's token ids appended to the next prompt, the session
+header ``X-Ferry-Sticky-Key``): sessions arrive as a Poisson process at ``--request-rate`` per second, at
+most ``--concurrency`` in flight, turns of a session one after another; ``num_cached_tokens`` sums the
+server's reported prompt-cache hits. ``bench/multi_turn.py`` runs the same sessions with caching off and on.
+
 Definitions (as serving benchmarks such as vLLM's ``benchmark_serving`` use them):
 TTFT = time to the first streamed token; TPOT = (e2e - TTFT) / (output tokens - 1) per request;
 ITL = gaps between consecutive streamed chunks; goodput = completed requests per second that met
@@ -27,6 +33,7 @@ import math
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -34,7 +41,15 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.workloads import Request, poisson_gaps, word_prompts  # noqa: E402
+from bench.workloads import (  # noqa: E402
+    SESSION_HEADER,
+    MultiTurnConfig,
+    MultiTurnWorkload,
+    Request,
+    Session,
+    poisson_gaps,
+    word_prompts,
+)
 
 
 @dataclass
@@ -163,6 +178,67 @@ async def run_level(base_url: str, model: str, workload: list[Request], *, concu
     return list(results), duration
 
 
+@dataclass
+class TurnResult:
+    """One turn of a session: its prompt, the request's result and the answer ids the next turn appends
+    (``answer_source``: ``token_ids`` returned by the server, or ``retokenized`` text)."""
+
+    session_id: str
+    turn: int
+    prompt: list[int]
+    result: RequestResult
+    answer: list[int] = field(default_factory=list)
+    answer_source: str = ""
+
+
+async def run_sessions(base_url: str, model: str, workload: MultiTurnWorkload, *, concurrency: int,
+                       session_rate: float, seed: int, encode: Callable[[str], list[int]] | None,
+                       timeout_s: float) -> tuple[list[TurnResult], float]:
+    """Run multi-turn sessions: sessions arrive in start order with Poisson gaps (``session_rate`` per second;
+    ``math.inf``: all at once, a closed loop), at most ``concurrency`` in flight, a session's turns one after
+    another, each request with the session header.
+
+    A turn's answer is the server's returned token ids, else ``encode(text)``; a failed turn (or no ids and
+    no ``encode``) ends its session, recorded in its result. Returns (turns in completion order, wall seconds).
+    """
+    url = base_url.rstrip("/") + "/v1/completions"
+    limiter = asyncio.Semaphore(concurrency)
+    turns: list[TurnResult] = []
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+
+    async with httpx.AsyncClient(timeout=timeout_s, limits=limits) as client:
+
+        async def one_session(session: Session) -> None:
+            async with limiter:
+                answers: list[list[int]] = []
+                for k, turn in enumerate(session.turns):
+                    prompt = session.prompt(answers)
+                    result = await one_request(client, url, model, prompt, turn.max_tokens, False,
+                                               headers={SESSION_HEADER: session.session_id}, return_token_ids=True)
+                    done = TurnResult(session.session_id, k, prompt, result)
+                    turns.append(done)
+                    if result.ok and result.token_ids is not None:
+                        done.answer, done.answer_source = result.token_ids, "token_ids"
+                    elif result.ok and encode is not None:
+                        done.answer, done.answer_source = list(encode(result.text)), "retokenized"
+                    elif result.ok:
+                        result.ok, result.error = False, "no token ids returned and no tokenizer to re-encode the text"
+                    if not result.ok:
+                        return
+                    answers.append(done.answer)
+
+        tasks = []
+        start = time.perf_counter()
+        for session, gap in zip(workload.sessions, poisson_gaps(len(workload.sessions), session_rate, seed + 1),
+                                strict=True):
+            tasks.append(asyncio.create_task(one_session(session)))
+            if gap:
+                await asyncio.sleep(gap)
+        await asyncio.gather(*tasks)
+        duration = time.perf_counter() - start
+    return turns, duration
+
+
 def percentile(values: list[float], q: float) -> float:
     """Linear-interpolated percentile (numpy's default method); NaN for no values."""
     values = sorted(v for v in values if not math.isnan(v))
@@ -200,6 +276,7 @@ def summarize(results: list[RequestResult], duration_s: float, *, slo_ttft_s: fl
         "itl_ms_p50": ms(itl, 50), "itl_ms_p99": ms(itl, 99),
         "e2e_ms_p50": ms(e2e, 50), "e2e_ms_p99": ms(e2e, 99),
         "num_prompt_tokens": in_tokens, "num_output_tokens": out_tokens,
+        "num_cached_tokens": sum(r.num_cached_tokens for r in ok),
     }
 
 
@@ -231,18 +308,45 @@ def parse_range(text: str) -> tuple[int, int]:
     return int(low), int(high or low)
 
 
+def session_encoder(args: argparse.Namespace, model: str) -> Callable[[str], list[int]] | None:
+    """Re-encoder of answer text for multi-turn sessions: ``--tokenizer``, else the prepared model's, else None."""
+    from inference_worker.registry import model_cache_dir
+    from inference_worker.tokenization import load_tokenizer
+
+    path = Path(args.tokenizer) if args.tokenizer else model_cache_dir() / model
+    if not args.tokenizer and not (path / "tokenizer.json").is_file():
+        return None
+    tokenizer = load_tokenizer(path)
+    return lambda text: tokenizer.encode(text, add_special_tokens=False).ids
+
+
 async def main_async(args: argparse.Namespace) -> list[dict]:
     model = await resolve_model(args.base_url, args.model)
+    encode = session_encoder(args, model) if args.sessions else None
     rows = []
     for concurrency in [int(c) for c in args.concurrency.split(",")]:
-        num_prompts = args.num_prompts or max(4, 2 * concurrency)
-        workload = word_prompts(num_prompts, args.seed, parse_range(args.input_words), parse_range(args.output_tokens))
-        results, duration = await run_level(args.base_url, model, workload, concurrency=concurrency,
-                                            request_rate=args.request_rate, seed=args.seed, chat=args.chat,
-                                            timeout_s=args.timeout_s)
+        if args.sessions:
+            workload = MultiTurnWorkload.from_config(MultiTurnConfig(
+                num_sessions=args.sessions, num_turns=args.turns, num_system_tokens=args.system_tokens,
+                user_tokens=parse_range(args.user_tokens), max_tokens=args.turn_output_tokens, seed=args.seed))
+            turns, duration = await run_sessions(args.base_url, model, workload, concurrency=concurrency,
+                                                 session_rate=args.request_rate, seed=args.seed, encode=encode,
+                                                 timeout_s=args.timeout_s)
+            results = [t.result for t in turns]
+            num_prompts = len(results)
+            details = [{"session_id": t.session_id, "turn": t.turn, "answer_source": t.answer_source,
+                        **asdict(t.result)} for t in turns]
+        else:
+            num_prompts = args.num_prompts or max(4, 2 * concurrency)
+            workload = word_prompts(num_prompts, args.seed, parse_range(args.input_words),
+                                    parse_range(args.output_tokens))
+            results, duration = await run_level(args.base_url, model, workload, concurrency=concurrency,
+                                                request_rate=args.request_rate, seed=args.seed, chat=args.chat,
+                                                timeout_s=args.timeout_s)
+            details = [asdict(r) for r in results]
         row = {"concurrency": concurrency, "num_prompts": num_prompts,
                **summarize(results, duration, slo_ttft_s=args.slo_ttft_ms / 1000, slo_tpot_s=args.slo_tpot_ms / 1000),
-               "requests": [asdict(r) for r in results]}
+               "requests": details}
         reference = rows[0]["output_throughput_tok_s"] if rows else row["output_throughput_tok_s"]
         row["throughput_vs_reference"] = row["output_throughput_tok_s"] / reference if reference else math.nan
         rows.append(row)
@@ -259,12 +363,29 @@ def main() -> None:
     parser.add_argument("--request-rate", type=float, default=math.inf, help="Poisson arrival rate, req/s")
     parser.add_argument("--input-words", default="8:64", help="prompt length range in words, MIN:MAX")
     parser.add_argument("--output-tokens", default="8:32", help="max_tokens range, MIN:MAX (ignore_eos)")
+    parser.add_argument("--sessions", type=int, default=0,
+                        help="multi-turn: sessions per level (0: single-turn prompts); --request-rate is then "
+                             "sessions/s and --concurrency sessions in flight")
+    parser.add_argument("--turns", type=int, default=6, help="multi-turn: turns per session")
+    parser.add_argument("--system-tokens", type=int, default=300, help="multi-turn: shared system prompt tokens")
+    parser.add_argument("--user-tokens", default="100:300", help="multi-turn: appended tokens per turn, MIN:MAX")
+    parser.add_argument("--turn-output-tokens", type=int, default=32, help="multi-turn: answer tokens per turn")
+    parser.add_argument("--tokenizer", help="multi-turn: tokenizer.json (dir) to re-encode answers when the server "
+                                            "returns no token ids (default: the prepared model's)")
     parser.add_argument("--slo-ttft-ms", type=float, default=2000.0)
     parser.add_argument("--slo-tpot-ms", type=float, default=200.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout-s", type=float, default=600.0)
     parser.add_argument("--out", default="bench/results/serve_load.json")
     args = parser.parse_args()
+    if args.sessions and args.chat:
+        parser.error("--sessions sends token-id prompts to /v1/completions; it cannot be combined with --chat")
+    if args.sessions:
+        try:
+            MultiTurnConfig(num_sessions=args.sessions, num_turns=args.turns, num_system_tokens=args.system_tokens,
+                            user_tokens=parse_range(args.user_tokens), max_tokens=args.turn_output_tokens)
+        except ValueError as exc:
+            parser.error(str(exc))
     rows = asyncio.run(main_async(args))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
