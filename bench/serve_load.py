@@ -193,20 +193,22 @@ class TurnResult:
 
 async def run_sessions(base_url: str, model: str, workload: MultiTurnWorkload, *, concurrency: int,
                        session_rate: float, seed: int, encode: Callable[[str], list[int]] | None,
-                       timeout_s: float) -> tuple[list[TurnResult], float]:
+                       timeout_s: float, transport: httpx.AsyncBaseTransport | None = None,
+                       ) -> tuple[list[TurnResult], float]:
     """Run multi-turn sessions: sessions arrive in start order with Poisson gaps (``session_rate`` per second;
     ``math.inf``: all at once, a closed loop), at most ``concurrency`` in flight, a session's turns one after
     another, each request with the session header.
 
     A turn's answer is the server's returned token ids, else ``encode(text)``; a failed turn (or no ids and
-    no ``encode``) ends its session, recorded in its result. Returns (turns in completion order, wall seconds).
+    no ``encode``) ends its session, recorded in its result. ``transport``: httpx's (tests give a mock server).
+    Returns (turns in completion order, wall seconds).
     """
     url = base_url.rstrip("/") + "/v1/completions"
     limiter = asyncio.Semaphore(concurrency)
     turns: list[TurnResult] = []
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
 
-    async with httpx.AsyncClient(timeout=timeout_s, limits=limits) as client:
+    async with httpx.AsyncClient(timeout=timeout_s, limits=limits, transport=transport) as client:
 
         async def one_session(session: Session) -> None:
             async with limiter:
