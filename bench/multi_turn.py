@@ -20,8 +20,10 @@ re-encodings whose length differs from ``completion_tokens``). Reported per mode
 * prefill tokens computed = ``usage.prompt_tokens`` - cached tokens (``usage.prompt_tokens_details.
   cached_tokens``, else the ``X-Ferry-Cached-Tokens`` header, else 0), summed over requests; the deltas of
   the worker's ``ferry_prompt_tokens*`` and ``ferry_prefix_cache*`` metrics next to it;
-* TTFT p50/p90 (client side: time to the first streamed chunk with text or token ids), end-to-end p50/p90
-  and wall time; the ratios off / on;
+* TTFT p50/p90 (client side: time to the first streamed chunk with text or token ids), end-to-end p50/p90,
+  wall time and the worker process's CPU seconds (``/proc``: the work done, whatever else shares the
+  machine); the ratios off / on. On a shared machine latencies move by tens of percent between identical
+  runs: ``--repeats N`` runs each mode N times, alternating off/on and on/off;
 * the ideal: tokens an unlimited prefix cache (:class:`~bench.workloads.IdealPrefixCache`, block size 16 as
   the engine's default unless ``--block-size``) would still compute, from the workload alone and from this
   run's actual prompts and timing (a request sees only KV computed before it was sent).
@@ -37,9 +39,11 @@ import argparse
 import asyncio
 import json
 import math
+import os
 import platform
 import random
 import re
+import statistics
 import subprocess
 import sys
 import time
@@ -97,30 +101,26 @@ def warm_up(base_url: str, model: str, seed: int) -> None:
     response.raise_for_status()
 
 
-def summarize(records: list[dict], wall_s: float, ideal_of_run: int, metrics_delta: dict[str, float]) -> dict:
-    """One mode's figures; latencies in milliseconds."""
-    ttft = [r["ttft_s"] for r in records]
-    e2e = [r["e2e_s"] for r in records]
-    sources = Counter(r["answer_source"] for r in records)
-    mismatches = sum(1 for r in records
-                     if r["answer_source"] == "retokenized" and r["num_answer_ids"] != r["num_output_tokens"])
-    return {
-        "num_requests": len(records),
-        "num_prompt_tokens": sum(r["num_prompt_tokens"] for r in records),
-        "num_cached_tokens": sum(r["num_cached_tokens"] for r in records),
-        "num_computed_tokens": sum(r["num_computed_tokens"] for r in records),
-        "cached_tokens_from": dict(Counter(r["cached_tokens_from"] for r in records)),
-        "ideal_computed_tokens_of_run": ideal_of_run,
-        "ttft_ms_p50": percentile(ttft, 50) * 1e3, "ttft_ms_p90": percentile(ttft, 90) * 1e3,
-        "e2e_ms_p50": percentile(e2e, 50) * 1e3, "e2e_ms_p90": percentile(e2e, 90) * 1e3,
-        "wall_s": wall_s,
-        "answers": {"sources": dict(sources), "length_mismatches": mismatches},
-        "worker_metrics_delta": metrics_delta,
-    }
+def worker_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) a process has used so far, from ``/proc/<pid>/stat`` (Linux; NaN elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return math.nan
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime: fields 14 and 15
 
 
-def run_mode(name: str, flags: list[str], args: argparse.Namespace, workload: MultiTurnWorkload,
+def load_average() -> float:
+    return os.getloadavg()[0] if hasattr(os, "getloadavg") else math.nan
+
+
+def run_once(name: str, flags: list[str], args: argparse.Namespace, workload: MultiTurnWorkload,
              block_size: int) -> dict:
+    """One mode once: start a worker, warm it up, run every session, stop it.
+
+    Raises:
+        RuntimeError: the worker did not start, or a turn failed.
+    """
     started = time.perf_counter()
     with WorkerProcess(*flags, model=args.model, ready_timeout_s=600) as worker:
         ready_s = time.perf_counter() - started
@@ -130,29 +130,58 @@ def run_mode(name: str, flags: list[str], args: argparse.Namespace, workload: Mu
             return tokenizer.encode(text, add_special_tokens=False).ids
 
         warm_up(worker.base_url, args.model, args.seed)
-        before = worker_metrics(worker.base_url)
+        before, cpu_before, load_before = worker_metrics(worker.base_url), worker_cpu_s(worker.proc.pid), load_average()
         turns, wall_s = asyncio.run(run_sessions(worker.base_url, args.model, workload, concurrency=args.concurrency,
                                                  session_rate=math.inf, seed=args.seed, encode=encode,
                                                  timeout_s=args.timeout_s))
-        after = worker_metrics(worker.base_url)
+        after, cpu_after, load_after = worker_metrics(worker.base_url), worker_cpu_s(worker.proc.pid), load_average()
     failed = [t for t in turns if not t.result.ok]
     if failed or len(turns) != sum(len(session.turns) for session in workload.sessions):
         raise RuntimeError(f"{name}: {len(failed)} turns failed, first: {failed[0].result.error if failed else '-'}")
-    records = [record(t) for t in turns]
     events = [(t.result.started_s, t.result.started_s + t.result.ttft_s, t.result.started_s + t.result.e2e_s,
                t.prompt, t.answer) for t in turns]
-    delta = {k: after[k] - before.get(k, 0.0) for k in sorted(after)}
-    summary = summarize(records, wall_s, ideal_prefill_tokens_of_run(events, block_size), delta)
-    print(f"{name}: {summary['num_requests']} requests in {wall_s:.1f} s (worker ready in {ready_s:.1f} s)",
-          flush=True)
-    return {"mode": name, "worker_flags": flags, "worker_ready_s": ready_s, **summary, "requests": records}
+    print(f"{name}: {len(turns)} requests in {wall_s:.1f} s, worker CPU {cpu_after - cpu_before:.1f} s "
+          f"(ready in {ready_s:.1f} s, load average {load_before:.1f} -> {load_after:.1f})", flush=True)
+    return {"mode": name, "worker_flags": flags, "worker_ready_s": ready_s, "wall_s": wall_s,
+            "worker_cpu_s": cpu_after - cpu_before, "load_average_1m": [load_before, load_after],
+            "ideal_computed_tokens_of_run": ideal_prefill_tokens_of_run(events, block_size),
+            "worker_metrics_delta": {k: after[k] - before.get(k, 0.0) for k in sorted(after)},
+            "requests": [record(t) for t in turns]}
+
+
+def summarize(name: str, runs: list[dict]) -> dict:
+    """A mode's figures over its runs: token counts, wall and CPU seconds are means per run; latency
+    percentiles (milliseconds) pool every run's requests."""
+    records = [r for run in runs for r in run["requests"]]
+    n = len(runs)
+    ttft = [r["ttft_s"] for r in records]
+    e2e = [r["e2e_s"] for r in records]
+    mismatches = sum(1 for r in records
+                     if r["answer_source"] == "retokenized" and r["num_answer_ids"] != r["num_output_tokens"])
+    metric_names = sorted({k for run in runs for k in run["worker_metrics_delta"]})
+    return {
+        "mode": name, "num_runs": n, "num_requests": len(records) // n,
+        "num_prompt_tokens": sum(r["num_prompt_tokens"] for r in records) / n,
+        "num_cached_tokens": sum(r["num_cached_tokens"] for r in records) / n,
+        "num_computed_tokens": sum(r["num_computed_tokens"] for r in records) / n,
+        "cached_tokens_from": dict(Counter(r["cached_tokens_from"] for r in records)),
+        "ideal_computed_tokens_of_run": statistics.fmean(run["ideal_computed_tokens_of_run"] for run in runs),
+        "ttft_ms_p50": percentile(ttft, 50) * 1e3, "ttft_ms_p90": percentile(ttft, 90) * 1e3,
+        "e2e_ms_p50": percentile(e2e, 50) * 1e3, "e2e_ms_p90": percentile(e2e, 90) * 1e3,
+        "wall_s": statistics.fmean(run["wall_s"] for run in runs),
+        "worker_cpu_s": statistics.fmean(run["worker_cpu_s"] for run in runs),
+        "answers": {"sources": dict(Counter(r["answer_source"] for r in records)), "length_mismatches": mismatches},
+        "worker_metrics_delta": {k: sum(run["worker_metrics_delta"].get(k, 0.0) for run in runs) / n
+                                 for k in metric_names},
+    }
 
 
 def print_table(modes: list[dict], ratios: dict, ideal: dict) -> None:
-    cols = [("mode", "mode", 8, ""), ("reqs", "num_requests", 5, "d"), ("prompt tok", "num_prompt_tokens", 11, "d"),
-            ("cached tok", "num_cached_tokens", 11, "d"), ("computed", "num_computed_tokens", 9, "d"),
+    cols = [("mode", "mode", 8, ""), ("reqs", "num_requests", 5, "d"), ("prompt tok", "num_prompt_tokens", 11, ".0f"),
+            ("cached tok", "num_cached_tokens", 11, ".0f"), ("computed", "num_computed_tokens", 9, ".0f"),
             ("TTFT p50", "ttft_ms_p50", 9, ".0f"), ("TTFT p90", "ttft_ms_p90", 9, ".0f"),
-            ("e2e p50", "e2e_ms_p50", 8, ".0f"), ("e2e p90", "e2e_ms_p90", 8, ".0f"), ("wall s", "wall_s", 7, ".1f")]
+            ("e2e p50", "e2e_ms_p50", 8, ".0f"), ("e2e p90", "e2e_ms_p90", 8, ".0f"), ("wall s", "wall_s", 7, ".1f"),
+            ("CPU s", "worker_cpu_s", 7, ".1f")]
     print("  ".join(f"{title:>{width}}" for title, _, width, _ in cols))
     for row in [*modes, {"mode": "off/on", **ratios}]:
         cells = []
@@ -161,11 +190,11 @@ def print_table(modes: list[dict], ratios: dict, ideal: dict) -> None:
             ratio = row["mode"] == "off/on" and key != "mode"
             cells.append("-" if value is None else format(value, f">{width}.2f" if ratio else f">{width}{spec}"))
         print("  ".join(f"{c:>{w}}" for c, (_, _, w, _) in zip(cells, cols, strict=True)))
-    print(f"latencies in ms. Ideal (unlimited prefix cache, block size {ideal['block_size']}, "
+    print(f"latencies in ms; tokens, wall and worker CPU seconds per run. Ideal (unlimited prefix cache, block size {ideal['block_size']}, "
           f"{ideal['concurrency']} in flight): {ideal['num_prompt_tokens']} prompt tokens -> "
           f"{ideal['computed_tokens']} computed = {ideal['ratio']:.2f}x fewer "
           f"(block size 1: {ideal['ratio_block_size_1']:.2f}x); with this run's prompts and timing: "
-          f"{modes[-1]['ideal_computed_tokens_of_run']} computed "
+          f"{modes[-1]['ideal_computed_tokens_of_run']:.0f} computed "
           f"({modes[-1]['num_prompt_tokens'] / modes[-1]['ideal_computed_tokens_of_run']:.2f}x).")
     for mode in modes:
         print(f"{mode['mode']}: cached tokens from {mode['cached_tokens_from']}, answers {mode['answers']}, "
@@ -182,14 +211,16 @@ def main() -> None:
     parser.add_argument("--output-tokens", type=int, default=32)
     parser.add_argument("--concurrency", type=int, default=4, help="sessions in flight (closed loop)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="runs per mode, alternating off/on then on/off (figures: means, pooled percentiles)")
     parser.add_argument("--block-size", type=int, default=None,
                         help="passed to the workers (needs serve --block-size); default: the engine's 16")
     parser.add_argument("--device", default=None, help="worker --device (default: the worker's choice)")
     parser.add_argument("--timeout-s", type=float, default=900.0, help="per request")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "multi_turn.json")
     args = parser.parse_args()
-    if args.concurrency < 1:
-        parser.error("--concurrency must be >= 1")
+    if args.concurrency < 1 or args.repeats < 1:
+        parser.error("--concurrency and --repeats must be >= 1")
     try:
         config = MultiTurnConfig(num_sessions=args.num_sessions, num_turns=args.num_turns,
                                  num_system_tokens=args.system_tokens, user_tokens=tuple(args.user_tokens),
@@ -213,14 +244,20 @@ def main() -> None:
     if not switch:
         print("serve --help lists no --no-prefix-caching: both modes run the same worker (ratios ~1.0)", flush=True)
     started = time.perf_counter()
-    modes = [run_mode("off", common + (["--no-prefix-caching"] if switch else []), args, workload, block_size),
-             run_mode("on", common, args, workload, block_size)]
+    flags = {"off": common + (["--no-prefix-caching"] if switch else []), "on": common}
+    runs: dict[str, list[dict]] = {"off": [], "on": []}
+    for r in range(args.repeats):  # off on, on off, ...: a drift in the machine's load hits both modes alike
+        for name in ("off", "on") if r % 2 == 0 else ("on", "off"):
+            runs[name].append(run_once(name, flags[name], args, workload, block_size))
+    modes = [summarize("off", runs["off"]), summarize("on", runs["on"])]
     off, on = modes
     ratios = {key: off[key] / on[key] if on[key] else None
-              for key in ("num_computed_tokens", "ttft_ms_p50", "ttft_ms_p90", "e2e_ms_p50", "e2e_ms_p90", "wall_s")}
-    result = {"model": args.model, "host": platform.node(), "config": vars(config) | {"concurrency": args.concurrency},
+              for key in ("num_computed_tokens", "ttft_ms_p50", "ttft_ms_p90", "e2e_ms_p50", "e2e_ms_p90", "wall_s",
+                          "worker_cpu_s")}
+    result = {"model": args.model, "host": platform.node(), "cpu_count": os.cpu_count(),
+              "config": vars(config) | {"concurrency": args.concurrency, "repeats": args.repeats},
               "prefix_caching_switch": switch, "bench_wall_s": time.perf_counter() - started, "ideal": ideal,
-              "ratios_off_over_on": ratios, "modes": modes}
+              "ratios_off_over_on": ratios, "modes": modes, "runs": runs}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2, default=str))
     print_table(modes, ratios, ideal)
