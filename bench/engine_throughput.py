@@ -1,7 +1,7 @@
 """Paged engine throughput vs transformers, in the same run, on a mixed workload.
 
-Workload (fixed seed): prompts of 64..1024 random tokens, outputs of 16..256 tokens (EOS ignored so
-every request produces exactly its length). Systems:
+Workload (fixed seed, drawn from ``bench/workloads.py``): prompts of 64..1024 random tokens, outputs of
+16..256 tokens (EOS ignored so every request produces exactly its length). Systems:
 
 * ``paged``: Ferry's ``LLMEngine`` (continuous batching, chunked prefill, paged hybrid KV cache) kept
   at C requests in flight (closed loop: a new request enters when one finishes), C in 1, 8, 32.
@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import random
 import statistics
 import sys
 import time
@@ -44,6 +43,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.workloads import random_token_prompts  # noqa: E402
 from inference_worker.engine.kv_cache_manager import FULL_ATTENTION, HybridKVCacheManager, KVCacheGroupSpec  # noqa: E402
 from inference_worker.engine.llm_engine import LLMEngine  # noqa: E402
 from inference_worker.engine.sampling_params import SamplingParams  # noqa: E402
@@ -56,14 +56,10 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 def make_workload(num_requests: int, prompt_range: tuple[int, int], output_range: tuple[int, int],
                   vocab_size: int, seed: int) -> list[tuple[list[int], int]]:
-    """``num_requests`` (prompt token ids, output length) pairs; prompts start with BOS id 2."""
-    rng = random.Random(seed)
-    workload = []
-    for _ in range(num_requests):
-        n = rng.randint(*prompt_range)
-        prompt = [2] + [rng.randrange(300, min(vocab_size, 200_000)) for _ in range(n - 1)]
-        workload.append((prompt, rng.randint(*output_range)))
-    return workload
+    """``num_requests`` (prompt token ids, output length) pairs from :func:`bench.workloads.random_token_prompts`
+    (prompts start with BOS id 2)."""
+    return [(list(r.prompt), r.max_tokens)
+            for r in random_token_prompts(num_requests, prompt_range, output_range, vocab_size, seed)]
 
 
 def request_flops(config, prompt_len: int, output_len: int) -> float:

@@ -33,6 +33,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.workloads import ferry_text_tokens  # noqa: E402
 from inference_worker import http_headers  # noqa: E402
 from inference_worker.config import ModelConfig  # noqa: E402
 from inference_worker.kv_transfer.layout import KVLayout  # noqa: E402
@@ -46,13 +47,9 @@ LINKS = (("disaggregated", None), ("10 Gbit/s", 10.0), ("1 Gbit/s", 1.0))
 
 
 def prompt_tokens(num_tokens: int) -> list[int]:
-    """``num_tokens`` token ids of a varied English text, BOS first."""
-    text = " ".join(f"Entry {i}: the ferry from harbour {i % 11} carried {7 * i + 3} passengers and "
-                    f"{i % 5 + 2} cars across the bay." for i in range(num_tokens // 8 + 64))
-    ids = load_tokenizer(gemma_tokenizer_dir()).encode(text, add_special_tokens=True).ids
-    if len(ids) < num_tokens:
-        raise ValueError(f"text too short for {num_tokens} tokens")
-    return ids[:num_tokens]
+    """``num_tokens`` token ids of a varied English text, BOS first (:func:`bench.workloads.ferry_text_tokens`)."""
+    tokenizer = load_tokenizer(gemma_tokenizer_dir())
+    return ferry_text_tokens(num_tokens, lambda text: tokenizer.encode(text, add_special_tokens=True).ids)
 
 
 def ttft(url: str, prompt: list[int], prefill_url: str | None) -> float:

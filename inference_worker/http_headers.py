@@ -7,7 +7,7 @@ a client may send ``X-Ferry-Sticky-Key`` and the router reads it as :data:`STICK
 
 Router -> decode worker (request): :data:`TRACK`, :data:`MODEL_VERSION`, :data:`DECISION` and, when the
 router chose remote prefill, :data:`PREFILL_ENDPOINT` (the prefill replica's URL).
-Router -> client (response): :data:`REPLICA`, :data:`TRACK`, :data:`DECISION`.
+Router -> client (response): :data:`REPLICA`, :data:`TRACK`, :data:`DECISION`; worker -> client: :data:`CACHED_TOKENS`.
 Client -> router (request): :data:`STICKY_KEY` (the key hashed to pick a track; default the request id).
 Decode worker -> prefill worker (``POST /internal/prefill``): :data:`KV_SIGNATURE` (hex HMAC-SHA256 of
 the body under the per-link secret) and, only in test runs, :data:`FAULT_KV` (see
@@ -31,9 +31,11 @@ PREFILL_ENDPOINT = "x-ferry-prefill-endpoint"
 """Router -> decode worker: base URL of the prefill replica to hand the prompt to (remote prefill)."""
 KV_SIGNATURE = "x-ferry-kv-signature"
 """Decode -> prefill worker: hex HMAC-SHA256 of the ``/internal/prefill`` body under the link secret."""
+CACHED_TOKENS = "x-ferry-cached-tokens"
+"""Worker -> router -> client (response): prompt tokens served from the prefix cache (known at the first byte)."""
 FAULT_KV = "x-ferry-fault-kv"
 """TEST ONLY, decode -> prefill worker: a KV hand-off fault for this request (honoured only when the
 workers run with the test hook enabled, see :mod:`inference_worker.server.pd_faults`)."""
 
-ALL = (STICKY_KEY, TRACK, MODEL_VERSION, DECISION, REPLICA, PREFILL_ENDPOINT, KV_SIGNATURE, FAULT_KV)
+ALL = (STICKY_KEY, TRACK, MODEL_VERSION, DECISION, REPLICA, PREFILL_ENDPOINT, KV_SIGNATURE, CACHED_TOKENS, FAULT_KV)
 """Every header name above."""

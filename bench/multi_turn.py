@@ -1,0 +1,268 @@
+"""Multi-turn benchmark: prefix caching off vs on in one run (issue 16, item 6 and acceptance 3).
+
+Workload (``bench/workloads.py``, :class:`~bench.workloads.MultiTurnConfig` defaults): 8 sessions x 6 turns,
+a 300-token system prompt shared by every session, 100..300 appended user tokens per turn, 32 output tokens
+per turn (greedy, ``ignore_eos``); each turn's prompt is the previous prompt, the previous answer's token ids
+and the new user tokens. Closed loop: 4 sessions in flight, a session's turns one after another, sessions
+started in the workload's random order. Every request carries the session header (``X-Ferry-Sticky-Key``).
+
+For each mode this script starts its own ``python -m inference_worker serve --model gemma-3-270m`` on a free
+loopback port with default flags (``off`` adds ``--no-prefix-caching``, but only when ``serve --help`` lists
+it: before the engine has prefix caching both modes run the same worker and the ratios are ~1.0), sends one
+warm-up request that shares no prefix with the workload, runs the workload and stops the worker.
+
+Answers: the previous answer is appended as the token ids the server returned when it returns them
+(``return_token_ids``); otherwise the returned text is re-encoded with the model's tokenizer, which need
+not give back the generated ids (seen: 1 of the 8 first-turn answers of seed 0 re-encodes to other ids of
+the same length, so the next turn can hit only up to that point; ``answers.length_mismatches`` counts the
+re-encodings whose length differs from ``completion_tokens``). Reported per mode:
+
+* prefill tokens computed = ``usage.prompt_tokens`` - cached tokens (``usage.prompt_tokens_details.
+  cached_tokens``, else the ``X-Ferry-Cached-Tokens`` header, else 0), summed over requests; the deltas of
+  the worker's ``ferry_prompt_tokens*`` and ``ferry_prefix_cache*`` metrics next to it;
+* TTFT p50/p90 (client side: time to the first streamed chunk with text or token ids), end-to-end p50/p90,
+  wall time and the worker process's CPU seconds (``/proc``: the work done, whatever else shares the
+  machine); the ratios off / on. On a shared machine latencies move by tens of percent between identical
+  runs: ``--repeats N`` runs each mode N times, alternating off/on and on/off;
+* the ideal: tokens an unlimited prefix cache (:class:`~bench.workloads.IdealPrefixCache`, block size 16 as
+  the engine's default unless ``--block-size``) would still compute, from the workload alone and from this
+  run's actual prompts and timing (a request sees only KV computed before it was sent).
+
+Prints a table and writes ``bench/results/multi_turn.json``.
+
+    .venv/bin/python bench/multi_turn.py [--concurrency 4] [--seed 0] [--device cuda]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import platform
+import random
+import re
+import statistics
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.serve_load import TurnResult, percentile, run_sessions  # noqa: E402
+from bench.workloads import MultiTurnConfig, MultiTurnWorkload, ideal_prefill_tokens_of_run  # noqa: E402
+from inference_worker.registry import model_cache_dir  # noqa: E402
+from inference_worker.tests.support.worker import WorkerProcess  # noqa: E402
+from inference_worker.tokenization import load_tokenizer  # noqa: E402
+
+ENGINE_DEFAULT_BLOCK_SIZE = 16  # PagedLLMEngine's block_size default (inference_worker/engine/paged_engine.py)
+WORKER_METRICS = re.compile(r"^(ferry_prompt_tokens\w*|ferry_prefix_cache\w*)(\{[^}]*\})? ([0-9.eE+-]+)$")
+
+
+def serve_options() -> set[str]:
+    """The ``--options`` that ``python -m inference_worker serve --help`` lists."""
+    help_text = subprocess.run([sys.executable, "-m", "inference_worker", "serve", "--help"], cwd=ROOT,
+                               capture_output=True, text=True, check=True, timeout=120).stdout
+    return set(re.findall(r"(--[a-z][a-z0-9-]*)", help_text))
+
+
+def worker_metrics(base_url: str) -> dict[str, float]:
+    """Sum over label sets of the worker's prompt-token and prefix-cache samples (``_created`` left out)."""
+    totals: dict[str, float] = {}
+    for line in httpx.get(base_url + "/metrics", timeout=30).text.splitlines():
+        match = WORKER_METRICS.match(line)
+        if match and not match.group(1).endswith("_created"):
+            totals[match.group(1)] = totals.get(match.group(1), 0.0) + float(match.group(3))
+    return totals
+
+
+def record(turn: TurnResult) -> dict:
+    result = turn.result
+    return {"session_id": turn.session_id, "turn": turn.turn, "num_prompt_tokens_sent": len(turn.prompt),
+            "num_prompt_tokens": result.num_prompt_tokens, "num_cached_tokens": result.num_cached_tokens,
+            "num_computed_tokens": result.num_prompt_tokens - result.num_cached_tokens,
+            "cached_tokens_from": result.cached_tokens_from, "num_output_tokens": result.num_output_tokens,
+            "answer_source": turn.answer_source, "num_answer_ids": len(turn.answer), "answer_ids": turn.answer,
+            "started_s": result.started_s, "ttft_s": result.ttft_s, "e2e_s": result.e2e_s}
+
+
+def warm_up(base_url: str, model: str, seed: int) -> None:
+    """One request sharing no prefix with the workload (no BOS, ids from another seed): one-off allocations."""
+    rng = random.Random(seed + 7919)
+    prompt = [rng.randrange(300, 200_000) for _ in range(256)]
+    body = {"model": model, "prompt": prompt, "max_tokens": 4, "temperature": 0.0, "ignore_eos": True}
+    response = httpx.post(base_url + "/v1/completions", json=body, timeout=600)
+    response.raise_for_status()
+
+
+def worker_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) a process has used so far, from ``/proc/<pid>/stat`` (Linux; NaN elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return math.nan
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime: fields 14 and 15
+
+
+def load_average() -> float:
+    return os.getloadavg()[0] if hasattr(os, "getloadavg") else math.nan
+
+
+def run_once(name: str, flags: list[str], args: argparse.Namespace, workload: MultiTurnWorkload,
+             block_size: int) -> dict:
+    """One mode once: start a worker, warm it up, run every session, stop it.
+
+    Raises:
+        RuntimeError: the worker did not start, or a turn failed.
+    """
+    started = time.perf_counter()
+    with WorkerProcess(*flags, model=args.model, ready_timeout_s=600) as worker:
+        ready_s = time.perf_counter() - started
+        tokenizer = load_tokenizer(model_cache_dir() / args.model)
+
+        def encode(text: str) -> list[int]:
+            return tokenizer.encode(text, add_special_tokens=False).ids
+
+        warm_up(worker.base_url, args.model, args.seed)
+        before, cpu_before, load_before = worker_metrics(worker.base_url), worker_cpu_s(worker.proc.pid), load_average()
+        turns, wall_s = asyncio.run(run_sessions(worker.base_url, args.model, workload, concurrency=args.concurrency,
+                                                 session_rate=math.inf, seed=args.seed, encode=encode,
+                                                 timeout_s=args.timeout_s))
+        after, cpu_after, load_after = worker_metrics(worker.base_url), worker_cpu_s(worker.proc.pid), load_average()
+    failed = [t for t in turns if not t.result.ok]
+    if failed or len(turns) != sum(len(session.turns) for session in workload.sessions):
+        raise RuntimeError(f"{name}: {len(failed)} turns failed, first: {failed[0].result.error if failed else '-'}")
+    events = [(t.result.started_s, t.result.started_s + t.result.ttft_s, t.result.started_s + t.result.e2e_s,
+               t.prompt, t.answer) for t in turns]
+    print(f"{name}: {len(turns)} requests in {wall_s:.1f} s, worker CPU {cpu_after - cpu_before:.1f} s "
+          f"(ready in {ready_s:.1f} s, load average {load_before:.1f} -> {load_after:.1f})", flush=True)
+    return {"mode": name, "worker_flags": flags, "worker_ready_s": ready_s, "wall_s": wall_s,
+            "worker_cpu_s": cpu_after - cpu_before, "load_average_1m": [load_before, load_after],
+            "ideal_computed_tokens_of_run": ideal_prefill_tokens_of_run(events, block_size),
+            "worker_metrics_delta": {k: after[k] - before.get(k, 0.0) for k in sorted(after)},
+            "requests": [record(t) for t in turns]}
+
+
+def summarize(name: str, runs: list[dict]) -> dict:
+    """A mode's figures over its runs: token counts, wall and CPU seconds are means per run; latency
+    percentiles (milliseconds) pool every run's requests."""
+    records = [r for run in runs for r in run["requests"]]
+    n = len(runs)
+    ttft = [r["ttft_s"] for r in records]
+    e2e = [r["e2e_s"] for r in records]
+    mismatches = sum(1 for r in records
+                     if r["answer_source"] == "retokenized" and r["num_answer_ids"] != r["num_output_tokens"])
+    metric_names = sorted({k for run in runs for k in run["worker_metrics_delta"]})
+    return {
+        "mode": name, "num_runs": n, "num_requests": len(records) // n,
+        "num_prompt_tokens": sum(r["num_prompt_tokens"] for r in records) / n,
+        "num_cached_tokens": sum(r["num_cached_tokens"] for r in records) / n,
+        "num_computed_tokens": sum(r["num_computed_tokens"] for r in records) / n,
+        "cached_tokens_from": dict(Counter(r["cached_tokens_from"] for r in records)),
+        "ideal_computed_tokens_of_run": statistics.fmean(run["ideal_computed_tokens_of_run"] for run in runs),
+        "ttft_ms_p50": percentile(ttft, 50) * 1e3, "ttft_ms_p90": percentile(ttft, 90) * 1e3,
+        "e2e_ms_p50": percentile(e2e, 50) * 1e3, "e2e_ms_p90": percentile(e2e, 90) * 1e3,
+        "wall_s": statistics.fmean(run["wall_s"] for run in runs),
+        "worker_cpu_s": statistics.fmean(run["worker_cpu_s"] for run in runs),
+        "answers": {"sources": dict(Counter(r["answer_source"] for r in records)), "length_mismatches": mismatches},
+        "worker_metrics_delta": {k: sum(run["worker_metrics_delta"].get(k, 0.0) for run in runs) / n
+                                 for k in metric_names},
+    }
+
+
+def print_table(modes: list[dict], ratios: dict, ideal: dict) -> None:
+    cols = [("mode", "mode", 8, ""), ("reqs", "num_requests", 5, "d"), ("prompt tok", "num_prompt_tokens", 11, ".0f"),
+            ("cached tok", "num_cached_tokens", 11, ".0f"), ("computed", "num_computed_tokens", 9, ".0f"),
+            ("TTFT p50", "ttft_ms_p50", 9, ".0f"), ("TTFT p90", "ttft_ms_p90", 9, ".0f"),
+            ("e2e p50", "e2e_ms_p50", 8, ".0f"), ("e2e p90", "e2e_ms_p90", 8, ".0f"), ("wall s", "wall_s", 7, ".1f"),
+            ("CPU s", "worker_cpu_s", 7, ".1f")]
+    print("  ".join(f"{title:>{width}}" for title, _, width, _ in cols))
+    for row in [*modes, {"mode": "off/on", **ratios}]:
+        cells = []
+        for _, key, width, spec in cols:
+            value = row.get(key)
+            ratio = row["mode"] == "off/on" and key != "mode"
+            cells.append("-" if value is None else format(value, f">{width}.2f" if ratio else f">{width}{spec}"))
+        print("  ".join(f"{c:>{w}}" for c, (_, _, w, _) in zip(cells, cols, strict=True)))
+    print(f"latencies in ms; tokens, wall and worker CPU seconds per run. Ideal (unlimited prefix cache, block size {ideal['block_size']}, "
+          f"{ideal['concurrency']} in flight): {ideal['num_prompt_tokens']} prompt tokens -> "
+          f"{ideal['computed_tokens']} computed = {ideal['ratio']:.2f}x fewer "
+          f"(block size 1: {ideal['ratio_block_size_1']:.2f}x); with this run's prompts and timing: "
+          f"{modes[-1]['ideal_computed_tokens_of_run']:.0f} computed "
+          f"({modes[-1]['num_prompt_tokens'] / modes[-1]['ideal_computed_tokens_of_run']:.2f}x).")
+    for mode in modes:
+        print(f"{mode['mode']}: cached tokens from {mode['cached_tokens_from']}, answers {mode['answers']}, "
+              f"worker metrics delta {mode['worker_metrics_delta']}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="gemma-3-270m")
+    parser.add_argument("--num-sessions", type=int, default=8)
+    parser.add_argument("--num-turns", type=int, default=6)
+    parser.add_argument("--system-tokens", type=int, default=300)
+    parser.add_argument("--user-tokens", type=int, nargs=2, default=[100, 300], metavar=("MIN", "MAX"))
+    parser.add_argument("--output-tokens", type=int, default=32)
+    parser.add_argument("--concurrency", type=int, default=4, help="sessions in flight (closed loop)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="runs per mode, alternating off/on then on/off (figures: means, pooled percentiles)")
+    parser.add_argument("--block-size", type=int, default=None,
+                        help="passed to the workers (needs serve --block-size); default: the engine's 16")
+    parser.add_argument("--device", default=None, help="worker --device (default: the worker's choice)")
+    parser.add_argument("--timeout-s", type=float, default=900.0, help="per request")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "multi_turn.json")
+    args = parser.parse_args()
+    if args.concurrency < 1 or args.repeats < 1:
+        parser.error("--concurrency and --repeats must be >= 1")
+    try:
+        config = MultiTurnConfig(num_sessions=args.num_sessions, num_turns=args.num_turns,
+                                 num_system_tokens=args.system_tokens, user_tokens=tuple(args.user_tokens),
+                                 max_tokens=args.output_tokens, seed=args.seed)
+    except ValueError as exc:
+        parser.error(str(exc))
+    options = serve_options()
+    common = ["--device", args.device] if args.device else []
+    if args.block_size is not None:
+        if "--block-size" not in options:
+            parser.error("this worker's serve has no --block-size option yet")
+        common += ["--block-size", str(args.block_size)]
+    block_size = args.block_size or ENGINE_DEFAULT_BLOCK_SIZE
+    switch = "--no-prefix-caching" in options
+    workload = MultiTurnWorkload.from_config(config)
+    num_prompt_tokens = workload.num_prompt_tokens()
+    computed = workload.ideal_prefill_tokens(block_size, args.concurrency)
+    ideal = {"block_size": block_size, "concurrency": args.concurrency, "num_prompt_tokens": num_prompt_tokens,
+             "computed_tokens": computed, "ratio": num_prompt_tokens / computed,
+             "ratio_block_size_1": num_prompt_tokens / workload.ideal_prefill_tokens(1, args.concurrency)}
+    if not switch:
+        print("serve --help lists no --no-prefix-caching: both modes run the same worker (ratios ~1.0)", flush=True)
+    started = time.perf_counter()
+    flags = {"off": common + (["--no-prefix-caching"] if switch else []), "on": common}
+    runs: dict[str, list[dict]] = {"off": [], "on": []}
+    for r in range(args.repeats):  # off on, on off, ...: a drift in the machine's load hits both modes alike
+        for name in ("off", "on") if r % 2 == 0 else ("on", "off"):
+            runs[name].append(run_once(name, flags[name], args, workload, block_size))
+    modes = [summarize("off", runs["off"]), summarize("on", runs["on"])]
+    off, on = modes
+    ratios = {key: off[key] / on[key] if on[key] else None
+              for key in ("num_computed_tokens", "ttft_ms_p50", "ttft_ms_p90", "e2e_ms_p50", "e2e_ms_p90", "wall_s",
+                          "worker_cpu_s")}
+    result = {"model": args.model, "host": platform.node(), "cpu_count": os.cpu_count(),
+              "config": vars(config) | {"concurrency": args.concurrency, "repeats": args.repeats},
+              "prefix_caching_switch": switch, "bench_wall_s": time.perf_counter() - started, "ideal": ideal,
+              "ratios_off_over_on": ratios, "modes": modes, "runs": runs}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2, default=str))
+    print_table(modes, ratios, ideal)
+    print(f"wrote {args.out} ({result['bench_wall_s']:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()

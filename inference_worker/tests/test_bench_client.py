@@ -1,0 +1,90 @@
+"""The benches' streaming client (bench/serve_load.py) reads cached tokens, returned token ids and sessions.
+
+The server side is httpx's MockTransport answering with the SSE bytes an OpenAI server streams.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+
+import httpx
+
+from bench.serve_load import one_request, run_sessions
+from bench.workloads import SESSION_HEADER, MultiTurnConfig, MultiTurnWorkload
+from inference_worker import http_headers
+
+
+def sse_body(chunks: list[dict]) -> bytes:
+    return b"".join(f"data: {json.dumps(c)}\n\n".encode() for c in chunks) + b"data: [DONE]\n\n"
+
+
+def stream(handler) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=httpx.MockTransport(handler))
+
+
+def test_cached_tokens_come_from_usage_details_before_the_header():
+    def handler(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        assert body["prompt"] == [2, 5, 6] and body["return_token_ids"] is True
+        chunks = [{"choices": [{"index": 0, "text": "a", "token_ids": [11]}]},
+                  {"choices": [{"index": 0, "text": "b", "token_ids": [12]}]},
+                  {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5,
+                                            "prompt_tokens_details": {"cached_tokens": 2}}}]
+        return httpx.Response(200, headers={http_headers.CACHED_TOKENS: "1"}, content=sse_body(chunks))
+
+    async def go():
+        async with stream(handler) as client:
+            return await one_request(client, "http://w/v1/completions", "m", [2, 5, 6], 2, False,
+                                     return_token_ids=True)
+
+    result = asyncio.run(go())
+    assert result.ok and (result.num_cached_tokens, result.cached_tokens_from) == (2, "usage")
+    assert (result.text, result.token_ids, result.num_prompt_tokens, result.num_output_tokens) == ("ab", [11, 12], 3, 2)
+
+
+def test_cached_tokens_fall_back_to_the_header_then_to_zero():
+    def handler_for(headers: dict[str, str]):
+        def handler(request: httpx.Request) -> httpx.Response:
+            chunks = [{"choices": [{"index": 0, "text": "x"}]},
+                      {"choices": [], "usage": {"prompt_tokens": 4, "completion_tokens": 1, "total_tokens": 5}}]
+            return httpx.Response(200, headers=headers, content=sse_body(chunks))
+        return handler
+
+    async def go(headers):
+        async with stream(handler_for(headers)) as client:
+            return await one_request(client, "http://w/v1/completions", "m", "hi", 1, False)
+
+    header = asyncio.run(go({http_headers.CACHED_TOKENS: "3"}))
+    assert (header.num_cached_tokens, header.cached_tokens_from, header.token_ids) == (3, "header", None)
+    absent = asyncio.run(go({}))
+    assert (absent.num_cached_tokens, absent.cached_tokens_from) == (0, "absent")
+
+
+def test_sessions_send_the_header_and_append_returned_ids_else_re_encoded_text():
+    workload = MultiTurnWorkload.from_config(MultiTurnConfig(num_sessions=2, num_turns=2, num_system_tokens=3,
+                                                             user_tokens=(2, 2), max_tokens=2))
+    seen: list[tuple[str, list[int]]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        prompt = json.loads(request.content)["prompt"]
+        session = request.headers[SESSION_HEADER]
+        seen.append((session, prompt))
+        # session-0's server returns token ids; session-1's only text ("7 8" re-encodes to [7, 8]).
+        choice = {"index": 0, "text": "7 8"} | ({"token_ids": [70, 80]} if session == "session-0" else {})
+        chunks = [{"choices": [choice]},
+                  {"choices": [], "usage": {"prompt_tokens": len(prompt), "completion_tokens": 2, "total_tokens": 0}}]
+        return httpx.Response(200, content=sse_body(chunks))
+
+    turns, _ = asyncio.run(run_sessions("http://w", "m", workload, concurrency=1, session_rate=math.inf, seed=0,
+                                        encode=lambda text: [int(t) for t in text.split()], timeout_s=5,
+                                        transport=httpx.MockTransport(handler)))
+    expected_answers = {"session-0": [70, 80], "session-1": [7, 8]}
+    sources = {"session-0": "token_ids", "session-1": "retokenized"}
+    # One session in flight: sessions in start order, each turn's prompt carrying the previous answer exactly.
+    assert seen == [(s.session_id, s.prompt([expected_answers[s.session_id]] * k))
+                    for s in workload.sessions for k in range(2)]
+    assert [(t.session_id, t.turn, t.answer_source, t.answer) for t in turns] == [
+        (s.session_id, k, sources[s.session_id], expected_answers[s.session_id])
+        for s in workload.sessions for k in range(2)]
