@@ -7,10 +7,17 @@ hands work over through a command queue (add, abort) and receives per-request
 waits on ``step()``.
 
 Prefill/decode hand-off (:mod:`inference_worker.server.pd`) adds two commands, both run on the
-engine thread: :meth:`EngineLoop.prefill_export` (prefill role: prefill, copy the request's KV out
-of the paged cache after its first token, free its blocks) and :meth:`EngineLoop.submit_prefilled`
-(decode role: import received KV and continue decoding in the normal batch); see
-:mod:`inference_worker.engine.kv_handoff`.
+engine thread through the engine's public API (its KV connector does the copies):
+:meth:`EngineLoop.prefill_export` (prefill role: prefill, save the request's KV when it finishes with
+its first token) and :meth:`EngineLoop.submit_prefilled` (decode role: queue received KV and continue
+decoding in the normal batch); see :mod:`inference_worker.engine.kv_handoff`.
+
+Prefix cache: each request's hit is sent as a :class:`SeqUpdate` with ``num_cached_tokens`` as soon
+as the engine admits it, before its first token is computed (the server puts it in the
+``X-Ferry-Cached-Tokens`` header). The loop drains the engine's KV events into a
+:class:`~inference_worker.server.kv_events.KVEventLog` after every step, takes consistent
+snapshots and resets the prefix cache on request (:meth:`EngineLoop.kv_events_snapshot`,
+:meth:`EngineLoop.reset_prefix_cache`).
 
 The loop also measures the engine busy ratio (fraction of wall time inside ``step()`` over the
 last :data:`BUSY_WINDOW_S` seconds; the CPU substitute for GPU utilization) and publishes queue
@@ -29,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from inference_worker.metrics import WorkerMetrics
+from inference_worker.server.kv_events import KVEventLog
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +59,8 @@ class SeqUpdate:
         finish_reason: "stop" (EOS, stop token or stop string), "length", "abort" or "error".
         error: a message when ``finish_reason`` is "error".
         error_code: OpenAI error code for ``error`` (None: ``engine_error``).
+        num_cached_tokens: set on the update that reports the request's admission: prompt tokens
+            reused from the prefix cache (0 for a miss or a PD import).
     """
 
     request_id: str
@@ -61,6 +71,7 @@ class SeqUpdate:
     finish_reason: str | None = None
     error: str | None = None
     error_code: str | None = None
+    num_cached_tokens: int | None = None
 
 
 @dataclass
@@ -89,6 +100,15 @@ class _Export:
     request_id: str
     prompt_token_ids: list[int]
     params: Any
+    future: asyncio.Future = field(repr=False)
+    loop: asyncio.AbstractEventLoop = field(repr=False)
+
+
+@dataclass
+class _Call:
+    """Run ``fn(engine)`` on the engine thread and resolve ``future`` with its result."""
+
+    fn: Any = field(repr=False)
     future: asyncio.Future = field(repr=False)
     loop: asyncio.AbstractEventLoop = field(repr=False)
 
@@ -128,6 +148,10 @@ class EngineLoop:
         self._interval_start = time.monotonic()
         self._interval_busy = 0.0
         self._last_stats = 0.0
+        self.kv_events = KVEventLog()
+        self._prefix_stats: dict[str, Any] = {}
+        if hasattr(engine, "set_admission_listener"):
+            engine.set_admission_listener(self._on_admitted)
 
     # ---- event-loop side -------------------------------------------------------------------
     def start(self) -> None:
@@ -176,11 +200,10 @@ class EngineLoop:
     def prefill_export(self, request_id: str, prompt_token_ids: list[int], params: Any) -> asyncio.Future:
         """Prefill role: run the prefill of ``prompt_token_ids`` and export its KV.
 
-        ``params`` must allow a second token (``max_tokens >= 2``, ``ignore_eos``, no stop strings) so
-        the request still holds its blocks after the first token; it is aborted (blocks freed) right
-        after the export, on the engine thread. Returns a future resolving to
-        ``(first_token_id, num_tokens, kv)`` (see ``engine.kv_handoff.export_prefill_kv``), or
-        failing with the engine's ValueError / RuntimeError.
+        ``params`` should have ``max_tokens`` 1: the engine saves the prompt's KV when the request
+        finishes with its first token. Returns a future resolving to ``(first_token_id, num_tokens,
+        kv)`` (see ``PagedLLMEngine.pop_exported_kv``), or failing with the engine's ValueError /
+        RuntimeError.
 
         Raises:
             RuntimeError: the engine loop is not alive.
@@ -197,7 +220,7 @@ class EngineLoop:
         """Decode role: continue a request prefilled elsewhere (KV imported into the paged cache).
 
         Updates arrive on ``updates`` as for :meth:`submit`, the first one carrying the first token.
-        When the engine has no room for the import right now the prompt is prefilled here instead.
+        Without room now, the import waits for a seat and blocks like any request (FCFS).
 
         Raises:
             RuntimeError: the engine loop is not alive.
@@ -208,7 +231,49 @@ class EngineLoop:
         self._commands.put(_Import(request_id, list(prompt_token_ids), params, int(first_token_id), kv,
                                    list(first_positions), stream))
 
+    def call(self, fn: Any) -> asyncio.Future:
+        """Run ``fn(engine)`` on the engine thread; returns a future with its result or exception.
+
+        Raises:
+            RuntimeError: the engine loop is not alive.
+        """
+        if not self.alive:
+            raise RuntimeError(f"engine loop is not running: {self._fatal or 'stopped'}")
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self._commands.put(_Call(fn, future, loop))
+        return future
+
+    async def reset_prefix_cache(self) -> int:
+        """Forget every cached KV block (engine thread); returns how many blocks were forgotten."""
+        return await self.call(lambda engine: self._drained(engine.reset_prefix_cache()))
+
+    async def kv_events_snapshot(self) -> tuple[int, list[dict]]:
+        """``(seq, events)``: the prefix cache now as ``cleared`` + ``stored`` events, consistent with ``seq``."""
+        def snapshot(engine: Any) -> tuple[int, list[dict]]:
+            self._drain_kv_events()
+            return self.kv_events.seq, [event.as_dict() for event in engine.kv_events_snapshot()]
+
+        return await self.call(snapshot)
+
     # ---- engine-thread side ----------------------------------------------------------------
+    def _drained(self, value: Any) -> Any:
+        self._drain_kv_events()
+        return value
+
+    def _drain_kv_events(self) -> None:
+        take = getattr(self._engine, "take_kv_events", None)
+        if take is not None:
+            events = take()
+            if events:
+                self.kv_events.extend(events)
+
+    def _on_admitted(self, num_cached_tokens: dict[str, int]) -> None:
+        """Engine callback (inside ``step``, before the forward): report each admitted request's hit."""
+        for request_id, hit in num_cached_tokens.items():
+            if request_id in self._streams:
+                self._send(request_id, SeqUpdate(request_id, (), "", 0, False, num_cached_tokens=hit))
+
     def _run(self) -> None:
         try:
             while not self._stop.is_set():
@@ -220,6 +285,7 @@ class EngineLoop:
                     self._interval_busy += time.monotonic() - started
                     for output in outputs:
                         self._deliver(output)
+                    self._drain_kv_events()
                 self._publish_stats()
         except Exception as exc:  # noqa: BLE001 - thread boundary: report any engine failure to all requests
             logger.exception("engine loop failed")
@@ -229,6 +295,7 @@ class EngineLoop:
             for command in self._exports.values():
                 command.loop.call_soon_threadsafe(_set_exception, command.future,
                                                   RuntimeError(f"engine failed: {self._fatal}"))
+            self._fail_pending_calls()
 
     def _drain_commands(self, *, block: bool) -> None:
         try:
@@ -242,7 +309,25 @@ class EngineLoop:
             except queue.Empty:
                 return
 
-    def _apply(self, command: _Add | _Abort | _Export | _Import) -> None:
+    def _fail_pending_calls(self) -> None:
+        while True:
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(command, _Call | _Export):
+                command.loop.call_soon_threadsafe(_set_exception, command.future,
+                                                  RuntimeError(f"engine failed: {self._fatal}"))
+
+    def _apply(self, command: _Add | _Abort | _Export | _Import | _Call) -> None:
+        if isinstance(command, _Call):
+            try:
+                result = command.fn(self._engine)
+            except Exception as exc:  # noqa: BLE001 - handed to the awaiting coroutine
+                command.loop.call_soon_threadsafe(_set_exception, command.future, exc)
+            else:
+                command.loop.call_soon_threadsafe(_set_result, command.future, result)
+            return
         if isinstance(command, _Export | _Import):
             self._apply_handoff(command)
             return
@@ -258,11 +343,9 @@ class EngineLoop:
             self._send(command.request_id, SeqUpdate(command.request_id, (), "", len(command.prompt_token_ids), True, "error", str(exc)))
 
     def _apply_handoff(self, command: _Export | _Import) -> None:
-        from inference_worker.engine import kv_handoff  # paged engine only; imported on first use
-
         if isinstance(command, _Export):
             try:
-                self._engine.add_request(command.request_id, command.prompt_token_ids, command.params)
+                self._engine.add_request(command.request_id, command.prompt_token_ids, command.params, kv_export=True)
             except ValueError as exc:
                 command.loop.call_soon_threadsafe(_set_exception, command.future, exc)
                 return
@@ -270,13 +353,9 @@ class EngineLoop:
             return
         self._streams[command.request_id] = command.stream
         try:
-            output = kv_handoff.import_prefilled_request(
-                self._engine, command.request_id, command.prompt_token_ids, command.params, command.first_token_id,
+            output = self._engine.add_prefilled_request(
+                command.request_id, command.prompt_token_ids, command.params, command.first_token_id,
                 command.kv, command.first_positions)
-        except kv_handoff.NoCapacity as exc:
-            logger.info("%s; prefilling it here instead", exc)
-            self._apply(_Add(command.request_id, command.prompt_token_ids, command.params, command.stream))
-            return
         except ValueError as exc:
             self._send(command.request_id, SeqUpdate(command.request_id, (), "", len(command.prompt_token_ids), True,
                                                      "error", str(exc)))
@@ -284,22 +363,18 @@ class EngineLoop:
         self._deliver(output)
 
     def _finish_export(self, output: Any) -> None:
-        """After a step: export the KV of a prefill-role request that has its first token, then free it."""
-        from inference_worker.engine import kv_handoff
-
+        """After a step: hand a finished prefill-role request's first token and saved KV to its future."""
+        if not output.finished:
+            return
         command = self._exports.pop(output.request_id)
         token_ids = output.outputs[0].token_ids
-        try:
-            if output.finished or not token_ids:
-                raise ValueError(f"prefill of {output.request_id!r} ended without a first token "
-                                 f"({output.outputs[0].finish_reason})")
-            num_tokens, kv = kv_handoff.export_prefill_kv(self._engine, output.request_id)
-        except ValueError as exc:
-            command.loop.call_soon_threadsafe(_set_exception, command.future, exc)
-        else:
-            command.loop.call_soon_threadsafe(_set_result, command.future, (int(token_ids[0]), num_tokens, kv))
-        finally:
-            self._engine.abort_request(output.request_id)
+        exported = self._engine.pop_exported_kv(output.request_id)
+        if exported is None or not token_ids:
+            command.loop.call_soon_threadsafe(_set_exception, command.future, ValueError(
+                f"prefill of {output.request_id!r} ended without its KV ({output.outputs[0].finish_reason})"))
+            return
+        num_tokens, kv = exported
+        command.loop.call_soon_threadsafe(_set_result, command.future, (int(token_ids[0]), num_tokens, kv))
 
     def _deliver(self, output: Any) -> None:
         """Forward one ``RequestOutput`` (its single completion's per-step delta)."""
@@ -310,7 +385,8 @@ class EngineLoop:
             return
         completion = output.outputs[0]
         update = SeqUpdate(output.request_id, tuple(completion.new_token_ids), completion.new_text,
-                           len(output.prompt_token_ids), bool(output.finished), completion.finish_reason)
+                           len(output.prompt_token_ids), bool(output.finished), completion.finish_reason,
+                           num_cached_tokens=getattr(output, "num_cached_tokens", None))
         self._send(output.request_id, update)
 
     def _send(self, request_id: str, update: SeqUpdate) -> None:
@@ -339,6 +415,11 @@ class EngineLoop:
             waiting, running, kv_usage = engine_queue_stats(self._engine)
             self._metrics.set_engine_state(num_waiting=waiting, num_running=running, kv_cache_usage=kv_usage,
                                            busy_ratio=busy_ratio)
+            stats = getattr(self._engine, "prefix_cache_stats", None)
+            if stats is not None:
+                current = stats()
+                self._metrics.prefix_cache(current, self._prefix_stats)
+                self._prefix_stats = current
 
 
 def _set_result(future: asyncio.Future, value: Any) -> None:

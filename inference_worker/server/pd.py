@@ -156,7 +156,7 @@ class PDService:
         fault = self.fault
         if fault is not None and fault[0] == "header":
             fault = parse_fault(headers.get(FAULT_HEADER))
-        params = model.make_sampling_params(max_tokens=2, ignore_eos=True, **{
+        params = model.make_sampling_params(max_tokens=1, ignore_eos=True, **{
             k: sampling[k] for k in ("temperature", "top_p", "top_k", "seed") if sampling.get(k) is not None})
         started = time.perf_counter()
         try:
