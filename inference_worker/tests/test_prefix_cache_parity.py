@@ -144,3 +144,43 @@ def test_bf16_gemma_and_dense_smollm2_resume_and_prompt_end(name, dtype, vocab):
     reference = {"resumed": run(engine(model, False), prompts["resumed"])[0],
                  "end": run(engine(model, False), [prompts["end"]])[0]}
     resume_and_end(model, prompts, reference, 16, f"{name}-{dtype}")
+
+
+def test_gemma_fp32_hit_inside_a_pd_imported_window_equals_colocated(gemma, gemma_prompts):
+    """Acceptance 2: the decode engine imports a 530-token prefill (sliding layers receive positions 19..529,
+    so sliding block 1, positions 16..31, is only partly written), decodes 20 tokens, then requests extending
+    the prompt hit inside the imported window: same greedy tokens as colocated.
+
+    Decode computed positions 0..548: whole blocks 0..33 are registered in the full group and 2..33 in the
+    sliding group. A request extending prompt + all 20 answer tokens hits 544 (the query at 544 reads
+    33..543: blocks 2..33); one extending prompt + 2 answer tokens could only hit 528, which reads
+    17..527 (the partly written block 1), so it gets no hit at all.
+    """
+    from inference_worker.engine.llm_engine import PagedLLMEngine
+    from inference_worker.engine.sampling_params import SamplingParams
+
+    loaded = load_prepared(GEMMA)
+    greedy = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
+    long = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
+
+    def new_engine():
+        return PagedLLMEngine(loaded, kv_cache_memory="128MiB", weights_sha256=SHA)
+
+    prompt = gemma_prompts["primer"]
+    prefill, decode, colocated = new_engine(), new_engine(), new_engine()
+    prefill.add_request("p", prompt, SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True), kv_export=True)
+    first = None
+    while prefill.has_unfinished_requests():
+        first = next((out.outputs[0].token_ids[0] for out in prefill.step() if out.finished), first)
+    num_tokens, kv = prefill.pop_exported_kv("p")
+    assert num_tokens == L and [k.shape[0] for k, _ in kv][:2] == [W - 1, W - 1]
+    output = decode.add_prefilled_request("p", prompt, long, first, kv, [L - k.shape[0] for k, _ in kv])
+    answer = list(output.outputs[0].token_ids)
+    while decode.has_unfinished_requests():
+        answer = next((out.outputs[0].token_ids for out in decode.step()), answer)
+    assert answer == colocated.generate([prompt], long)[0].outputs[0].token_ids
+    follows = [prompt + answer + [5, 6, 7], prompt + answer[:2] + [5, 6, 7]]
+    expected = [out.outputs[0].token_ids for out in colocated.generate(follows, greedy)]
+    got = [decode.generate([follow], greedy)[0] for follow in follows]
+    assert [g.num_cached_tokens for g in got] == [544, 0]
+    assert [g.outputs[0].token_ids for g in got] == expected
