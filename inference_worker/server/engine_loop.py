@@ -6,28 +6,17 @@ hands work over through a command queue (add, abort) and receives per-request
 ``loop.call_soon_threadsafe`` so no request waits on another's HTTP I/O and the HTTP side never
 waits on ``step()``.
 
-Prefill/decode hand-off (:mod:`inference_worker.server.pd`) adds two commands, both run on the
-engine thread through the engine's public API (its KV connector does the copies):
-:meth:`EngineLoop.prefill_export` (prefill role: prefill, save the request's KV when it finishes with
-its first token) and :meth:`EngineLoop.submit_prefilled` (decode role: queue received KV and continue
-decoding in the normal batch); see :mod:`inference_worker.engine.kv_handoff`.
-
-Prefix cache: each request's hit is sent as a :class:`SeqUpdate` with ``num_cached_tokens`` as soon
-as the engine admits it, before its first token is computed (the server puts it in the
-``X-Ferry-Cached-Tokens`` header). The loop drains the engine's KV events into a
-:class:`~inference_worker.server.kv_events.KVEventLog` after every step, takes consistent
-snapshots and resets the prefix cache on request (:meth:`EngineLoop.kv_events_snapshot`,
-:meth:`EngineLoop.reset_prefix_cache`).
-
-The loop also measures the engine busy ratio (fraction of wall time inside ``step()`` over the
-last :data:`BUSY_WINDOW_S` seconds; the CPU substitute for GPU utilization) and publishes queue
-depth and KV cache usage to the worker metrics.
+PD hand-off (:mod:`.pd`; the engine's KV connector copies the KV, see ``engine.kv_handoff``):
+:meth:`EngineLoop.prefill_export` (prefill role) and :meth:`EngineLoop.submit_prefilled` (decode role).
+Prefix cache: a request's hit goes out as a :class:`SeqUpdate` with ``num_cached_tokens`` when the
+engine admits it, before its first token (for the ``X-Ferry-Cached-Tokens`` header); KV events are
+drained into a :class:`~.kv_events.KVEventLog` after every step. Busy ratio, queue depth, KV usage
+and prefix-cache counters go to the worker metrics (:mod:`.engine_stats`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import queue
 import threading
@@ -36,13 +25,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from inference_worker.metrics import WorkerMetrics
+from inference_worker.server.engine_stats import EngineStats, engine_queue_stats
 from inference_worker.server.kv_events import KVEventLog
 
 logger = logging.getLogger(__name__)
 
-BUSY_WINDOW_S = 5.0
-STATS_INTERVAL_S = 0.25
 IDLE_POLL_S = 0.05
+__all__ = ["EngineLoop", "SeqUpdate", "engine_queue_stats"]
 
 
 @dataclass(frozen=True)
@@ -144,12 +133,8 @@ class EngineLoop:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
         self._fatal: str | None = None
-        self._busy_samples: collections.deque[tuple[float, float, float]] = collections.deque()
-        self._interval_start = time.monotonic()
-        self._interval_busy = 0.0
-        self._last_stats = 0.0
         self.kv_events = KVEventLog()
-        self._prefix_stats: dict[str, Any] = {}
+        self._stats = EngineStats(engine, metrics, self.kv_events)
         if hasattr(engine, "set_admission_listener"):
             engine.set_admission_listener(self._on_admitted)
 
@@ -187,11 +172,14 @@ class EngineLoop:
         Raises:
             RuntimeError: the engine loop is not alive.
         """
-        if not self.alive:
-            raise RuntimeError(f"engine loop is not running: {self._fatal or 'stopped'}")
+        self._check_alive()
         stream = _Stream(loop=asyncio.get_running_loop(), queue=updates if updates is not None else asyncio.Queue())
         self._commands.put(_Add(request_id, list(prompt_token_ids), params, stream))
         return stream.queue
+
+    def _check_alive(self) -> None:
+        if not self.alive:
+            raise RuntimeError(f"engine loop is not running: {self._fatal or 'stopped'}")
 
     def abort(self, request_id: str) -> None:
         """Abort a request (client went away); its KV blocks are freed on the engine's next turn."""
@@ -208,8 +196,7 @@ class EngineLoop:
         Raises:
             RuntimeError: the engine loop is not alive.
         """
-        if not self.alive:
-            raise RuntimeError(f"engine loop is not running: {self._fatal or 'stopped'}")
+        self._check_alive()
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         self._commands.put(_Export(request_id, list(prompt_token_ids), params, future, loop))
@@ -225,8 +212,7 @@ class EngineLoop:
         Raises:
             RuntimeError: the engine loop is not alive.
         """
-        if not self.alive:
-            raise RuntimeError(f"engine loop is not running: {self._fatal or 'stopped'}")
+        self._check_alive()
         stream = _Stream(loop=asyncio.get_running_loop(), queue=updates)
         self._commands.put(_Import(request_id, list(prompt_token_ids), params, int(first_token_id), kv,
                                    list(first_positions), stream))
@@ -237,8 +223,7 @@ class EngineLoop:
         Raises:
             RuntimeError: the engine loop is not alive.
         """
-        if not self.alive:
-            raise RuntimeError(f"engine loop is not running: {self._fatal or 'stopped'}")
+        self._check_alive()
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         self._commands.put(_Call(fn, future, loop))
@@ -246,7 +231,12 @@ class EngineLoop:
 
     async def reset_prefix_cache(self) -> int:
         """Forget every cached KV block (engine thread); returns how many blocks were forgotten."""
-        return await self.call(lambda engine: self._drained(engine.reset_prefix_cache()))
+        def reset(engine: Any) -> int:
+            cleared = engine.reset_prefix_cache()
+            self._drain_kv_events()
+            return cleared
+
+        return await self.call(reset)
 
     async def kv_events_snapshot(self) -> tuple[int, list[dict]]:
         """``(seq, events)``: the prefix cache now as ``cleared`` + ``stored`` events, consistent with ``seq``."""
@@ -257,10 +247,6 @@ class EngineLoop:
         return await self.call(snapshot)
 
     # ---- engine-thread side ----------------------------------------------------------------
-    def _drained(self, value: Any) -> Any:
-        self._drain_kv_events()
-        return value
-
     def _drain_kv_events(self) -> None:
         take = getattr(self._engine, "take_kv_events", None)
         if take is not None:
@@ -282,11 +268,11 @@ class EngineLoop:
                 if self._engine.has_unfinished_requests():
                     started = time.monotonic()
                     outputs = self._engine.step()
-                    self._interval_busy += time.monotonic() - started
+                    self._stats.add_busy(time.monotonic() - started)
                     for output in outputs:
                         self._deliver(output)
                     self._drain_kv_events()
-                self._publish_stats()
+                self._stats.maybe_publish()
         except Exception as exc:  # noqa: BLE001 - thread boundary: report any engine failure to all requests
             logger.exception("engine loop failed")
             self._fatal = f"{type(exc).__name__}: {exc}"
@@ -400,27 +386,6 @@ class EngineLoop:
         except RuntimeError:  # the event loop is closed (server shutting down)
             logger.debug("dropping update for %s: event loop closed", request_id)
 
-    def _publish_stats(self) -> None:
-        now = time.monotonic()
-        if now - self._last_stats < STATS_INTERVAL_S:
-            return
-        self._last_stats = now
-        self._busy_samples.append((self._interval_start, now, self._interval_busy))
-        self._interval_start, self._interval_busy = now, 0.0
-        while self._busy_samples and self._busy_samples[0][1] < now - BUSY_WINDOW_S:
-            self._busy_samples.popleft()
-        span = now - self._busy_samples[0][0]
-        busy_ratio = min(1.0, sum(s[2] for s in self._busy_samples) / span) if span > 0 else 0.0
-        if self._metrics is not None:
-            waiting, running, kv_usage = engine_queue_stats(self._engine)
-            self._metrics.set_engine_state(num_waiting=waiting, num_running=running, kv_cache_usage=kv_usage,
-                                           busy_ratio=busy_ratio)
-            stats = getattr(self._engine, "prefix_cache_stats", None)
-            if stats is not None:
-                current = stats()
-                self._metrics.prefix_cache(current, self._prefix_stats)
-                self._prefix_stats = current
-
 
 def _set_result(future: asyncio.Future, value: Any) -> None:
     if not future.done():
@@ -430,17 +395,3 @@ def _set_result(future: asyncio.Future, value: Any) -> None:
 def _set_exception(future: asyncio.Future, exc: BaseException) -> None:
     if not future.done():
         future.set_exception(exc)
-
-
-def engine_queue_stats(engine: Any) -> tuple[int, int, float | None]:
-    """(num_waiting, num_running, KV cache usage 0..1 or None) from the engine's read-only accessors.
-
-    Queue depth comes from ``engine.num_waiting`` / ``engine.num_running``. KV usage is
-    ``engine.kv_cache_usage`` when the engine has it (paged cache: blocks in use); for the
-    contiguous cache it is the fraction of per-sequence KV slots in use; None if neither exists.
-    """
-    usage = getattr(engine, "kv_cache_usage", None)
-    runner = getattr(engine, "runner", None)
-    if usage is None and hasattr(runner, "num_free_slots") and hasattr(runner, "max_num_seqs"):
-        usage = 1.0 - runner.num_free_slots / runner.max_num_seqs
-    return int(engine.num_waiting), int(engine.num_running), None if usage is None else float(usage)

@@ -13,6 +13,7 @@ and the final chunk carries the usage), ``POST /admin/kv-cache/reset`` (401 unsi
 from __future__ import annotations
 
 import json
+import time
 
 import httpx
 import pytest
@@ -67,7 +68,7 @@ def prefix_metrics(url):
     out = {}
     for family in text_string_to_metric_families(httpx.get(url + "/metrics").text):
         for s in family.samples:
-            if s.name.startswith("ferry_prefix_cache"):
+            if s.name.startswith(("ferry_prefix_cache", "ferry_kv_events")):
                 out[(s.name, s.labels.get("group", ""))] = s.value
     return out
 
@@ -154,3 +155,8 @@ def test_reset_is_signed_and_kv_events_stream_snapshots_stores_and_clears(worker
     assert reset(cached_url).json() == {"cleared_blocks": 6}
     assert read_batches(cached_url, after=seq + 6)[0]["events"] == [{"type": "cleared"}]
     assert httpx.get(cached_url + KV_EVENTS_PATH, params={"after": "x"}, timeout=10).status_code == 400
+    time.sleep(0.5)  # the engine thread publishes metrics every 0.25 s
+    counters = prefix_metrics(cached_url)
+    assert counters[("ferry_kv_events_total", "")] >= seq + 7  # every event since start, numbered 1..seq+7
+    assert counters[("ferry_kv_events_sent_total", "")] >= 6 + 7 + 1  # the batches read above, at least
+    assert counters[("ferry_kv_events_sent_bytes_total", "")] > 0
