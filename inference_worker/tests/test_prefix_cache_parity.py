@@ -3,14 +3,18 @@
 Models: Gemma 3 270M (hybrid, W = 512) in fp32 and bf16, SmolLM2-135M (dense). A primer request
 computes a 530-token prompt P; then requests that share P's first r tokens and continue differently
 resume from the cache at r = W-2, W-1, W, W+1 (rounded down to the block size: the hit is
-block-aligned) and at the prompt end (P again: all but its last token). Block sizes 1, 2, 7 and 16
-on fp32 Gemma, 16 on the others; plus chunked prefill after a hit across the window boundary, and a
-KV budget that forces preemption while requests share a prefix (preempted requests hit blocks again).
+block-aligned) and at the prompt end (P again: all but its last token); SmolLM2 has no window, so
+its prompt is 130 tokens resumed at 126..129. Block sizes 1, 2, 7 and 16 on every model; on fp32
+Gemma also chunked prefill after a hit across the window boundary, a KV budget that forces
+preemption while requests share a prefix (preempted requests hit blocks again), and a hit inside a
+PD-imported window (acceptance 2).
 
 Divergence rule (``test_paged_engine``'s): a token may differ from the caching-off reference only at
 a step where the reference's top-2 logit gap is below 1e-2; from there on the sequences are not
 compared. Each model is loaded once per test process (``load_prepared``).
 """
+
+import functools
 
 import pytest
 import torch
@@ -31,17 +35,18 @@ L = 530
 GEMMA_FP32_BLOCK_BYTES = 98304 + 491520
 
 
-def make_prompts(vocab_low, vocab_high):
+def make_prompts(vocab_low, vocab_high, length=L, resume_points=tuple(RESUME_POINTS)):
     gen = torch.Generator().manual_seed(16)
-    primer = [2] + torch.randint(vocab_low, vocab_high, (L - 1,), generator=gen).tolist()
+    primer = [2] + torch.randint(vocab_low, vocab_high, (length - 1,), generator=gen).tolist()
     resumed = []
-    for r in RESUME_POINTS:  # continue differently from primer[r] on
+    for r in resume_points:  # continue differently from primer[r] on
         tail = torch.randint(vocab_low, vocab_high, (3,), generator=gen).tolist()
         tail[0] = primer[r] + 1
         resumed.append(primer[:r] + tail)
     chunked = primer[: W + 1] + torch.randint(vocab_low, vocab_high, (60,), generator=gen).tolist()
     shared = [primer[:200] + torch.randint(vocab_low, vocab_high, (200,), generator=gen).tolist() for _ in range(3)]
-    return {"primer": primer, "resumed": resumed, "end": primer, "chunked": chunked, "shared": shared}
+    return {"primer": primer, "resumed": resumed, "end": primer, "chunked": chunked, "shared": shared,
+            "resume_points": list(resume_points)}
 
 
 def run(engine, prompts, *, first_id=0):
@@ -93,7 +98,9 @@ def resume_and_end(model, prompts, reference, block_size, label):
     eng = engine(model, True, block_size=block_size)
     run(eng, [prompts["primer"]])
     got, hits = run(eng, prompts["resumed"] + [prompts["end"]], first_id=1)
-    assert hits == [(r // block_size) * block_size for r in RESUME_POINTS] + [((L - 1) // block_size) * block_size]
+    num_end = len(prompts["end"]) - 1
+    assert hits == [(r // block_size) * block_size for r in prompts["resume_points"]] + [
+        (num_end // block_size) * block_size]
     assert_same_under_divergence_rule(label, got, reference["resumed"] + reference["end"])
 
 
@@ -136,14 +143,26 @@ def test_gemma_fp32_preemption_with_shared_prefixes(gemma, gemma_prompts, gemma_
     assert_same_under_divergence_rule("gemma-preemption", got, gemma_reference["shared"])
 
 
-@pytest.mark.parametrize(("name", "dtype", "vocab"), [(GEMMA, "bfloat16", (300, 200_000)),
-                                                      (SMOLLM2, "float32", (100, 49_000))])
-def test_bf16_gemma_and_dense_smollm2_resume_and_prompt_end(name, dtype, vocab):
+# SmolLM2 is dense (no window): a 130-token prompt resumed around a block boundary (126..129) is enough
+OTHER_MODELS = {"gemma-bf16": (GEMMA, "bfloat16", (300, 200_000, L, tuple(RESUME_POINTS))),
+                "smollm2": (SMOLLM2, "float32", (100, 49_000, 130, (126, 127, 128, 129)))}
+
+
+@functools.cache
+def other_model(key):
+    """(model, prompts, caching-off reference) of bf16 Gemma or dense SmolLM2, once per test process."""
+    name, dtype, prompt_args = OTHER_MODELS[key]
     model = load_prepared(name, dtype=dtype).model
-    prompts = make_prompts(*vocab)
-    reference = {"resumed": run(engine(model, False), prompts["resumed"])[0],
-                 "end": run(engine(model, False), [prompts["end"]])[0]}
-    resume_and_end(model, prompts, reference, 16, f"{name}-{dtype}")
+    prompts = make_prompts(*prompt_args)
+    results, _ = run(engine(model, False), prompts["resumed"] + [prompts["end"]])
+    return model, prompts, {"resumed": results[:-1], "end": results[-1:]}
+
+
+@pytest.mark.parametrize("block_size", [1, 2, 7, 16])
+@pytest.mark.parametrize("key", list(OTHER_MODELS))
+def test_bf16_gemma_and_dense_smollm2_resume_and_prompt_end(key, block_size):
+    model, prompts, reference = other_model(key)
+    resume_and_end(model, prompts, reference, block_size, f"{key}-bs{block_size}")
 
 
 def test_gemma_fp32_hit_inside_a_pd_imported_window_equals_colocated(gemma, gemma_prompts):
