@@ -30,6 +30,7 @@ TORCH_FREE_CORE = [
     "inference_worker.engine.request",
     "inference_worker.engine.sched_output",
     "inference_worker.engine.scheduler",
+    "inference_worker.engine.single_type_kv_cache_manager",
 ]
 
 
