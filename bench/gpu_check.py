@@ -24,10 +24,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from inference_worker.engine.contiguous_runner import ContiguousModelRunner  # noqa: E402
 from inference_worker.kernels import prefill_attention_reference, prefill_attention_sdpa  # noqa: E402
 from inference_worker.model.loader import load_model  # noqa: E402
 from inference_worker.model.prepare import prepare_model  # noqa: E402
+from inference_worker.reference.contiguous_runner import ContiguousModelRunner  # noqa: E402
 
 TEXT = ("Hybrid attention interleaves sliding-window layers with a few full-attention layers, so the KV cache "
         "of long prompts stays small enough to ship between datacenters. ") * 100

@@ -21,9 +21,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from inference_worker.engine.contiguous_runner import ContiguousModelRunner  # noqa: E402
 from inference_worker.model.loader import load_model  # noqa: E402
 from inference_worker.model.prepare import prepare_model  # noqa: E402
+from inference_worker.reference.contiguous_runner import ContiguousModelRunner  # noqa: E402
 from inference_worker.registry import gguf_path  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"

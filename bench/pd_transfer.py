@@ -71,8 +71,8 @@ def random_kv(max_tokens: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 def real_kv(max_tokens: int, device: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Prefill Gemma 3 270M on ``max_tokens`` tokens of real text; per layer (K, V) ``[N, 1, 256]`` in bf16."""
-    from inference_worker.engine.contiguous_runner import ContiguousModelRunner
     from inference_worker.model.loader import load_model
+    from inference_worker.reference.contiguous_runner import ContiguousModelRunner
 
     loaded = load_model("gemma-3-270m", device=device)
     text = ""

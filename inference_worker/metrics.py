@@ -143,11 +143,32 @@ class WorkerMetrics:
             "ferry_kv_recompute", "Prefills recomputed on the decode worker after a failed KV hand-off, by reason.",
             [*labels, "reason"], registry=r,
         )
+        self._prefix_queries = Counter(
+            "ferry_prefix_cache_queries", "Prompt tokens looked up in the prefix cache at admission.", labels,
+            registry=r)
+        self._prefix_hits = Counter(
+            "ferry_prefix_cache_hits", "Prompt tokens found in the prefix cache (not computed).", labels, registry=r)
+        self._prefix_evictions = Counter(
+            "ferry_prefix_cache_evictions", "Cached KV blocks whose memory was reused, by KV-cache group.",
+            [*labels, "group"], registry=r)
+        self._prefix_blocks = Gauge(
+            "ferry_prefix_cache_blocks", "KV blocks registered in the prefix cache (reusable), by KV-cache group.",
+            [*labels, "group"], registry=r)
+        self._kv_events = Counter(
+            "ferry_kv_events", "KV cache events produced (blocks stored/removed, cleared); see GET /v1/kv-events.",
+            labels, registry=r)
+        self._kv_events_sent = Counter(
+            "ferry_kv_events_sent", "KV cache events sent on GET /v1/kv-events streams (all subscribers).",
+            labels, registry=r)
+        self._kv_events_bytes = Counter(
+            "ferry_kv_events_sent_bytes", "Bytes of NDJSON sent on GET /v1/kv-events streams (all subscribers).",
+            labels, registry=r)
         # Pre-create the per-outcome children so rates start from 0 rather than appearing late.
         for outcome in REQUEST_OUTCOMES:
             self._requests.labels(**self.identity, outcome=outcome)
         for metric in (self._waiting, self._running, self._prompt_tokens, self._generation_tokens, self._kv_usage,
-                       self._busy, self._ready, self._ttft, self._tpot, self._e2e):
+                       self._busy, self._ready, self._ttft, self._tpot, self._e2e, self._prefix_queries,
+                       self._prefix_hits, self._kv_events, self._kv_events_sent, self._kv_events_bytes):
             metric.labels(**self.identity)
 
     def request_finished(self, outcome: str) -> None:
@@ -185,6 +206,31 @@ class WorkerMetrics:
         if kv_cache_usage is not None:
             self._kv_usage.labels(**self.identity).set(kv_cache_usage)
         self._busy.labels(**self.identity).set(busy_ratio)
+
+    def prefix_cache(self, stats: Mapping, previous: Mapping) -> None:
+        """Advance the prefix-cache series from engine counters (``PagedLLMEngine.prefix_cache_stats``).
+
+        ``stats``/``previous``: ``query_tokens``, ``hit_tokens``, per group ``evictions`` (cumulative)
+        and ``cached_blocks`` (now); counters grow by the difference to ``previous`` (empty at start).
+        """
+        for counter, key in ((self._prefix_queries, "query_tokens"), (self._prefix_hits, "hit_tokens")):
+            delta = stats[key] - previous.get(key, 0)
+            if delta > 0:
+                counter.labels(**self.identity).inc(delta)
+        for group, evictions in stats["evictions"].items():
+            delta = evictions - previous.get("evictions", {}).get(group, 0)
+            child = self._prefix_evictions.labels(**self.identity, group=group)
+            if delta > 0:
+                child.inc(delta)
+        for group, num_blocks in stats["cached_blocks"].items():
+            self._prefix_blocks.labels(**self.identity, group=group).set(num_blocks)
+
+    def kv_events(self, num_produced: int, num_sent: int, num_bytes_sent: int) -> None:
+        """Add KV events produced by the engine, and events and bytes sent to KV-event subscribers."""
+        for counter, value in ((self._kv_events, num_produced), (self._kv_events_sent, num_sent),
+                               (self._kv_events_bytes, num_bytes_sent)):
+            if value > 0:
+                counter.labels(**self.identity).inc(value)
 
     def set_ready(self, ready: bool) -> None:
         """Export readiness (1 ready, 0 loading or draining)."""

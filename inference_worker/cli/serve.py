@@ -64,6 +64,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-model-len", type=int, default=None, help="context length cap in tokens")
     parser.add_argument("--kv-cache-memory", default=None,
                         help="KV cache budget: bytes with a unit (512MiB, 2GiB) or a fraction of free memory (0.5)")
+    parser.add_argument("--block-size", type=int, default=None, help="tokens per KV cache block (default 16)")
+    parser.add_argument("--no-prefix-caching", action="store_true",
+                        help="turn off prefix caching (reuse of identical prompt prefixes' KV; on by default)")
     parser.add_argument("--dtype", default=None, help="weight/compute dtype (float32, bfloat16, float16)")
     parser.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
     parser.add_argument("--fault-error-rate", type=float, default=0.0, metavar="F",
@@ -102,6 +105,8 @@ def validate(args: argparse.Namespace) -> None:
         raise ValueError(f"--fault-error-rate must be in [0, 1], got {args.fault_error_rate}")
     if args.drain_timeout < 0:
         raise ValueError(f"--drain-timeout must be >= 0 seconds, got {args.drain_timeout}")
+    if args.block_size is not None and args.block_size < 1:
+        raise ValueError(f"--block-size must be >= 1, got {args.block_size}")
     if args.max_num_seqs is not None and args.max_num_seqs < 1:
         raise ValueError(f"--max-num-seqs must be >= 1, got {args.max_num_seqs}")
     if not 0 < args.port < 65536:
@@ -139,7 +144,8 @@ def load_model(args: argparse.Namespace, metrics: WorkerMetrics) -> ServedModel:
 
     return build_served_model(args.model, metrics=metrics, max_num_seqs=args.max_num_seqs,
                               max_model_len=args.max_model_len, kv_cache_memory=args.kv_cache_memory, dtype=args.dtype,
-                              device=args.device)
+                              device=args.device, block_size=args.block_size,
+                              enable_prefix_caching=not args.no_prefix_caching)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -162,6 +168,7 @@ def run(args: argparse.Namespace) -> int:
         fault_error_rate=args.fault_error_rate,
         fault_rng=random.Random(args.fault_seed),
         drain_timeout_s=args.drain_timeout,
+        link_secret=link_secret(args),
     )
     if args.role in ("prefill", "decode") and link_secret(args) is None:
         logging.getLogger(__name__).warning(

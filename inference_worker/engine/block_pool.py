@@ -6,12 +6,22 @@ block ids, counts how many requests hold each block, and owns one shared *null b
 has fallen out of the window. The null block is never allocated, never freed and never
 counted as free. This module never imports torch; the model runner maps block ids to tensor
 rows.
+
+Prefix caching: a block whose KV is complete for a known prefix carries its digest
+(:mod:`~inference_worker.engine.block_hash`) and sits in the pool's cached-block map
+(digest -> block). When its last reference goes it joins the free queue *with* its digest, so a
+later request can take it back (``touch``) while its memory has not been reused; ``allocate``
+evicts a cached block (drops its digest, emits ``BlockRemoved``) only when it hands the block out
+for new KV. The free queue is therefore also the LRU of reusable blocks: least recently freed
+first, O(1) per operation.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
+
+from inference_worker.engine.kv_events import BlockRemoved, BlockStored, KVEventQueue
 
 NULL_BLOCK_ID = 0
 
@@ -24,11 +34,15 @@ class KVCacheBlock:
         block_id: row of the group's KV tensors ``[num_blocks, block_size, num_kv_heads, head_dim]``.
         ref_cnt: number of requests whose block table holds this block (0 = free).
         is_null: True only for the pool's shared null block.
+        block_hash: the block's prefix digest while it is in the cached-block map, else None.
+        parent_hash: the digest of the block before it in the prefix (the root for block 0).
     """
 
     block_id: int
     ref_cnt: int = 0
     is_null: bool = False
+    block_hash: bytes | None = None
+    parent_hash: bytes | None = None
 
 
 class BlockPool:
@@ -37,6 +51,8 @@ class BlockPool:
     Args:
         num_blocks: total blocks including the null block; must be >= 2 so at least one block
             is usable.
+        group: the KV-cache group's name in events (its attention type).
+        events: where ``BlockStored``/``BlockRemoved``/``AllCleared`` go (None: not recorded).
 
     Raises:
         ValueError: if ``num_blocks`` < 2.
@@ -45,7 +61,7 @@ class BlockPool:
     as possible; each operation is O(1) per block.
     """
 
-    def __init__(self, num_blocks: int) -> None:
+    def __init__(self, num_blocks: int, *, group: str = "", events: KVEventQueue | None = None) -> None:
         if not isinstance(num_blocks, int) or num_blocks < 2:
             raise ValueError(
                 f"num_blocks must be an int >= 2 (one null block plus at least one usable block), got {num_blocks!r}"
@@ -57,6 +73,10 @@ class BlockPool:
         self._free: OrderedDict[int, KVCacheBlock] = OrderedDict(
             (block.block_id, block) for block in self.blocks[1:]
         )
+        self.group = group
+        self.events = events
+        self.cached_blocks: dict[bytes, KVCacheBlock] = {}
+        self.num_evictions = 0
 
     @property
     def num_usable_blocks(self) -> int:
@@ -83,14 +103,55 @@ class BlockPool:
         taken = []
         for _ in range(num_blocks):
             _, block = self._free.popitem(last=False)
+            if block.block_hash is not None:  # a reusable block's memory is needed: evict it
+                self._uncache(block)
+                self.num_evictions += 1
             block.ref_cnt = 1
             taken.append(block)
         return taken
 
+    def get_cached_block(self, digest: bytes) -> KVCacheBlock | None:
+        """The block holding KV for ``digest``, whether in use or free (still reusable), else None."""
+        return self.cached_blocks.get(digest)
+
+    def cache_block(self, block: KVCacheBlock, digest: bytes, parent_digest: bytes) -> bool:
+        """Register ``block`` (held by a request, every slot computed) under ``digest``.
+
+        Returns False and changes nothing when the digest is already cached (another request
+        computed the same prefix into another block: the first one stays the cached copy), or the
+        block is the null block or already registered.
+        """
+        if block.is_null or block.block_hash is not None or digest in self.cached_blocks:
+            return False
+        block.block_hash, block.parent_hash = digest, parent_digest
+        self.cached_blocks[digest] = block
+        if self.events is not None:
+            self.events.put(BlockStored(digest, parent_digest, self.group))
+        return True
+
+    def _uncache(self, block: KVCacheBlock) -> None:
+        digest, block.block_hash, block.parent_hash = block.block_hash, None, None
+        del self.cached_blocks[digest]
+        if self.events is not None:
+            self.events.put(BlockRemoved(digest, self.group))
+
+    def reset_prefix_cache(self) -> int:
+        """Forget every digest (blocks in use keep their KV but stop being reusable); returns how many.
+
+        Emits no per-block events: ``HybridKVCacheManager.reset_prefix_cache`` emits one
+        ``AllCleared`` for all groups.
+        """
+        num = len(self.cached_blocks)
+        for block in self.cached_blocks.values():
+            block.block_hash = block.parent_hash = None
+        self.cached_blocks.clear()
+        return num
+
     def touch(self, blocks: list[KVCacheBlock]) -> None:
         """Add one reference to each block (sharing), taking free ones out of the free queue.
 
-        The null block is skipped: it is shared by everyone and never counted.
+        The null block is skipped: it is shared by everyone and never counted. Touching a free
+        cached block is a prefix-cache hit: it leaves the free queue without losing its KV.
         """
         for block in blocks:
             if block.is_null:

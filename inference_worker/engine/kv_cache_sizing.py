@@ -12,7 +12,18 @@ sequences grow. With block size ``bs``, window W, chunk sizes ``c_i`` summing to
 split so both groups hold the same number of blocks (a sequence never holds more sliding
 blocks than full ones, so the full group then runs out first); if that gives the sliding
 group more than its bound, the sliding group gets exactly the bound and the full group gets
-the rest. Each group also pays for its null block. This module never imports torch.
+the rest. Each group also pays for its null block.
+
+With prefix caching (the policy that keeps cached contexts' windows): the freed blocks of
+finished contexts stay reusable, and a cached context is only a hit if its sliding window
+survives too (the hybrid hit rule reads the last W-1 positions), i.e. ``cdiv(W - 1, bs) + 1``
+sliding blocks for a context that holds ``cdiv(L, bs)`` full blocks. That is never fewer sliding
+than full blocks for ``L <= W`` and, for ``L = W``, ``cdiv(W - 1, bs) + 1 >= cdiv(W, bs)``: so that
+every context the full group can hold keeps its window, both groups get the same number of
+blocks (the equal split, without the running-bound cap). Contexts longer than W then leave
+sliding blocks to spare; the LRU evicts in each group independently and a context whose window
+was evicted simply stops hitting (a shorter or no hit, never a wrong one).
+This module never imports torch.
 """
 
 from __future__ import annotations
@@ -174,6 +185,7 @@ def plan_kv_cache(
     dtype_bytes: int,
     max_num_seqs: int,
     max_num_batched_tokens: int,
+    enable_prefix_caching: bool = False,
 ) -> KVCachePlan:
     """Split ``budget_bytes`` into per-group block pools (rule in the module docstring).
 
@@ -186,6 +198,8 @@ def plan_kv_cache(
         dtype_bytes: bytes per KV element (4 fp32, 2 bf16/fp16).
         max_num_seqs: scheduler's running-request limit (bounds the sliding group).
         max_num_batched_tokens: scheduler's per-step token budget (bounds the sliding group).
+        enable_prefix_caching: size the sliding group so cached contexts keep their windows
+            (policy in the module docstring).
 
     Raises:
         ValueError: if a group would get fewer than one usable block, or an unknown layer type.
@@ -212,6 +226,8 @@ def plan_kv_cache(
         window = model_config.sliding_window
         bound = max_num_seqs * (cdiv(window - 1, block_size) + 2) + cdiv(max_num_batched_tokens, block_size)
         num_usable[SLIDING_ATTENTION] = min(equal, bound)
+        if enable_prefix_caching:  # cached contexts keep their windows: the equal split (module docstring)
+            num_usable[SLIDING_ATTENTION] = equal
         rest = remaining - num_usable[SLIDING_ATTENTION] * block_bytes[SLIDING_ATTENTION]
         num_usable[FULL_ATTENTION] = rest // block_bytes[FULL_ATTENTION]
     for t in order:

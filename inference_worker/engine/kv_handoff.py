@@ -1,40 +1,43 @@
-"""Prefill/decode hand-off on the paged engine: export a prefilled request's KV, import it on decode.
+"""Prefill/decode hand-off as a KV connector (:mod:`~inference_worker.engine.kv_connector`).
 
-Both functions run on the engine's own thread (the only thread that touches the engine).
+Every method runs on the engine's thread (the only thread that writes engine tensors); received KV
+arrives as CPU tensors with the request and is copied into blocks here.
 
-Export (prefill role): a request added with ``max_tokens >= 2`` and no stop condition on its first
-token is still running after the step that sampled its first token, with ``num_computed_tokens == N``
-(the prompt) and its blocks held. :func:`export_prefill_kv` copies, per layer, the KV the next decode
-step reads (full layers: positions ``0..N-1``; sliding layers: ``N - min(N, W-1) .. N-1``, see
-:mod:`inference_worker.kv_transfer.layout`) out of the paged cache; the caller then aborts the request,
-which frees its blocks.
+Export (prefill role): a request added with ``kv_export=True`` runs its prefill and samples its first
+token; when it finishes (``max_tokens`` 1) ``request_finished`` — called by the scheduler while the
+request's blocks are still allocated — copies, per layer, the KV the next decode step reads (full
+layers: positions ``0..N-1``; sliding layers: ``N - min(N, W-1) .. N-1``, see
+:mod:`inference_worker.kv_transfer.layout`) out of the paged cache; the engine hands it out with
+``PagedLLMEngine.pop_exported_kv``.
 
-Import (decode role): :func:`import_prefilled_request` registers the request with the engine as if
-its prompt had just been prefilled here: it allocates blocks for positions ``0..N-1`` with
-``allocate_slots(request_id, N, 0)`` (so sliding groups get the null block for blocks wholly before
-the window of position N, and real blocks only for the last ``W-1`` positions), writes the received
-K/V at their slots, appends the first token and puts the request in the running batch with
-``num_computed_tokens == N``. The next step decodes the first token like any other decode.
+Import (decode role): ``PagedLLMEngine.add_prefilled_request`` validates the received KV and queues
+the request with its first token as output. At admission ``get_num_new_matched_tokens`` reports the N
+prompt tokens as available externally, so the scheduler allocates blocks with ``num_computed_tokens ==
+N`` (sliding groups get the null block for blocks wholly before the window of position N) in its
+normal FCFS order, and ``start_load_kv`` writes the received K/V at their slots before the step that
+decodes the first token. Per group the received KV starts at ``first_positions[g]``; a sliding
+block holding an earlier position is only partly written and is never registered in the prefix cache.
+The imported prompt is not looked up in the prefix cache (incremental hand-off is out of scope).
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from inference_worker.engine.model_runner import CachedRequestState
-from inference_worker.engine.outputs import RequestOutput
-from inference_worker.engine.paged_engine import PagedLLMEngine
+from inference_worker.engine.kv_connector import ExternalKV, KVConnector
+from inference_worker.engine.model_runner import PagedKVCache
 from inference_worker.engine.request import Request, RequestStatus
-from inference_worker.engine.sampling_params import SamplingParams
 from inference_worker.kernels.paged_attention import write_kv_to_cache
 from inference_worker.kv_transfer.layout import KVLayout, transfer_tokens
 
+if TYPE_CHECKING:
+    from inference_worker.engine.llm_engine import PagedLLMEngine
 
-class NoCapacity(Exception):
-    """The decode engine has no free seat or blocks for an imported request right now."""
+KVList = list[tuple[torch.Tensor, torch.Tensor]]
 
 
 def kv_layout(engine: PagedLLMEngine) -> KVLayout:
@@ -48,124 +51,126 @@ def _slots(block_table: Sequence[int], positions: range, block_size: int) -> tor
                         dtype=torch.int64)
 
 
-def export_prefill_kv(engine: PagedLLMEngine, request_id: str) -> tuple[int, list[tuple[torch.Tensor, torch.Tensor]]]:
-    """Copy the KV a decode step needs out of ``engine``'s paged cache.
-
-    Returns:
-        ``(N, kv)``: N prompt tokens computed, and per layer ``(K, V)`` copies on CPU, each
-        ``[transfer_tokens(N, W_layer), num_kv_heads, head_dim]`` in the cache dtype.
-
-    Raises:
-        ValueError: the request is unknown, or not exactly at the end of its prefill (its computed
-            tokens must be the prompt and its first token sampled but not yet computed).
-    """
-    core = engine.core
-    request = core.scheduler.requests.get(request_id)
-    if request is None or request.status != RequestStatus.RUNNING:
-        raise ValueError(f"request {request_id!r} is not running; nothing to export")
-    n = request.num_prompt_tokens
-    if request.num_computed_tokens != n or request.num_output_tokens != 1:
-        raise ValueError(f"request {request_id!r} is not at the end of its prefill "
-                         f"({request.num_computed_tokens} computed, {request.num_output_tokens} sampled)")
-    cache = core.runner.kv_cache
-    tables = core.kv_cache_manager.get_block_ids(request_id)
-    groups = core.kv_cache_manager.groups
-    kv = []
-    for layer in range(engine.loaded.config.num_hidden_layers):
-        g = cache.layer_to_group[layer]
-        first = n - transfer_tokens(n, groups[g].sliding_window)
-        slots = _slots(tables[g], range(first, n), cache.block_size).to(cache.k_caches[layer].device)
-        k_cache, v_cache = cache.k_caches[layer], cache.v_caches[layer]
-        flat_k = k_cache.view(-1, *k_cache.shape[2:])
-        flat_v = v_cache.view(-1, *v_cache.shape[2:])
-        kv.append((flat_k.index_select(0, slots).cpu(), flat_v.index_select(0, slots).cpu()))
-    return n, kv
+@dataclass
+class _Import:
+    num_tokens: int
+    kv: Sequence[tuple[torch.Tensor, torch.Tensor]]
+    first_positions: Sequence[int]
+    block_ids: tuple[list[int], ...] | None = None
 
 
-def import_prefilled_request(engine: PagedLLMEngine, request_id: str, prompt_token_ids: list[int],
-                             params: SamplingParams, first_token_id: int,
-                             kv: Sequence[tuple[torch.Tensor, torch.Tensor]], first_positions: Sequence[int],
-                             *, arrival_time: float | None = None) -> RequestOutput:
-    """Continue a request prefilled elsewhere; returns the output carrying its first token.
+class PDConnector(KVConnector):
+    """The PD hand-off on the connector seam: exports after a prefill, imports before a decode.
 
     Args:
-        prompt_token_ids: the N prompt tokens the KV was computed for.
-        params: the request's sampling parameters (validated here).
-        first_token_id: the token the prefill sampled.
-        kv: per layer ``(K, V)`` ``[n_layer, num_kv_heads, head_dim]`` for positions
-            ``first_positions[layer] .. N-1`` (a :class:`~inference_worker.kv_transfer.wire.KVPayload`'s
-            ``layers``).
-
-    If the first token already ends the request (stop/EOS token, ``max_tokens == 1``, a stop string)
-    no block is allocated and the returned output is finished.
-
-    Raises:
-        ValueError: invalid params, a duplicate id, KV whose layer count, positions or shapes do not
-            match a prefill of ``len(prompt_token_ids)`` tokens on this model.
-        NoCapacity: no free seat (``max_num_seqs``) or not enough free blocks now; nothing was changed.
+        kv_cache: the runner's paged KV tensors (read on export, written on import).
+        layer_windows: per layer, its sliding window W or None (full attention).
     """
-    core, scheduler = engine.core, engine.core.scheduler
-    n = len(prompt_token_ids)
-    layout = kv_layout(engine)
-    if len(kv) != layout.num_layers or len(first_positions) != layout.num_layers:
-        raise ValueError(f"KV for {len(kv)} layers, the model has {layout.num_layers}")
-    for layer, ((k, v), first, w) in enumerate(zip(kv, first_positions, layout.layer_windows, strict=True)):
-        rows = transfer_tokens(n, w)
-        shape = (rows, layout.num_kv_heads, layout.head_dim)
-        if first != n - rows or tuple(k.shape) != shape or tuple(v.shape) != shape:
-            raise ValueError(f"layer {layer}: KV {tuple(k.shape)} from position {first} does not fit a prefill of "
-                             f"{n} tokens (expected {shape} from {n - rows})")
-    engine.add_request(request_id, list(prompt_token_ids), params, arrival_time=arrival_time)
-    seq = engine._seqs[request_id]
-    request = scheduler.requests[request_id]
-    request.output_token_ids.append(int(first_token_id))
-    seq.output_token_ids.append(int(first_token_id))
-    seq.new_token_ids = [int(first_token_id)]
-    seq.new_text = seq.detokenizer.push([int(first_token_id)]) if seq.detokenizer else ""
-    seq.metrics.first_token_time = time.monotonic()
-    finish = None
-    if first_token_id in request.stop_token_ids:
-        finish = ("stop", first_token_id if first_token_id in seq.params.stop_token_ids else None)
-    elif seq.detokenizer is not None and seq.detokenizer.stopped:
-        finish = ("stop", seq.detokenizer.stop_string)
-    elif request.num_output_tokens >= request.max_tokens or request.num_tokens >= scheduler.max_model_len:
-        finish = ("length", None)
-    if finish is not None:
-        scheduler.finish_requests([request_id], RequestStatus.FINISHED_STOPPED)
-        engine._finish(seq, *finish)
-        seq.text += seq.new_text
-        del engine._seqs[request_id]
-        return engine._output(seq)
-    if scheduler.num_running >= scheduler.max_num_seqs or (
-            core.kv_cache_manager.allocate_slots(request_id, n, 0) is None):
-        _undo(engine, request_id)
-        raise NoCapacity(f"no room to import {request_id!r} now ({scheduler.num_running} running, free blocks "
-                         f"{core.kv_cache_manager.get_num_free_blocks()})")
-    tables = core.kv_cache_manager.get_block_ids(request_id)
-    cache = core.runner.kv_cache
-    for layer, ((k, v), first) in enumerate(zip(kv, first_positions, strict=True)):
-        g = cache.layer_to_group[layer]
-        slots = _slots(tables[g], range(first, n), cache.block_size).to(cache.k_caches[layer].device)
-        write_kv_to_cache(k.to(cache.k_caches[layer].device), v.to(cache.v_caches[layer].device),
-                          cache.k_caches[layer], cache.v_caches[layer], slots)
-    _move_to_running(scheduler, request, n)
-    core.runner.requests[request_id] = CachedRequestState(
-        request_id=request_id, token_ids=request.all_token_ids, num_prompt_tokens=n,
-        sampling_params=request.sampling_params, block_ids=[list(t) for t in tables], num_computed_tokens=n,
-        output_token_ids=[int(first_token_id)])
-    seq.text += seq.new_text
-    return engine._output(seq)
+
+    def __init__(self, kv_cache: PagedKVCache, layer_windows: Sequence[int | None]) -> None:
+        self.kv_cache = kv_cache
+        self.layer_windows = list(layer_windows)
+        self.num_groups = kv_cache.num_groups
+        self._exports: set[str] = set()
+        self._exported: dict[str, tuple[int, KVList]] = {}
+        self._imports: dict[str, _Import] = {}
+        self._to_load: list[_Import] = []
+
+    # ---- engine API (engine thread) ------------------------------------------------------
+    def expect_export(self, request_id: str) -> None:
+        """Save ``request_id``'s KV when it finishes (not when aborted)."""
+        self._exports.add(request_id)
+
+    def pop_exported(self, request_id: str) -> tuple[int, KVList] | None:
+        """``(N, kv)`` saved for ``request_id`` (see :meth:`save_kv`), once; None if nothing was saved."""
+        self._exports.discard(request_id)
+        return self._exported.pop(request_id, None)
+
+    def validate_import(self, num_tokens: int, kv: Sequence[tuple[torch.Tensor, torch.Tensor]],
+                        first_positions: Sequence[int], num_kv_heads: int, head_dim: int) -> None:
+        """Check received KV against a prefill of ``num_tokens`` tokens on this model.
+
+        Raises:
+            ValueError: wrong layer count, first positions or shapes.
+        """
+        if len(kv) != len(self.layer_windows) or len(first_positions) != len(self.layer_windows):
+            raise ValueError(f"KV for {len(kv)} layers, the model has {len(self.layer_windows)}")
+        for layer, ((k, v), first, w) in enumerate(zip(kv, first_positions, self.layer_windows, strict=True)):
+            rows = transfer_tokens(num_tokens, w)
+            shape = (rows, num_kv_heads, head_dim)
+            if first != num_tokens - rows or tuple(k.shape) != shape or tuple(v.shape) != shape:
+                raise ValueError(f"layer {layer}: KV {tuple(k.shape)} from position {first} does not fit a prefill "
+                                 f"of {num_tokens} tokens (expected {shape} from {num_tokens - rows})")
+
+    def expect_import(self, request_id: str, num_tokens: int, kv: Sequence[tuple[torch.Tensor, torch.Tensor]],
+                      first_positions: Sequence[int]) -> None:
+        """Queue received KV (validated) for ``request_id``; it is loaded when the request is admitted."""
+        self._imports[request_id] = _Import(num_tokens, kv, list(first_positions))
+
+    # ---- scheduler side ------------------------------------------------------------------
+    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> ExternalKV | None:
+        """An import waiting for admission: its N prompt tokens; per group the first position received."""
+        pending = self._imports.get(request.request_id)
+        if pending is None:
+            return None
+        firsts = [pending.num_tokens] * self.num_groups
+        for layer, first in enumerate(pending.first_positions):
+            g = self.kv_cache.layer_to_group[layer]
+            firsts[g] = min(firsts[g], first)
+        return ExternalKV(pending.num_tokens - num_computed_tokens, tuple(firsts))
+
+    def update_state_after_alloc(self, request: Request, block_ids: tuple[list[int], ...],
+                                 external: ExternalKV) -> None:
+        """Blocks are allocated: load the request's KV before this step's forward."""
+        pending = self._imports.pop(request.request_id)
+        pending.block_ids = block_ids
+        self._to_load.append(pending)
+
+    def request_finished(self, request: Request, block_ids: tuple[list[int], ...]) -> None:
+        """Save the KV of an export request that finished normally; forget a never admitted import."""
+        self._imports.pop(request.request_id, None)
+        if request.request_id in self._exports:
+            self._exports.discard(request.request_id)
+            if request.status != RequestStatus.FINISHED_ABORTED:
+                self.save_kv(request, block_ids)
+
+    # ---- runner side ---------------------------------------------------------------------
+    @torch.inference_mode()
+    def start_load_kv(self) -> None:
+        """Write every admitted import's K/V at its slots (synchronous copies on the engine thread)."""
+        cache = self.kv_cache
+        for pending in self._to_load:
+            for layer, ((k, v), first) in enumerate(zip(pending.kv, pending.first_positions, strict=True)):
+                g = cache.layer_to_group[layer]
+                k_cache, v_cache = cache.k_caches[layer], cache.v_caches[layer]
+                slots = _slots(pending.block_ids[g], range(first, pending.num_tokens), cache.block_size)
+                write_kv_to_cache(k.to(k_cache.device, k_cache.dtype), v.to(v_cache.device, v_cache.dtype),
+                                  k_cache, v_cache, slots.to(k_cache.device))
+        self._to_load.clear()
+
+    def save_kv(self, request: Request, block_ids: tuple[list[int], ...]) -> None:
+        """Copy out, per layer, the KV a decode of ``request``'s prompt reads: ``[rows, Hkv, D]`` on CPU.
+
+        Raises:
+            ValueError: the request's prompt is not all computed.
+        """
+        n = request.num_prompt_tokens
+        if request.num_computed_tokens < n:
+            raise ValueError(f"request {request.request_id!r} is not at the end of its prefill "
+                             f"({request.num_computed_tokens} of {n} tokens computed)")
+        cache, kv = self.kv_cache, []
+        for layer, window in enumerate(self.layer_windows):
+            g = cache.layer_to_group[layer]
+            slots = _slots(block_ids[g], range(n - transfer_tokens(n, window), n), cache.block_size)
+            k_cache, v_cache = cache.k_caches[layer], cache.v_caches[layer]
+            flat_k = k_cache.view(-1, *k_cache.shape[2:])  # [num_slots, Hkv, D]
+            flat_v = v_cache.view(-1, *v_cache.shape[2:])
+            slots = slots.to(k_cache.device)
+            kv.append((flat_k.index_select(0, slots).cpu(), flat_v.index_select(0, slots).cpu()))
+        self._exported[request.request_id] = (n, kv)
 
 
-def _move_to_running(scheduler, request: Request, num_computed_tokens: int) -> None:
-    scheduler.waiting.remove(request)
-    request.status = RequestStatus.RUNNING
-    request.num_computed_tokens = num_computed_tokens
-    scheduler._insert_sorted(scheduler.running, request)
-
-
-def _undo(engine: PagedLLMEngine, request_id: str) -> None:
-    """Forget a request added by the import (its blocks, if any, are freed)."""
-    engine.core.scheduler.finish_requests([request_id], RequestStatus.FINISHED_ABORTED)
-    engine._seqs.pop(request_id, None)
-
+def connector_for(kv_cache: PagedKVCache, model_config: Any) -> PDConnector:
+    """The engine's connector for ``model_config``'s layers (``layer_types``, ``sliding_window``)."""
+    windows = [model_config.sliding_window if t == "sliding_attention" else None for t in model_config.layer_types]
+    return PDConnector(kv_cache, windows)

@@ -1,33 +1,41 @@
-"""LLMEngine: the engine API (add_request / step / abort_request / generate).
+"""The engine API (``add_request`` / ``step`` / ``abort_request`` / ``generate``) on the paged engine core.
 
-``LLMEngine`` is the paged engine (:class:`~inference_worker.engine.paged_engine.PagedLLMEngine`:
-scheduler with continuous batching, chunked prefill and preemption over a paged, hybrid-attention KV
-cache). :class:`ContiguousLLMEngine` below is the original simple engine over
-:class:`~inference_worker.engine.contiguous_runner.ContiguousModelRunner` (one contiguous KV row per
-sequence, at most ``max_num_seqs`` running), kept as a reference with the same API. Each of its
-:meth:`ContiguousLLMEngine.step` calls prefills newly admitted requests (FIFO, while slots
-are free) and runs one decode step for the others, then samples, detokenizes incrementally and applies the
-stop rules: stop token ids, EOS (unless ``ignore_eos``), stop strings (text cut before the string),
-``max_tokens`` and ``max_model_len``.
+:class:`PagedLLMEngine` (exported as ``LLMEngine``, the engine the worker serves with) puts text
+prompts, sampling parameters, stop strings and ``RequestOutput`` on
+:class:`~inference_worker.engine.paged_engine.PagedEngineCore` (continuous batching, chunked prefill,
+preemption, prefix caching over a paged hybrid-attention KV cache), plus the PD hand-off through the
+engine's KV connector (``kv_export`` / :meth:`PagedLLMEngine.pop_exported_kv`,
+:meth:`PagedLLMEngine.add_prefilled_request`), the prefix-cache reset, KV events and statistics. The
+contiguous-cache engine it was checked against lives in :mod:`inference_worker.reference`.
 """
 
 from __future__ import annotations
 
 import time
-from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from tokenizers import Tokenizer
 
-from inference_worker.engine.contiguous_runner import ContiguousModelRunner
+from inference_worker.engine.kv_events import KVEvent
+from inference_worker.engine.kv_handoff import KVList
+from inference_worker.engine.model_runner import SampleFn
 from inference_worker.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
-from inference_worker.engine.paged_engine import PagedLLMEngine
-from inference_worker.engine.sampler import Sampler
+from inference_worker.engine.paged_engine import PagedEngineCore
+from inference_worker.engine.sampler import Sampler as TokenSampler
 from inference_worker.engine.sampling_params import SamplingParams
 from inference_worker.model.loader import LoadedModel, load_model
 from inference_worker.tokenization import IncrementalDetokenizer
+
+
+@dataclass
+class _Sampling:
+    """What the runner's sampler needs per request: the params and the request's own generator."""
+
+    params: SamplingParams
+    generator: torch.Generator | None
 
 
 @dataclass
@@ -36,49 +44,68 @@ class _Sequence:
     prompt: str | None
     prompt_token_ids: list[int]
     params: SamplingParams
-    detokenizer: IncrementalDetokenizer
-    generator: torch.Generator | None
+    detokenizer: IncrementalDetokenizer | None
     metrics: RequestMetrics
-    slot: int | None = None
     output_token_ids: list[int] = field(default_factory=list)
     new_token_ids: list[int] = field(default_factory=list)
     new_text: str = ""
     text: str = ""
     finish_reason: str | None = None
     stop_reason: str | int | None = None
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.prompt_token_ids) + len(self.output_token_ids)
+    num_cached_tokens: int | None = None
 
 
-class ContiguousLLMEngine:
-    """Continuous batching over a contiguous KV cache.
+def _sample_with(sampler: TokenSampler) -> SampleFn:
+    """Adapt the engine's ``Sampler`` (params + seeded generator per request) to the runner."""
+
+    def sample(logits: torch.Tensor, states: list[Any]) -> list[int]:
+        contexts = [state.sampling_params for state in states]
+        return sampler.sample(logits, [c.params for c in contexts], [c.generator for c in contexts])
+
+    return sample
+
+
+class PagedLLMEngine:
+    """The engine API (``add_request`` / ``step`` / ``abort_request`` / ``generate``) on the paged core.
+
+    Same public API and stop rules as the contiguous reference engine: stop token ids, EOS (unless
+    ``ignore_eos``), stop strings (text cut before the string), ``max_tokens``, ``max_model_len``.
+    Token-based stops and lengths are applied by the scheduler (which frees the blocks at once);
+    stop strings by the detokenizer here, which then finishes the request in the scheduler.
 
     Args:
-        loaded: a :class:`~inference_worker.model.loader.LoadedModel` (with tokenizer).
-        max_num_seqs: sequences running at once (others wait, FIFO).
-        max_model_len: longest prompt + output in tokens (default: the model's context length).
-        kernel: attention kernel, ``"sdpa"`` or ``"reference"``.
+        loaded: a ``LoadedModel`` (with tokenizer).
+        max_num_seqs, max_model_len: as ``PagedEngineCore``.
+        kernel: ``"sdpa"`` (paged fast path) or ``"reference"`` (gather + pure-torch reference).
+        kv_cache_memory, block_size, max_num_batched_tokens, enable_prefix_caching: as ``PagedEngineCore``.
+        weights_sha256: salt of the block digests (default: ``loaded.sha256``).
     """
 
     def __init__(self, loaded: LoadedModel, *, max_num_seqs: int = 8, max_model_len: int | None = None,
-                 kernel: str = "sdpa") -> None:
+                 kernel: str = "sdpa", kv_cache_memory: int | float | str | None = None, block_size: int = 16,
+                 max_num_batched_tokens: int = 2048, enable_prefix_caching: bool = True,
+                 weights_sha256: str | None = None) -> None:
+        if kernel not in ("sdpa", "reference"):
+            raise ValueError(f"unknown attention kernel {kernel!r}; choose 'sdpa' or 'reference'")
         self.loaded = loaded
-        self.runner = ContiguousModelRunner(loaded.model, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
-                                            kernel=kernel)
-        self.max_model_len = self.runner.max_model_len
-        self.sampler = Sampler()
-        self._waiting: deque[_Sequence] = deque()
-        self._running: list[_Sequence] = []
+        self.sampler = TokenSampler()
+        self.core = PagedEngineCore(
+            loaded.model, kv_cache_memory=kv_cache_memory, block_size=block_size, max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
+            sampler=_sample_with(self.sampler), attention="paged" if kernel == "sdpa" else "reference",
+            enable_prefix_caching=enable_prefix_caching, weights_sha256=weights_sha256 or loaded.sha256,
+        )
+        self.max_model_len = self.core.max_model_len
+        self._seqs: dict[str, _Sequence] = {}
         self._aborted: list[_Sequence] = []
-        self._ids: set[str] = set()
+        self._admission_listener: Callable[[dict[str, int]], None] | None = None
+        self.core.admission_listener = self._on_admitted
 
     @classmethod
     def from_model(cls, name_or_path: str, *, dtype: str | None = None, device: str = "cpu",
-                   sha256: str | None = None, **engine_kwargs: object) -> ContiguousLLMEngine:
-        """Load a model (built-in name, HF directory or ``.gguf``; see ``load_model``) and build an engine."""
-        return cls(load_model(name_or_path, dtype=dtype, device=device, sha256=sha256), **engine_kwargs)  # type: ignore[arg-type]
+                   sha256: str | None = None, **engine_kwargs: Any) -> PagedLLMEngine:
+        """Load a model (see ``load_model``) and build an engine."""
+        return cls(load_model(name_or_path, dtype=dtype, device=device, sha256=sha256), **engine_kwargs)
 
     @property
     def tokenizer(self) -> Tokenizer:
@@ -87,15 +114,39 @@ class ContiguousLLMEngine:
             raise RuntimeError("this model was loaded without a tokenizer")
         return self.loaded.tokenizer
 
+    @property
+    def kv_cache_usage(self) -> float:
+        """Fraction of KV blocks in use (the fullest attention-type group), 0..1."""
+        return self.core.kv_cache_manager.get_usage()
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests queued (new or preempted)."""
+        return self.core.scheduler.num_waiting
+
+    @property
+    def num_running(self) -> int:
+        """Requests holding KV blocks."""
+        return self.core.scheduler.num_running
+
     def add_request(self, request_id: str, prompt: str | Sequence[int], params: SamplingParams | None = None,
-                    *, arrival_time: float | None = None) -> None:
-        """Queue a request. ``prompt`` is text (tokenized with the model's tokenizer, BOS included) or token ids.
+                    *, arrival_time: float | None = None, kv_export: bool = False) -> None:
+        """Queue a request; ``prompt`` is text (tokenized, BOS included) or token ids.
+
+        ``kv_export``: save the KV of the prompt when the request finishes (prefill role; take it with
+        :meth:`pop_exported_kv`).
 
         Raises:
-            ValueError: duplicate ``request_id``, empty prompt, a prompt that leaves no room under
-                ``max_model_len``, token ids outside the vocabulary, or invalid ``params``.
+            ValueError: duplicate id, empty prompt, prompt too long for ``max_model_len`` or the KV
+                cache, token ids outside the vocabulary, or invalid ``params``.
         """
-        if request_id in self._ids:
+        self._add(request_id, prompt, params, arrival_time)
+        if kv_export:
+            self.core.connector.expect_export(request_id)
+
+    def _add(self, request_id: str, prompt: str | Sequence[int], params: SamplingParams | None,
+             arrival_time: float | None, first_token_id: int | None = None) -> _Sequence:
+        if request_id in self._seqs:
             raise ValueError(f"request_id {request_id!r} is already in use")
         params = (params or SamplingParams()).validate()
         if isinstance(prompt, str):
@@ -119,65 +170,139 @@ class ContiguousLLMEngine:
                 generator.manual_seed(params.seed)
             else:
                 generator.seed()
+        stop_ids = list(params.stop_token_ids) + ([] if params.ignore_eos else list(self.loaded.eos_token_ids))
+        arrival = arrival_time if arrival_time is not None else time.monotonic()
         detok = IncrementalDetokenizer(self.tokenizer, params.stop) if self.loaded.tokenizer else None
-        seq = _Sequence(request_id, text, list(token_ids), params, detok, generator,  # type: ignore[arg-type]
-                        RequestMetrics(arrival_time if arrival_time is not None else time.monotonic()))
-        self._ids.add(request_id)
-        self._waiting.append(seq)
+        seq = _Sequence(request_id, text, list(token_ids), params, detok, RequestMetrics(arrival))
+        if first_token_id is not None:  # prefilled elsewhere: the first token may already end the request
+            seq.num_cached_tokens = 0
+            seq.output_token_ids, seq.new_token_ids = [first_token_id], [first_token_id]
+            seq.new_text = detok.push([first_token_id]) if detok else ""
+            seq.metrics.first_token_time = time.monotonic()
+            if first_token_id in stop_ids:
+                self._finish(seq, "stop", first_token_id if first_token_id in params.stop_token_ids else None)
+            elif detok is not None and detok.stopped:
+                self._finish(seq, "stop", detok.stop_string)
+            elif params.max_tokens <= 1 or len(token_ids) + 1 >= self.max_model_len:
+                self._finish(seq, "length")
+            seq.text += seq.new_text
+            if seq.finish_reason is not None:
+                return seq
+        self.core.add_request(request_id, token_ids, max_tokens=params.max_tokens, stop_token_ids=stop_ids,
+                              sampling_params=_Sampling(params, generator), arrival_time=arrival,
+                              output_token_ids=[] if first_token_id is None else [first_token_id])
+        self._seqs[request_id] = seq
+        return seq
+
+    def add_prefilled_request(self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams,
+                              first_token_id: int, kv: KVList, first_positions: Sequence[int], *,
+                              arrival_time: float | None = None) -> RequestOutput:
+        """Continue a request prefilled elsewhere (PD decode role); returns the output carrying its first token.
+
+        Args:
+            prompt_token_ids: the N prompt tokens the KV was computed for.
+            first_token_id: the token the prefill sampled.
+            kv: per layer ``(K, V)`` ``[n_layer, num_kv_heads, head_dim]`` for positions
+                ``first_positions[layer] .. N-1`` (a ``KVPayload``'s ``layers``), on any device.
+
+        The request waits for a seat and blocks like any other (FCFS); at admission the KV is copied
+        into its blocks by the connector and the next step decodes the first token. If the first
+        token already ends the request (stop/EOS token, ``max_tokens == 1``, a stop string) nothing
+        is queued and the returned output is finished.
+
+        Raises:
+            ValueError: invalid params, a duplicate id, or KV whose layer count, positions or shapes do
+                not match a prefill of ``len(prompt_token_ids)`` tokens on this model.
+        """
+        config = self.loaded.config
+        self.core.connector.validate_import(len(prompt_token_ids), kv, first_positions, config.num_key_value_heads,
+                                            config.head_dim)
+        seq = self._add(request_id, list(prompt_token_ids), params, arrival_time, int(first_token_id))
+        if seq.finish_reason is None:
+            self.core.connector.expect_import(request_id, len(prompt_token_ids), kv, first_positions)
+        output = self._output(seq)
+        seq.new_token_ids, seq.new_text = [], ""
+        return output
+
+    def pop_exported_kv(self, request_id: str) -> tuple[int, KVList] | None:
+        """The KV saved for a ``kv_export`` request when it finished: ``(N, [(K, V)] per layer)`` on CPU, once.
+
+        Full layers carry ``N`` rows, sliding layers ``min(N, W-1)`` (the rows a decode of token N reads).
+        None when nothing was saved (the request was aborted, or is unknown).
+        """
+        return self.core.connector.pop_exported(request_id)
+
+    def set_admission_listener(self, listener: Callable[[dict[str, int]], None] | None) -> None:
+        """Call ``listener({request_id: num_cached_tokens})`` when requests are first admitted, before their
+        first token is computed (from inside :meth:`step`, on the engine thread)."""
+        self._admission_listener = listener
+
+    def _on_admitted(self, num_cached_tokens: dict[str, int]) -> None:
+        for request_id, hit in num_cached_tokens.items():
+            seq = self._seqs.get(request_id)
+            if seq is not None:
+                seq.num_cached_tokens = hit
+        if self._admission_listener is not None:
+            self._admission_listener(num_cached_tokens)
+
+    def reset_prefix_cache(self) -> int:
+        """Forget every cached KV block (see ``PagedEngineCore.reset_prefix_cache``); returns how many."""
+        return self.core.reset_prefix_cache()
+
+    def prefix_cache_stats(self) -> dict[str, Any]:
+        """See ``PagedEngineCore.prefix_cache_stats``."""
+        return self.core.prefix_cache_stats()
+
+    def take_kv_events(self) -> list[KVEvent]:
+        """KV cache events since the previous call, oldest first (stored, removed, cleared)."""
+        return self.core.kv_cache_manager.take_events()
+
+    def kv_events_snapshot(self) -> list[KVEvent]:
+        """The prefix cache as it is now: ``AllCleared`` then a ``BlockStored`` per cached block."""
+        return self.core.kv_cache_manager.snapshot_events()
 
     def abort_request(self, request_id: str) -> bool:
-        """Stop a request; the next :meth:`step` reports it with finish_reason ``"abort"``. False if unknown/finished."""
-        for queue in (self._waiting, self._running):
-            for seq in list(queue):
-                if seq.request_id == request_id:
-                    queue.remove(seq)
-                    self._finish(seq, "abort")
-                    self._aborted.append(seq)
-                    return True
-        return False
+        """Stop a request and free its KV blocks now; the next ``step`` reports it with ``"abort"``."""
+        seq = self._seqs.pop(request_id, None)
+        if seq is None:
+            return False
+        self.core.abort_requests([request_id])
+        seq.finish_reason, seq.new_token_ids, seq.new_text = "abort", [], ""
+        seq.metrics.finished_time = time.monotonic()
+        self._aborted.append(seq)
+        return True
 
     def has_unfinished_requests(self) -> bool:
         """True while any request waits, runs, or has an abort not yet reported."""
-        return bool(self._waiting or self._running or self._aborted)
-
-    @property
-    def num_waiting(self) -> int:
-        """Requests queued for a slot."""
-        return len(self._waiting)
-
-    @property
-    def num_running(self) -> int:
-        """Requests holding a KV slot."""
-        return len(self._running)
+        return bool(self._seqs or self._aborted)
 
     def step(self) -> list[RequestOutput]:
-        """Prefill admitted requests, decode running ones, sample, apply stop rules.
-
-        Returns one :class:`RequestOutput` per request that produced tokens or finished in this step.
-        """
-        reported = self._aborted
-        self._aborted = []
-        decoding = list(self._running)
-        admitted: list[_Sequence] = []
-        while self._waiting and self.runner.num_free_slots:
-            seq = self._waiting.popleft()
-            seq.slot = self.runner.allocate_slot()
-            admitted.append(seq)
-        for seq in admitted:
-            logits = self.runner.prefill(seq.slot, seq.prompt_token_ids)  # type: ignore[arg-type]
-            self._append(seq, self.sampler.sample(logits[None], [seq.params], [seq.generator])[0])
-        if decoding:
-            logits = self.runner.decode([s.slot for s in decoding], [s.output_token_ids[-1] for s in decoding],  # type: ignore[misc]
-                                        [s.num_tokens - 1 for s in decoding])
-            tokens = self.sampler.sample(logits, [s.params for s in decoding], [s.generator for s in decoding])
-            for seq, token in zip(decoding, tokens, strict=True):
-                self._append(seq, token)
-        stepped = admitted + decoding
-        self._running = [s for s in decoding + admitted if s.finish_reason is None]
-        outputs = [self._output(s) for s in reported + stepped]
+        """Run one scheduler step; returns an output per request that produced tokens or finished."""
+        reported, self._aborted = self._aborted, []
+        stepped = []
+        updates = self.core.step() if self.core.has_unfinished_requests() else []
+        now = time.monotonic()
+        for update in updates:
+            seq = self._seqs[update.request_id]
+            if seq.metrics.first_token_time is None:
+                seq.metrics.first_token_time = now
+            seq.output_token_ids += update.new_token_ids
+            seq.new_token_ids = list(update.new_token_ids)
+            seq.new_text = seq.detokenizer.push(update.new_token_ids) if seq.detokenizer else ""
+            last = update.new_token_ids[-1]
+            if update.finish_reason == "stop":
+                self._finish(seq, "stop", last if last in seq.params.stop_token_ids else None)
+            elif seq.detokenizer is not None and seq.detokenizer.stopped:
+                self.core.finish_requests([seq.request_id])
+                self._finish(seq, "stop", seq.detokenizer.stop_string)
+            elif update.finish_reason == "length":
+                self._finish(seq, "length")
+            seq.text += seq.new_text
+            stepped.append(seq)
+        outputs = [self._output(seq) for seq in reported + stepped]
         for seq in stepped:
             if seq.finish_reason is not None:
-                self._release(seq)
+                del self._seqs[seq.request_id]
         return outputs
 
     def generate(self, prompts: Sequence[str | Sequence[int]],
@@ -185,7 +310,7 @@ class ContiguousLLMEngine:
         """Run prompts to completion; returns the final outputs in prompt order.
 
         Raises:
-            ValueError: as :meth:`add_request`, or a list of params of the wrong length.
+            ValueError: as ``add_request``, or a list of params of the wrong length.
         """
         if isinstance(sampling_params, SamplingParams) or sampling_params is None:
             params_list = [sampling_params or SamplingParams()] * len(prompts)
@@ -203,48 +328,18 @@ class ContiguousLLMEngine:
                     final[out.request_id] = out
         return [final[rid] for rid in ids]
 
-    # ---------------------------------------------------------------- internals
-    def _append(self, seq: _Sequence, token: int) -> None:
-        now = time.monotonic()
-        if seq.metrics.first_token_time is None:
-            seq.metrics.first_token_time = now
-        seq.output_token_ids.append(token)
-        seq.new_token_ids = [token]
-        params = seq.params
-        seq.new_text = seq.detokenizer.push([token]) if seq.detokenizer else ""
-        if token in params.stop_token_ids:
-            self._finish(seq, "stop", token)
-        elif not params.ignore_eos and token in self.loaded.eos_token_ids:
-            self._finish(seq, "stop")
-        elif seq.detokenizer is not None and seq.detokenizer.stopped:
-            self._finish(seq, "stop", seq.detokenizer.stop_string)
-        elif len(seq.output_token_ids) >= params.max_tokens or seq.num_tokens >= self.max_model_len:
-            self._finish(seq, "length")
-        seq.text += seq.new_text
-
     def _finish(self, seq: _Sequence, reason: str, stop_reason: str | int | None = None) -> None:
-        seq.finish_reason = reason
-        seq.stop_reason = stop_reason
+        seq.finish_reason, seq.stop_reason = reason, stop_reason
         seq.metrics.finished_time = time.monotonic()
-        if seq.detokenizer is not None and reason != "abort" and not seq.detokenizer.stopped:
+        if seq.detokenizer is not None and not seq.detokenizer.stopped:
             seq.new_text += seq.detokenizer.finish()
-        if reason == "abort":
-            seq.new_token_ids, seq.new_text = [], ""
-            if seq.slot is not None:
-                self._release(seq)
-
-    def _release(self, seq: _Sequence) -> None:
-        if seq.slot is not None:
-            self.runner.free_slot(seq.slot)
-            seq.slot = None
-        self._ids.discard(seq.request_id)
 
     def _output(self, seq: _Sequence) -> RequestOutput:
         completion = CompletionOutput(0, seq.text, list(seq.output_token_ids), list(seq.new_token_ids),
                                       seq.new_text, seq.finish_reason, seq.stop_reason)
         return RequestOutput(seq.request_id, seq.prompt, list(seq.prompt_token_ids), [completion],
-                             seq.finish_reason is not None, seq.metrics)
+                             seq.finish_reason is not None, seq.metrics, seq.num_cached_tokens)
 
 
 LLMEngine = PagedLLMEngine
-"""The engine the worker serves with: the paged engine (same API as :class:`ContiguousLLMEngine`)."""
+"""The engine the worker serves with."""

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from inference_worker.engine.kv_cache_sizing import KVCachePlan
+from inference_worker.engine.kv_connector import KVConnector
 from inference_worker.engine.sched_output import ModelRunnerOutput, SchedulerOutput
 from inference_worker.kernels.paged_attention import (
     PagedAttentionMetadata,
@@ -116,15 +117,17 @@ class ModelRunner:
         kv_cache: the paged KV tensors (also the attention backend).
         sampler: ``(logits [n, vocab] float32, states) -> token ids``; ``greedy_sampler`` by default.
         device: where inputs are built.
+        connector: the KV connector whose runner side loads external KV before each forward.
     """
 
     def __init__(self, model: torch.nn.Module, kv_cache: PagedKVCache, *, sampler: SampleFn = greedy_sampler,
-                 device: torch.device | str = "cpu") -> None:
+                 device: torch.device | str = "cpu", connector: KVConnector | None = None) -> None:
         self.model = model
         self.kv_cache = kv_cache
         self.sampler = sampler
         self.device = torch.device(device)
         self.block_size = kv_cache.block_size
+        self.connector = connector or KVConnector()
         self.requests: dict[str, CachedRequestState] = {}
         self.last_logits: dict[str, torch.Tensor] = {}
 
@@ -138,11 +141,12 @@ class ModelRunner:
         for new in out.scheduled_new_reqs:
             self.requests[new.request_id] = CachedRequestState(
                 request_id=new.request_id,
-                token_ids=list(new.prompt_token_ids),
+                token_ids=list(new.prompt_token_ids) + list(new.output_token_ids),
                 num_prompt_tokens=len(new.prompt_token_ids),
                 sampling_params=new.sampling_params,
                 block_ids=[list(ids) for ids in new.block_ids],
                 num_computed_tokens=new.num_computed_tokens,
+                output_token_ids=list(new.output_token_ids),
             )
         for cached in out.scheduled_cached_reqs:
             state = self.requests[cached.request_id]
@@ -157,7 +161,8 @@ class ModelRunner:
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         """Run one step and sample; returns the sampled token per request that reached its end.
 
-        Algorithm: update per-request state from the scheduler output; order the scheduled
+        Algorithm: update per-request state from the scheduler output; let the connector copy
+        external KV of newly admitted requests into their blocks; order the scheduled
         requests single-token first (decodes, batched by the kernel) then longer chunks; for each
         request take tokens ``[num_computed, num_computed + n)`` of its token ids with those
         positions, and per group its block table row and each token's slot
@@ -166,6 +171,8 @@ class ModelRunner:
         computed, sample those, and append the sampled tokens to the states.
         """
         self._update_states(scheduler_output)
+        self.connector.start_load_kv()
+        self.connector.wait_for_load()
         if scheduler_output.is_empty:
             return ModelRunnerOutput()
         scheduled = scheduler_output.num_scheduled_tokens

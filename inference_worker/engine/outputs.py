@@ -53,6 +53,8 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     metrics: RequestMetrics
+    num_cached_tokens: int | None = None
+    """Prompt tokens reused from the prefix cache at admission (None until admitted; 0 for a PD import)."""
 
     @property
     def output(self) -> CompletionOutput:

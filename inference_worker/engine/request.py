@@ -43,12 +43,15 @@ class Request:
             token is kept in the output; the engine decides whether to show it).
         sampling_params: opaque reference handed to the model runner (the scheduler never reads it).
         arrival_time: seconds (``time.monotonic()`` when omitted); orders waiting and preemption.
+        output_token_ids: tokens already generated elsewhere (a PD-imported request's first token).
 
     Raises:
         ValueError: on an empty prompt or ``max_tokens`` < 1.
 
     ``num_computed_tokens`` counts the leading tokens of ``all_token_ids`` whose KV is in the
-    cache; it falls back to 0 when the request is preempted (recompute).
+    cache; it falls back to 0 when the request is preempted (recompute, minus any prefix-cache
+    hit at re-admission). ``num_cached_tokens`` is the prefix-cache hit of its first admission
+    (None until admitted): the tokens it did not compute, as OpenAI's ``cached_tokens`` reports.
     """
 
     def __init__(
@@ -59,6 +62,7 @@ class Request:
         stop_token_ids: tuple[int, ...] | list[int] = (),
         sampling_params: Any = None,
         arrival_time: float | None = None,
+        output_token_ids: list[int] | tuple[int, ...] = (),
     ) -> None:
         if not prompt_token_ids:
             raise ValueError(f"request {request_id!r}: prompt_token_ids must not be empty")
@@ -66,7 +70,7 @@ class Request:
             raise ValueError(f"request {request_id!r}: max_tokens must be >= 1, got {max_tokens}")
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
-        self.output_token_ids: list[int] = []
+        self.output_token_ids: list[int] = list(output_token_ids)
         self.max_tokens = max_tokens
         self.stop_token_ids = frozenset(stop_token_ids)
         self.sampling_params = sampling_params
@@ -74,6 +78,7 @@ class Request:
         self.status = RequestStatus.WAITING
         self.num_computed_tokens = 0
         self.num_preemptions = 0
+        self.num_cached_tokens: int | None = None
 
     @property
     def num_prompt_tokens(self) -> int:

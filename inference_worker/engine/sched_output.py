@@ -20,7 +20,9 @@ class NewRequestData:
         prompt_token_ids: the prompt; the runner keeps its own copy and appends sampled tokens.
         sampling_params: the engine's sampling parameters, passed through untouched.
         block_ids: the full block table per group (null entries are block 0).
-        num_computed_tokens: tokens already in the cache before this step (0 without prefix reuse).
+        num_computed_tokens: tokens already in the cache before this step (a prefix-cache hit or
+            KV loaded by the connector; 0 without reuse).
+        output_token_ids: tokens generated elsewhere before admission (a PD import's first token).
     """
 
     request_id: str
@@ -28,6 +30,7 @@ class NewRequestData:
     sampling_params: Any
     block_ids: tuple[list[int], ...]
     num_computed_tokens: int
+    output_token_ids: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -63,6 +66,8 @@ class SchedulerOutput:
             their state.
         preempted_req_ids: requests preempted in this step; the runner keeps their token ids and
             sampler state but forgets their block tables.
+        num_cached_tokens: per request admitted for the first time this step, its prefix-cache
+            hit in tokens (reported to clients before the first token).
     """
 
     scheduled_new_reqs: list[NewRequestData] = field(default_factory=list)
@@ -71,6 +76,7 @@ class SchedulerOutput:
     total_num_scheduled_tokens: int = 0
     finished_req_ids: set[str] = field(default_factory=set)
     preempted_req_ids: set[str] = field(default_factory=set)
+    num_cached_tokens: dict[str, int] = field(default_factory=dict)
 
     @property
     def is_empty(self) -> bool:

@@ -6,6 +6,11 @@ applies stop conditions and frees finished requests' blocks. There is no separat
 decode phase: a request simply has ``num_tokens - num_computed_tokens`` tokens left to
 compute (the whole prompt at first, one token per step once decoding), and prefill chunks and
 decodes share each step's ``max_num_batched_tokens`` budget.
+
+At admission (new or preempted) a request's tokens already available are counted as computed:
+KV a connector provides (:mod:`~inference_worker.engine.kv_connector`, e.g. a PD import), else
+the prefix-cache hit of the KV cache manager (a preempted request may hit its own blocks). After
+each step the blocks filled with computed KV are registered in the prefix cache.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import bisect
 import itertools
 
 from inference_worker.engine.kv_cache_manager import SLIDING_ATTENTION, HybridKVCacheManager, cdiv
+from inference_worker.engine.kv_connector import KVConnector
 from inference_worker.engine.request import Request, RequestStatus
 from inference_worker.engine.sched_output import (
     CachedRequestData,
@@ -34,6 +40,7 @@ class Scheduler:
             together (>= 1).
         max_model_len: most tokens (prompt + output) per request; a request reaching it
             finishes with reason ``"length"``.
+        connector: the KV connector (external KV in and out); the no-op base when None.
 
     Raises:
         ValueError: on a limit below 1.
@@ -46,6 +53,7 @@ class Scheduler:
         max_num_seqs: int,
         max_num_batched_tokens: int,
         max_model_len: int,
+        connector: KVConnector | None = None,
     ) -> None:
         for name, value in (
             ("max_num_seqs", max_num_seqs),
@@ -55,6 +63,7 @@ class Scheduler:
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
         self.kv_cache_manager = kv_cache_manager
+        self.connector = connector or KVConnector()
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
@@ -148,7 +157,9 @@ class Scheduler:
         the pass ends. Only when nothing was preempted in this step are waiting requests
         admitted, oldest first (resumed ones in arrival order among them), while fewer than
         ``max_num_seqs`` run and budget remains; a prompt longer than the budget is chunked;
-        the first request whose blocks do not fit stops admission (FCFS, no skipping).
+        the first request whose blocks do not fit stops admission (FCFS, no skipping). An
+        admitted request starts from the tokens available to it: the connector's external KV,
+        or else the prefix-cache hit (its blocks adopted in the same all-or-nothing allocation).
         Finally each scheduled request's ``num_computed_tokens`` advances by its scheduled
         count.
         """
@@ -189,9 +200,24 @@ class Scheduler:
         if not output.preempted_req_ids:
             while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
                 request = self.waiting[0]
-                num_new = min(request.num_tokens - request.num_computed_tokens, budget)
-                if kv.allocate_slots(request.request_id, request.num_computed_tokens, num_new) is None:
+                hit, computed_blocks = 0, None
+                external = self.connector.get_num_new_matched_tokens(request, request.num_computed_tokens)
+                if external is None and request.num_computed_tokens == 0:
+                    hit, computed_blocks = kv.get_computed_blocks(
+                        request.request_id, request.prompt_token_ids, request.output_token_ids)
+                num_computed = request.num_computed_tokens + hit + (external.num_tokens if external else 0)
+                num_new = min(request.num_tokens - num_computed, budget)
+                if kv.allocate_slots(request.request_id, num_computed, num_new, computed_blocks) is None:
                     break
+                if external is not None:
+                    kv.set_first_registrable_blocks(request.request_id, list(external.first_positions))
+                    self.connector.update_state_after_alloc(request, kv.get_block_ids(request.request_id), external)
+                elif kv.enable_prefix_caching:
+                    kv.record_query(request.num_tokens, hit)
+                request.num_computed_tokens = num_computed
+                if request.num_cached_tokens is None:
+                    request.num_cached_tokens = hit
+                    output.num_cached_tokens[request.request_id] = hit
                 self.waiting.pop(0)
                 resumed = request.status == RequestStatus.PREEMPTED
                 request.status = RequestStatus.RUNNING
@@ -209,6 +235,7 @@ class Scheduler:
                             sampling_params=request.sampling_params,
                             block_ids=block_ids,
                             num_computed_tokens=request.num_computed_tokens,
+                            output_token_ids=list(request.output_token_ids),
                         )
                     )
                 scheduled.append((request, num_new))
@@ -242,6 +269,8 @@ class Scheduler:
                 continue
             token_ids = runner_output.sampled_token_ids.get(request_id, [])
             if not token_ids:
+                self.kv_cache_manager.cache_blocks(request_id, request.num_computed_tokens,
+                                                   request.prompt_token_ids, request.output_token_ids)
                 continue
             if request.num_computed_tokens != request.num_tokens:
                 raise ValueError(
@@ -259,6 +288,8 @@ class Scheduler:
                     status = RequestStatus.FINISHED_LENGTH_CAPPED
                 if status is not None:
                     break
+            self.kv_cache_manager.cache_blocks(request_id, request.num_computed_tokens,
+                                               request.prompt_token_ids, request.output_token_ids)
             if status is not None:
                 self._finish(request, status)
             updates.append(RequestUpdate(request_id, new_token_ids, status.finish_reason if status else None))
@@ -269,8 +300,9 @@ class Scheduler:
             self.running.remove(request)
         else:
             self.waiting.remove(request)
-        self.kv_cache_manager.free(request.request_id)
         request.status = status
+        self.connector.request_finished(request, self.kv_cache_manager.get_block_ids(request.request_id))
+        self.kv_cache_manager.free(request.request_id)
         self._finished_req_ids.add(request.request_id)
         del self.requests[request.request_id]
         del self._order[request.request_id]

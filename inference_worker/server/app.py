@@ -9,6 +9,12 @@ a prefill-role worker serves ``POST /internal/prefill``; a decode-role worker ha
 ``model_version_id``, ``weights_sha256`` (the identity KV payloads must carry) and, on decode,
 ``kv_port`` (the KV receiver's TCP port).
 
+Prefix cache (:mod:`.kv_cache_routes`): ``GET /v1/kv-events`` (NDJSON KV events) and ``POST
+/admin/kv-cache/reset`` (signed with the link secret). Completions report reused prompt tokens in
+``usage.prompt_tokens_details.cached_tokens`` (the final streamed chunk too, with
+``stream_options.include_usage``) and in the :data:`inference_worker.http_headers.CACHED_TOKENS` response header, sent with
+the first byte: a streamed response starts once the engine has admitted the request.
+
 Every error is OpenAI error JSON (see :mod:`inference_worker.server.errors`). A client that
 disconnects, streaming or not, has its engine requests aborted at once, which frees their KV.
 """
@@ -28,6 +34,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from inference_worker import http_headers
 from inference_worker.server.errors import OpenAIError, invalid
+from inference_worker.server.kv_cache_routes import add_kv_cache_routes
 from inference_worker.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -42,6 +49,8 @@ from inference_worker.server.streaming import SSE_DONE, ChoiceEvent, Generation,
 from inference_worker.tokenization import ChatTemplateError
 
 logger = logging.getLogger(__name__)
+
+"""Response header: prompt tokens reused from the prefix cache (as ``usage.prompt_tokens_details.cached_tokens``)."""
 
 
 def create_app(state: ServerState) -> FastAPI:
@@ -92,6 +101,8 @@ def create_app(state: ServerState) -> FastAPI:
         card = {"id": state.served_model_name, "object": "model", "created": 0, "owned_by": "ferry",
                 "max_model_len": max_len}
         return JSONResponse({"object": "list", "data": [card]})
+
+    add_kv_cache_routes(app, state)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
@@ -158,6 +169,7 @@ async def _serve(state: ServerState, request: Request, *, chat: bool) -> Respons
     try:
         generation, sampling = _prepare(state, model, await request.body(), chat=chat, headers=request.headers)
         if sampling.stream:
+            await generation.wait_admitted()  # the cached-tokens header goes out with the first byte
             handed_over = True
             return _GenerationStream(state, generation, sampling, chat=chat)
         return await _complete(state, request, generation, chat=chat)
@@ -275,7 +287,8 @@ async def _complete(state: ServerState, request: Request, generation: Generation
     state.metrics.request_finished("success")
     return JSONResponse({"id": generation.request_id, "object": "chat.completion" if chat else "text_completion",
                          "created": int(time.time()), "model": state.served_model_name, "choices": choices,
-                         "usage": generation.usage()})
+                         "usage": generation.usage()},
+                        headers={http_headers.CACHED_TOKENS: str(generation.num_cached_tokens)})
 
 
 async def _wait_disconnect(request: Request) -> None:
@@ -293,7 +306,7 @@ class _GenerationStream(StreamingResponse):
     def __init__(self, state: ServerState, generation: Generation, sampling: SamplingRequest, *, chat: bool):
         self.worker_state, self.generation, self.outcome = state, generation, "aborted"
         super().__init__(self._body(sampling, chat), media_type="text/event-stream",
-                         headers={"Cache-Control": "no-cache"})
+                         headers={"Cache-Control": "no-cache", http_headers.CACHED_TOKENS: str(generation.num_cached_tokens)})
 
     async def __call__(self, scope, receive, send) -> None:
         try:

@@ -6,21 +6,17 @@ hands work over through a command queue (add, abort) and receives per-request
 ``loop.call_soon_threadsafe`` so no request waits on another's HTTP I/O and the HTTP side never
 waits on ``step()``.
 
-Prefill/decode hand-off (:mod:`inference_worker.server.pd`) adds two commands, both run on the
-engine thread: :meth:`EngineLoop.prefill_export` (prefill role: prefill, copy the request's KV out
-of the paged cache after its first token, free its blocks) and :meth:`EngineLoop.submit_prefilled`
-(decode role: import received KV and continue decoding in the normal batch); see
-:mod:`inference_worker.engine.kv_handoff`.
-
-The loop also measures the engine busy ratio (fraction of wall time inside ``step()`` over the
-last :data:`BUSY_WINDOW_S` seconds; the CPU substitute for GPU utilization) and publishes queue
-depth and KV cache usage to the worker metrics.
+PD hand-off (:mod:`.pd`; the engine's KV connector copies the KV, see ``engine.kv_handoff``):
+:meth:`EngineLoop.prefill_export` (prefill role) and :meth:`EngineLoop.submit_prefilled` (decode role).
+Prefix cache: a request's hit goes out as a :class:`SeqUpdate` with ``num_cached_tokens`` when the
+engine admits it, before its first token (for the ``X-Ferry-Cached-Tokens`` header); KV events are
+drained into a :class:`~.kv_events.KVEventLog` after every step. Busy ratio, queue depth, KV usage
+and prefix-cache counters go to the worker metrics (:mod:`.engine_stats`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import queue
 import threading
@@ -29,12 +25,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from inference_worker.metrics import WorkerMetrics
+from inference_worker.server.engine_stats import EngineStats, engine_queue_stats
+from inference_worker.server.kv_events import KVEventLog
 
 logger = logging.getLogger(__name__)
 
-BUSY_WINDOW_S = 5.0
-STATS_INTERVAL_S = 0.25
 IDLE_POLL_S = 0.05
+__all__ = ["EngineLoop", "SeqUpdate", "engine_queue_stats"]
 
 
 @dataclass(frozen=True)
@@ -51,6 +48,8 @@ class SeqUpdate:
         finish_reason: "stop" (EOS, stop token or stop string), "length", "abort" or "error".
         error: a message when ``finish_reason`` is "error".
         error_code: OpenAI error code for ``error`` (None: ``engine_error``).
+        num_cached_tokens: set on the update that reports the request's admission: prompt tokens
+            reused from the prefix cache (0 for a miss or a PD import).
     """
 
     request_id: str
@@ -61,6 +60,7 @@ class SeqUpdate:
     finish_reason: str | None = None
     error: str | None = None
     error_code: str | None = None
+    num_cached_tokens: int | None = None
 
 
 @dataclass
@@ -89,6 +89,15 @@ class _Export:
     request_id: str
     prompt_token_ids: list[int]
     params: Any
+    future: asyncio.Future = field(repr=False)
+    loop: asyncio.AbstractEventLoop = field(repr=False)
+
+
+@dataclass
+class _Call:
+    """Run ``fn(engine)`` on the engine thread and resolve ``future`` with its result."""
+
+    fn: Any = field(repr=False)
     future: asyncio.Future = field(repr=False)
     loop: asyncio.AbstractEventLoop = field(repr=False)
 
@@ -124,10 +133,10 @@ class EngineLoop:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
         self._fatal: str | None = None
-        self._busy_samples: collections.deque[tuple[float, float, float]] = collections.deque()
-        self._interval_start = time.monotonic()
-        self._interval_busy = 0.0
-        self._last_stats = 0.0
+        self.kv_events = KVEventLog()
+        self._stats = EngineStats(engine, metrics, self.kv_events)
+        if hasattr(engine, "set_admission_listener"):
+            engine.set_admission_listener(self._on_admitted)
 
     # ---- event-loop side -------------------------------------------------------------------
     def start(self) -> None:
@@ -163,11 +172,14 @@ class EngineLoop:
         Raises:
             RuntimeError: the engine loop is not alive.
         """
-        if not self.alive:
-            raise RuntimeError(f"engine loop is not running: {self._fatal or 'stopped'}")
+        self._check_alive()
         stream = _Stream(loop=asyncio.get_running_loop(), queue=updates if updates is not None else asyncio.Queue())
         self._commands.put(_Add(request_id, list(prompt_token_ids), params, stream))
         return stream.queue
+
+    def _check_alive(self) -> None:
+        if not self.alive:
+            raise RuntimeError(f"engine loop is not running: {self._fatal or 'stopped'}")
 
     def abort(self, request_id: str) -> None:
         """Abort a request (client went away); its KV blocks are freed on the engine's next turn."""
@@ -176,17 +188,15 @@ class EngineLoop:
     def prefill_export(self, request_id: str, prompt_token_ids: list[int], params: Any) -> asyncio.Future:
         """Prefill role: run the prefill of ``prompt_token_ids`` and export its KV.
 
-        ``params`` must allow a second token (``max_tokens >= 2``, ``ignore_eos``, no stop strings) so
-        the request still holds its blocks after the first token; it is aborted (blocks freed) right
-        after the export, on the engine thread. Returns a future resolving to
-        ``(first_token_id, num_tokens, kv)`` (see ``engine.kv_handoff.export_prefill_kv``), or
-        failing with the engine's ValueError / RuntimeError.
+        ``params`` should have ``max_tokens`` 1: the engine saves the prompt's KV when the request
+        finishes with its first token. Returns a future resolving to ``(first_token_id, num_tokens,
+        kv)`` (see ``PagedLLMEngine.pop_exported_kv``), or failing with the engine's ValueError /
+        RuntimeError.
 
         Raises:
             RuntimeError: the engine loop is not alive.
         """
-        if not self.alive:
-            raise RuntimeError(f"engine loop is not running: {self._fatal or 'stopped'}")
+        self._check_alive()
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         self._commands.put(_Export(request_id, list(prompt_token_ids), params, future, loop))
@@ -197,18 +207,59 @@ class EngineLoop:
         """Decode role: continue a request prefilled elsewhere (KV imported into the paged cache).
 
         Updates arrive on ``updates`` as for :meth:`submit`, the first one carrying the first token.
-        When the engine has no room for the import right now the prompt is prefilled here instead.
+        Without room now, the import waits for a seat and blocks like any request (FCFS).
 
         Raises:
             RuntimeError: the engine loop is not alive.
         """
-        if not self.alive:
-            raise RuntimeError(f"engine loop is not running: {self._fatal or 'stopped'}")
+        self._check_alive()
         stream = _Stream(loop=asyncio.get_running_loop(), queue=updates)
         self._commands.put(_Import(request_id, list(prompt_token_ids), params, int(first_token_id), kv,
                                    list(first_positions), stream))
 
+    def call(self, fn: Any) -> asyncio.Future:
+        """Run ``fn(engine)`` on the engine thread; returns a future with its result or exception.
+
+        Raises:
+            RuntimeError: the engine loop is not alive.
+        """
+        self._check_alive()
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self._commands.put(_Call(fn, future, loop))
+        return future
+
+    async def reset_prefix_cache(self) -> int:
+        """Forget every cached KV block (engine thread); returns how many blocks were forgotten."""
+        def reset(engine: Any) -> int:
+            cleared = engine.reset_prefix_cache()
+            self._drain_kv_events()
+            return cleared
+
+        return await self.call(reset)
+
+    async def kv_events_snapshot(self) -> tuple[int, list[dict]]:
+        """``(seq, events)``: the prefix cache now as ``cleared`` + ``stored`` events, consistent with ``seq``."""
+        def snapshot(engine: Any) -> tuple[int, list[dict]]:
+            self._drain_kv_events()
+            return self.kv_events.seq, [event.as_dict() for event in engine.kv_events_snapshot()]
+
+        return await self.call(snapshot)
+
     # ---- engine-thread side ----------------------------------------------------------------
+    def _drain_kv_events(self) -> None:
+        take = getattr(self._engine, "take_kv_events", None)
+        if take is not None:
+            events = take()
+            if events:
+                self.kv_events.extend(events)
+
+    def _on_admitted(self, num_cached_tokens: dict[str, int]) -> None:
+        """Engine callback (inside ``step``, before the forward): report each admitted request's hit."""
+        for request_id, hit in num_cached_tokens.items():
+            if request_id in self._streams:
+                self._send(request_id, SeqUpdate(request_id, (), "", 0, False, num_cached_tokens=hit))
+
     def _run(self) -> None:
         try:
             while not self._stop.is_set():
@@ -217,10 +268,11 @@ class EngineLoop:
                 if self._engine.has_unfinished_requests():
                     started = time.monotonic()
                     outputs = self._engine.step()
-                    self._interval_busy += time.monotonic() - started
+                    self._stats.add_busy(time.monotonic() - started)
                     for output in outputs:
                         self._deliver(output)
-                self._publish_stats()
+                    self._drain_kv_events()
+                self._stats.maybe_publish()
         except Exception as exc:  # noqa: BLE001 - thread boundary: report any engine failure to all requests
             logger.exception("engine loop failed")
             self._fatal = f"{type(exc).__name__}: {exc}"
@@ -229,6 +281,7 @@ class EngineLoop:
             for command in self._exports.values():
                 command.loop.call_soon_threadsafe(_set_exception, command.future,
                                                   RuntimeError(f"engine failed: {self._fatal}"))
+            self._fail_pending_calls()
 
     def _drain_commands(self, *, block: bool) -> None:
         try:
@@ -242,7 +295,25 @@ class EngineLoop:
             except queue.Empty:
                 return
 
-    def _apply(self, command: _Add | _Abort | _Export | _Import) -> None:
+    def _fail_pending_calls(self) -> None:
+        while True:
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(command, _Call | _Export):
+                command.loop.call_soon_threadsafe(_set_exception, command.future,
+                                                  RuntimeError(f"engine failed: {self._fatal}"))
+
+    def _apply(self, command: _Add | _Abort | _Export | _Import | _Call) -> None:
+        if isinstance(command, _Call):
+            try:
+                result = command.fn(self._engine)
+            except Exception as exc:  # noqa: BLE001 - handed to the awaiting coroutine
+                command.loop.call_soon_threadsafe(_set_exception, command.future, exc)
+            else:
+                command.loop.call_soon_threadsafe(_set_result, command.future, result)
+            return
         if isinstance(command, _Export | _Import):
             self._apply_handoff(command)
             return
@@ -258,11 +329,9 @@ class EngineLoop:
             self._send(command.request_id, SeqUpdate(command.request_id, (), "", len(command.prompt_token_ids), True, "error", str(exc)))
 
     def _apply_handoff(self, command: _Export | _Import) -> None:
-        from inference_worker.engine import kv_handoff  # paged engine only; imported on first use
-
         if isinstance(command, _Export):
             try:
-                self._engine.add_request(command.request_id, command.prompt_token_ids, command.params)
+                self._engine.add_request(command.request_id, command.prompt_token_ids, command.params, kv_export=True)
             except ValueError as exc:
                 command.loop.call_soon_threadsafe(_set_exception, command.future, exc)
                 return
@@ -270,13 +339,9 @@ class EngineLoop:
             return
         self._streams[command.request_id] = command.stream
         try:
-            output = kv_handoff.import_prefilled_request(
-                self._engine, command.request_id, command.prompt_token_ids, command.params, command.first_token_id,
+            output = self._engine.add_prefilled_request(
+                command.request_id, command.prompt_token_ids, command.params, command.first_token_id,
                 command.kv, command.first_positions)
-        except kv_handoff.NoCapacity as exc:
-            logger.info("%s; prefilling it here instead", exc)
-            self._apply(_Add(command.request_id, command.prompt_token_ids, command.params, command.stream))
-            return
         except ValueError as exc:
             self._send(command.request_id, SeqUpdate(command.request_id, (), "", len(command.prompt_token_ids), True,
                                                      "error", str(exc)))
@@ -284,22 +349,18 @@ class EngineLoop:
         self._deliver(output)
 
     def _finish_export(self, output: Any) -> None:
-        """After a step: export the KV of a prefill-role request that has its first token, then free it."""
-        from inference_worker.engine import kv_handoff
-
+        """After a step: hand a finished prefill-role request's first token and saved KV to its future."""
+        if not output.finished:
+            return
         command = self._exports.pop(output.request_id)
         token_ids = output.outputs[0].token_ids
-        try:
-            if output.finished or not token_ids:
-                raise ValueError(f"prefill of {output.request_id!r} ended without a first token "
-                                 f"({output.outputs[0].finish_reason})")
-            num_tokens, kv = kv_handoff.export_prefill_kv(self._engine, output.request_id)
-        except ValueError as exc:
-            command.loop.call_soon_threadsafe(_set_exception, command.future, exc)
-        else:
-            command.loop.call_soon_threadsafe(_set_result, command.future, (int(token_ids[0]), num_tokens, kv))
-        finally:
-            self._engine.abort_request(output.request_id)
+        exported = self._engine.pop_exported_kv(output.request_id)
+        if exported is None or not token_ids:
+            command.loop.call_soon_threadsafe(_set_exception, command.future, ValueError(
+                f"prefill of {output.request_id!r} ended without its KV ({output.outputs[0].finish_reason})"))
+            return
+        num_tokens, kv = exported
+        command.loop.call_soon_threadsafe(_set_result, command.future, (int(token_ids[0]), num_tokens, kv))
 
     def _deliver(self, output: Any) -> None:
         """Forward one ``RequestOutput`` (its single completion's per-step delta)."""
@@ -310,7 +371,8 @@ class EngineLoop:
             return
         completion = output.outputs[0]
         update = SeqUpdate(output.request_id, tuple(completion.new_token_ids), completion.new_text,
-                           len(output.prompt_token_ids), bool(output.finished), completion.finish_reason)
+                           len(output.prompt_token_ids), bool(output.finished), completion.finish_reason,
+                           num_cached_tokens=getattr(output, "num_cached_tokens", None))
         self._send(output.request_id, update)
 
     def _send(self, request_id: str, update: SeqUpdate) -> None:
@@ -324,22 +386,6 @@ class EngineLoop:
         except RuntimeError:  # the event loop is closed (server shutting down)
             logger.debug("dropping update for %s: event loop closed", request_id)
 
-    def _publish_stats(self) -> None:
-        now = time.monotonic()
-        if now - self._last_stats < STATS_INTERVAL_S:
-            return
-        self._last_stats = now
-        self._busy_samples.append((self._interval_start, now, self._interval_busy))
-        self._interval_start, self._interval_busy = now, 0.0
-        while self._busy_samples and self._busy_samples[0][1] < now - BUSY_WINDOW_S:
-            self._busy_samples.popleft()
-        span = now - self._busy_samples[0][0]
-        busy_ratio = min(1.0, sum(s[2] for s in self._busy_samples) / span) if span > 0 else 0.0
-        if self._metrics is not None:
-            waiting, running, kv_usage = engine_queue_stats(self._engine)
-            self._metrics.set_engine_state(num_waiting=waiting, num_running=running, kv_cache_usage=kv_usage,
-                                           busy_ratio=busy_ratio)
-
 
 def _set_result(future: asyncio.Future, value: Any) -> None:
     if not future.done():
@@ -349,17 +395,3 @@ def _set_result(future: asyncio.Future, value: Any) -> None:
 def _set_exception(future: asyncio.Future, exc: BaseException) -> None:
     if not future.done():
         future.set_exception(exc)
-
-
-def engine_queue_stats(engine: Any) -> tuple[int, int, float | None]:
-    """(num_waiting, num_running, KV cache usage 0..1 or None) from the engine's read-only accessors.
-
-    Queue depth comes from ``engine.num_waiting`` / ``engine.num_running``. KV usage is
-    ``engine.kv_cache_usage`` when the engine has it (paged cache: blocks in use); for the
-    contiguous cache it is the fraction of per-sequence KV slots in use; None if neither exists.
-    """
-    usage = getattr(engine, "kv_cache_usage", None)
-    runner = getattr(engine, "runner", None)
-    if usage is None and hasattr(runner, "num_free_slots") and hasattr(runner, "max_num_seqs"):
-        usage = 1.0 - runner.num_free_slots / runner.max_num_seqs
-    return int(engine.num_waiting), int(engine.num_running), None if usage is None else float(usage)

@@ -167,7 +167,7 @@ class PDService:
                 fault = parse_fault(headers.get(http_headers.FAULT_KV))
             except ValueError as exc:
                 raise OpenAIError(400, str(exc), param=http_headers.FAULT_KV) from None
-        params = model.make_sampling_params(max_tokens=2, ignore_eos=True, **{
+        params = model.make_sampling_params(max_tokens=1, ignore_eos=True, **{
             k: sampling[k] for k in ("temperature", "top_p", "top_k", "seed") if sampling.get(k) is not None})
         started = time.perf_counter()
         try:

@@ -70,6 +70,8 @@ class ServerState:
     fault_rng: random.Random = field(default_factory=lambda: random.Random(0))
     drain_timeout_s: float = 30.0
     pd: Any = None
+    link_secret: bytes | None = None
+    """The KV link secret, if configured: signs ``POST /admin/kv-cache/reset`` (see :mod:`.kv_cache_routes`)."""
     """The disaggregation service (:class:`~inference_worker.server.pd.PDService`) or None (colocated)."""
     model: ServedModel | None = None
     load_error: str | None = None

@@ -9,11 +9,15 @@ stop string. A non-streamed response is exactly the join of the same deltas.
 
 ``completion_tokens`` counts every token the engine generated for the choice, including the
 EOS/stop token or the token that completed a stop string (as vLLM counts them).
+``prompt_tokens_details.cached_tokens`` counts, per prompt (prompts are counted once, as OpenAI
+does), the prompt tokens its first choice reused from the prefix cache; the engine reports each
+hit when it admits the sequence (:meth:`Generation.wait_admitted`), before its first token.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import time
 from collections.abc import AsyncIterator, Callable
@@ -53,6 +57,7 @@ class _Choice:
     num_output_tokens: int = 0
     first_token_at: float | None = None
     finish_reason: str | None = None
+    num_cached_tokens: int | None = None
 
 
 @dataclass(eq=False)  # identity semantics: tracked in a set while in flight
@@ -86,6 +91,7 @@ class Generation:
         self._tasks: set[asyncio.Task] = set()
         self._choices: dict[str, _Choice] = {}
         self._updates: asyncio.Queue[SeqUpdate] = asyncio.Queue()
+        self._early: collections.deque[SeqUpdate] = collections.deque()
         self._started = False
 
     @property
@@ -98,10 +104,31 @@ class Generation:
         """Tokens generated over all choices so far."""
         return sum(c.num_output_tokens for c in self._choices.values())
 
+    @property
+    def num_cached_tokens(self) -> int:
+        """Prompt tokens reused from the prefix cache: per prompt, its first choice's hit (0 until admitted)."""
+        return sum(c.num_cached_tokens or 0 for c in self._choices.values() if c.index % self.n == 0)
+
     def usage(self) -> dict:
-        """OpenAI ``usage`` object."""
+        """OpenAI ``usage`` object, with ``prompt_tokens_details.cached_tokens``."""
         prompt, completion = self.num_prompt_tokens, self.num_completion_tokens
-        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+                "prompt_tokens_details": {"cached_tokens": self.num_cached_tokens}}
+
+    async def wait_admitted(self) -> None:
+        """Wait until the engine admitted (or finished) every choice, so ``num_cached_tokens`` is final.
+
+        Updates read meanwhile are kept and replayed, in order, by :meth:`events`.
+        """
+        while not all(c.num_cached_tokens is not None or c.finish_reason is not None
+                      for c in self._choices.values()):
+            update = await self._updates.get()
+            choice = self._choices[update.request_id]
+            if update.num_cached_tokens is not None:
+                choice.num_cached_tokens = update.num_cached_tokens
+            if update.finished and choice.num_cached_tokens is None:
+                choice.num_cached_tokens = 0
+            self._early.append(update)
 
     def start(self) -> None:
         """Submit every choice to the engine (call once, from the event loop)."""
@@ -142,13 +169,15 @@ class Generation:
             GenerationError: the engine refused or failed a sequence (other choices are aborted).
         """
         while not self.finished:
-            update = await self._updates.get()
+            update = self._early.popleft() if self._early else await self._updates.get()
             event = self._apply(self._choices[update.request_id], update)
             if event is not None:
                 yield event
 
     def _apply(self, choice: _Choice, update: SeqUpdate) -> ChoiceEvent | None:
         now = time.monotonic()
+        if update.num_cached_tokens is not None:
+            choice.num_cached_tokens = update.num_cached_tokens
         if update.finish_reason == "error":
             choice.finish_reason = "error"
             self.abort()

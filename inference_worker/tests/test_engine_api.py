@@ -7,9 +7,10 @@ and ``LLMEngine`` (the paged engine the worker serves with)."""
 import pytest
 import torch
 
-from inference_worker.engine.llm_engine import ContiguousLLMEngine, LLMEngine
+from inference_worker.engine.llm_engine import LLMEngine
 from inference_worker.engine.sampler import Sampler, apply_top_k_top_p
 from inference_worker.engine.sampling_params import SamplingParams
+from inference_worker.reference.contiguous_engine import ContiguousLLMEngine
 from inference_worker.tests.support.models import GEMMA, SMOLLM2, load_prepared
 
 torch.set_num_threads(1)

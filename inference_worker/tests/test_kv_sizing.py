@@ -86,6 +86,14 @@ def test_gemma_plan_caps_sliding_group_at_its_bound_and_gives_full_the_rest(gemm
     assert plan.log_line().startswith("KV cache 1.00 GiB, block_size 16: full_attention 3 layers 15759 blocks 252144 tokens")
 
 
+def test_prefix_caching_sizes_both_groups_equally_so_cached_contexts_keep_their_windows(gemma_config):
+    plan = plan_kv_cache(gemma_config, budget_bytes=2**30, block_size=16, dtype_bytes=2, max_num_seqs=32,
+                         max_num_batched_tokens=2048, enable_prefix_caching=True)
+    # (2**30 - 294912) // 294912 = 3639 sliding blocks (the running bound of 1216 is not a cap any more); full gets
+    # the rest: (2**30 - 294912 - 3639 * 245760) // 49152 = 3644
+    assert [g.num_blocks for g in plan.groups] == [3645, 3640]
+
+
 def test_small_budget_splits_blocks_equally_between_groups(gemma_config):
     plan = plan_kv_cache(
         gemma_config, budget_bytes=30 * 294912, block_size=16, dtype_bytes=2, max_num_seqs=32, max_num_batched_tokens=2048

@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from inference_worker.config import ModelConfig
-from inference_worker.engine.contiguous_runner import ContiguousModelRunner
 from inference_worker.model.layers import RMSNorm, apply_rope, rope_cos_sin, rope_inv_freq
 from inference_worker.model.transformer import CausalLM
+from inference_worker.reference.contiguous_runner import ContiguousModelRunner
 
 torch.set_num_threads(1)
 

@@ -23,10 +23,9 @@ import warnings
 import pytest
 import torch
 
-from inference_worker.engine.contiguous_runner import ContiguousModelRunner
-from inference_worker.engine.llm_engine import LLMEngine
-from inference_worker.engine.paged_engine import PagedLLMEngine
+from inference_worker.engine.llm_engine import LLMEngine, PagedLLMEngine
 from inference_worker.engine.sampling_params import SamplingParams
+from inference_worker.reference.contiguous_runner import ContiguousModelRunner
 from inference_worker.registry import gguf_path
 from inference_worker.tests.support.models import GEMMA, SMOLLM2, cached_reference, file_sha256, load_prepared
 

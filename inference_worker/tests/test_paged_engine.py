@@ -9,8 +9,8 @@ Each accepted case is reported on stdout.
 import pytest
 import torch
 
-from inference_worker.engine.contiguous_runner import ContiguousModelRunner
 from inference_worker.engine.paged_engine import PagedEngineCore
+from inference_worker.reference.contiguous_runner import ContiguousModelRunner
 from inference_worker.tests.support.models import GEMMA, load_prepared
 
 pytestmark = pytest.mark.slow

@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from inference_worker.config import FULL_ATTENTION, SLIDING_ATTENTION, ModelConfig
-from inference_worker.engine.contiguous_runner import ContiguousModelRunner
 from inference_worker.engine.paged_engine import PagedEngineCore
 from inference_worker.model.transformer import CausalLM
+from inference_worker.reference.contiguous_runner import ContiguousModelRunner
 
 torch.set_num_threads(1)
 W = 8

@@ -1,8 +1,10 @@
 """KV hand-off between two paged engines on a tiny random hybrid model (fast, no weights, no processes).
 
-A prefill engine exports a request's KV after its first token, a separate decode engine (its own
-cache) imports it and decodes: the tokens equal a colocated engine's, the exported rows are N for
-the full layer and min(N, W-1) for sliding ones, and every block is free afterwards on both sides.
+A prefill engine exports a request's KV when it finishes with its first token, a separate decode
+engine (its own cache) imports it through its KV connector and decodes: the tokens equal a colocated
+engine's, the exported rows are N for the full layer and min(N, W-1) for sliding ones, and every
+block is free afterwards on both sides. With prefix caching, a request that hits inside the imported
+window gives the colocated tokens too (the partly written sliding block is never registered).
 """
 
 from pathlib import Path
@@ -11,13 +13,8 @@ import pytest
 import torch
 
 from inference_worker.config import FULL_ATTENTION, SLIDING_ATTENTION, ModelConfig
-from inference_worker.engine.kv_handoff import (
-    NoCapacity,
-    export_prefill_kv,
-    import_prefilled_request,
-    kv_layout,
-)
-from inference_worker.engine.paged_engine import PagedLLMEngine
+from inference_worker.engine.kv_handoff import kv_layout
+from inference_worker.engine.llm_engine import PagedLLMEngine
 from inference_worker.engine.sampling_params import SamplingParams
 from inference_worker.model.loader import LoadedModel
 from inference_worker.model.transformer import CausalLM
@@ -47,8 +44,9 @@ def loaded():
 
 
 def engine(loaded, **kwargs):
-    # block = 4 tokens * 2 KV heads * 16 dims * 2 (K, V) * 4 bytes = 1024 B per layer; 4 layers
-    return PagedLLMEngine(loaded, kv_cache_memory=kwargs.pop("blocks", 64) * 1024 * 4, block_size=BLOCK, **kwargs)
+    # block = 4 tokens * 2 KV heads * 16 dims * 2 (K, V) * 4 bytes = 128 B per layer... per group: see the plan
+    return PagedLLMEngine(loaded, kv_cache_memory=kwargs.pop("blocks", 64) * 1024 * 4, block_size=BLOCK,
+                          weights_sha256="0" * 64, **kwargs)
 
 
 def all_free(eng) -> bool:
@@ -57,23 +55,22 @@ def all_free(eng) -> bool:
 
 
 def prefill_and_export(eng, rid, prompt):
-    eng.add_request(rid, prompt, SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))
-    while True:
-        outputs = eng.step()
-        if outputs and outputs[0].outputs[0].token_ids:
-            break
-    first = outputs[0].outputs[0].token_ids[0]
-    num_tokens, kv = export_prefill_kv(eng, rid)
-    eng.abort_request(rid)
-    eng.step()
+    eng.add_request(rid, prompt, SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True), kv_export=True)
+    first = None
+    while eng.has_unfinished_requests():
+        for out in eng.step():
+            if out.finished:
+                first = out.outputs[0].token_ids[0]
+    num_tokens, kv = eng.pop_exported_kv(rid)
+    assert eng.pop_exported_kv(rid) is None  # handed out once
     return first, num_tokens, kv
 
 
 def run_to_end(eng, first_output):
-    tokens = list(first_output.outputs[0].token_ids)
+    tokens = {first_output.request_id: list(first_output.outputs[0].token_ids)}
     while eng.has_unfinished_requests():
         for out in eng.step():
-            tokens = list(out.outputs[0].token_ids)
+            tokens[out.request_id] = list(out.outputs[0].token_ids)
     return tokens
 
 
@@ -88,13 +85,14 @@ def test_imported_kv_decodes_like_colocated(loaded, n):
     assert all(tuple(k.shape[1:]) == (2, 16) and v.shape == k.shape for k, v in kv)
     assert all_free(prefill)
     first_positions = [n - k.shape[0] for k, _ in kv]
-    output = import_prefilled_request(decode, "r", prompt, GREEDY, first, kv, first_positions)
-    assert output.outputs[0].token_ids == [first] and not output.finished
+    output = decode.add_prefilled_request("r", prompt, GREEDY, first, kv, first_positions)
+    assert output.outputs[0].token_ids == [first] and not output.finished and output.num_cached_tokens == 0
+    decode.step()  # admission: the KV is loaded into the blocks, then the first token is decoded
     tables = decode.core.kv_cache_manager.get_block_ids("r")
     sliding = kv_layout(decode).layer_windows.index(W)
     num_null = max(0, (n - W + 1) // BLOCK)  # blocks wholly before the window of position n
     assert tables[decode.core.runner.kv_cache.layer_to_group[sliding]][:num_null] == [0] * num_null
-    assert run_to_end(decode, output) == colocated
+    assert run_to_end(decode, output)["r"] == colocated
     assert all_free(decode)
 
 
@@ -103,12 +101,12 @@ def test_first_token_that_ends_the_request_allocates_nothing(loaded):
     prefill, decode = engine(loaded), engine(loaded)
     first, _, kv = prefill_and_export(prefill, "r", prompt)
     params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
-    output = import_prefilled_request(decode, "r", prompt, params, first, kv, [len(prompt) - k.shape[0] for k, _ in kv])
+    output = decode.add_prefilled_request("r", prompt, params, first, kv, [len(prompt) - k.shape[0] for k, _ in kv])
     assert output.finished and output.outputs[0].finish_reason == "length" and output.outputs[0].token_ids == [first]
     assert all_free(decode) and not decode.has_unfinished_requests()
 
 
-def test_no_capacity_changes_nothing_and_bad_kv_is_refused(loaded):
+def test_an_import_without_room_waits_its_turn_and_bad_kv_is_refused(loaded):
     prompt = list(range(1, 12))
     prefill, decode = engine(loaded), engine(loaded, max_num_seqs=1)
     first, _, kv = prefill_and_export(prefill, "r", prompt)
@@ -116,21 +114,49 @@ def test_no_capacity_changes_nothing_and_bad_kv_is_refused(loaded):
     decode.add_request("busy", [5, 6, 7], GREEDY)
     decode.step()
     free = decode.core.kv_cache_manager.get_num_free_blocks()
-    with pytest.raises(NoCapacity):
-        import_prefilled_request(decode, "r", prompt, GREEDY, first, kv, firsts)
-    assert decode.core.kv_cache_manager.get_num_free_blocks() == free and "r" not in decode.core.scheduler.requests
     with pytest.raises(ValueError, match="does not fit a prefill of 12 tokens"):
-        import_prefilled_request(decode, "x", prompt + [1], GREEDY, first, kv, firsts)
+        decode.add_prefilled_request("x", prompt + [1], GREEDY, first, kv, firsts)
     with pytest.raises(ValueError, match="KV for 3 layers"):
-        import_prefilled_request(decode, "x", prompt, GREEDY, first, kv[:3], firsts[:3])
+        decode.add_prefilled_request("x", prompt, GREEDY, first, kv[:3], firsts[:3])
     assert decode.core.kv_cache_manager.get_num_free_blocks() == free
+    output = decode.add_prefilled_request("r", prompt, GREEDY, first, kv, firsts)
+    decode.step()
+    assert decode.num_running == 1 and decode.num_waiting == 1  # "busy" holds the only seat
+    tokens = run_to_end(decode, output)
+    assert tokens["r"] == engine(loaded).generate([prompt], GREEDY)[0].outputs[0].token_ids
+    assert all_free(decode)
 
 
-def test_export_refuses_a_request_not_at_the_end_of_its_prefill(loaded):
+def test_an_aborted_export_saves_nothing(loaded):
     eng = engine(loaded, max_num_batched_tokens=4)
-    eng.add_request("r", list(range(1, 20)), SamplingParams(max_tokens=2, temperature=0.0))
+    eng.add_request("r", list(range(1, 20)), SamplingParams(max_tokens=1, temperature=0.0), kv_export=True)
     eng.step()  # first chunk of 4 tokens only
-    with pytest.raises(ValueError, match="not at the end of its prefill"):
-        export_prefill_kv(eng, "r")
-    with pytest.raises(ValueError, match="not running"):
-        export_prefill_kv(eng, "missing")
+    eng.abort_request("r")
+    eng.step()
+    assert eng.pop_exported_kv("r") is None and eng.pop_exported_kv("missing") is None
+    assert all_free(eng)
+
+
+@pytest.mark.parametrize(("n", "num_reused_outputs", "expected_hit"),
+                         [(W + 1, 10, 16), (2 * W + 1, 10, 24), (2 * W + 2, 10, 24), (2 * W + 1, 1, 0), (5 * W, 3, 0), (5 * W, 8, 48)])
+def test_a_hit_inside_the_imported_window_gives_the_colocated_tokens(loaded, n, num_reused_outputs, expected_hit):
+    """Acceptance 2 on the tiny model: import N tokens, decode, then a request extending the prompt and
+    the first ``num_reused_outputs`` output tokens hits inside the imported window.
+
+    Sliding layers received positions n-W+1..n-1 only; the block holding n-W+1 is partly written
+    unless it starts there, so it is not registered, and a hit of h tokens (which reads positions
+    h-W+1..h-1) must start its window at or after the first whole received block. E.g. n = 17:
+    received 10..16, block 2 (8..11) is partial, blocks 3.. are whole; a hit of 24 reads 17..23.
+    """
+    prompt = torch.randint(0, 97, (n,), generator=torch.Generator().manual_seed(100 + n)).tolist()
+    prefill, decode, colocated = engine(loaded), engine(loaded), engine(loaded)
+    first, _, kv = prefill_and_export(prefill, "r", prompt)
+    output = decode.add_prefilled_request("r", prompt, GREEDY, first, kv, [n - k.shape[0] for k, _ in kv])
+    outputs = run_to_end(decode, output)["r"]
+    follow = prompt + outputs[:num_reused_outputs] + [3, 1, 4, 1, 5, 9]
+    expected = [out.outputs[0].token_ids for out in colocated.generate([prompt, follow], GREEDY)]
+    assert outputs == expected[0]
+    got = decode.generate([follow], GREEDY)[0]
+    assert got.outputs[0].token_ids == expected[1]
+    assert got.num_cached_tokens == expected_hit
+    assert all_free(decode)

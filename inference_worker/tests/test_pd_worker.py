@@ -148,7 +148,10 @@ def test_prefill_decode_output_equals_colocated(prefill, decode, tokens, num_tok
     raw_key = ("ferry_kv_transfer_raw_bytes_total", frozenset({("direction", "receive")}))
     assert received_after[raw_key] - received_before.get(raw_key, 0.0) == layout.transfer_bytes(num_tokens)
     ref_text, got_text = reference["choices"][0]["text"], disaggregated["choices"][0]["text"]
-    assert disaggregated["usage"] == reference["usage"]
+    # the colocated run may reuse the previous case's prefix (prefix caching); the hand-off ships the whole prompt
+    assert disaggregated["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+    assert {k: v for k, v in disaggregated["usage"].items() if k != "prompt_tokens_details"} == {
+        k: v for k, v in reference["usage"].items() if k != "prompt_tokens_details"}
     if got_text != ref_text:  # allowed only where the reference's top-2 gap is below 1e-2
         tokenizer = load_tokenizer(gemma_tokenizer_dir())
         ref_ids = tokenizer.encode(ref_text, add_special_tokens=False).ids

@@ -85,7 +85,8 @@ def test_streamed_completion_equals_non_streamed_and_usage_is_exact(api, tokeniz
     assert greedy["object"] == "text_completion"
     assert greedy["choices"][0]["finish_reason"] == "length"
     assert greedy["usage"] == {"prompt_tokens": len(prompt_ids), "completion_tokens": 12,
-                               "total_tokens": len(prompt_ids) + 12}
+                               "total_tokens": len(prompt_ids) + 12,
+                               "prompt_tokens_details": {"cached_tokens": 0}}  # shorter than one block
     text = greedy["choices"][0]["text"]
     assert text.strip()
     chunks, texts = stream(api, "/v1/completions", prompt=PROMPT, max_tokens=12, ignore_eos=True,
@@ -103,7 +104,8 @@ def test_streamed_chat_equals_non_streamed_and_usage_is_exact(api, tokenizer):
     rendered = ChatTemplate.for_tokenizer_dir(gemma_tokenizer_dir()).render(CHAT)
     num_prompt = len(tokenizer.encode(rendered, add_special_tokens=False).ids)
     assert result["object"] == "chat.completion"
-    assert result["usage"] == {"prompt_tokens": num_prompt, "completion_tokens": 10, "total_tokens": num_prompt + 10}
+    assert result["usage"] == {"prompt_tokens": num_prompt, "completion_tokens": 10, "total_tokens": num_prompt + 10,
+                               "prompt_tokens_details": {"cached_tokens": 0}}
     message = result["choices"][0]["message"]
     assert message["role"] == "assistant" and message["content"].strip()
     chunks, texts = stream(api, "/v1/chat/completions", messages=CHAT, max_tokens=10, ignore_eos=True)

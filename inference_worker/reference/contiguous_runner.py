@@ -1,7 +1,8 @@
 """Model runner over a contiguous KV cache: one cache row ("slot") per running sequence.
 
-This is the simple, obviously-correct runner under :class:`~inference_worker.engine.llm_engine.LLMEngine`
-(the paged runner replaces it later behind the same engine API). Every layer keeps
+This is the simple, obviously-correct reference runner (test code: the paged runner serves, and is
+compared with this one). It runs under :class:`~inference_worker.reference.contiguous_engine.ContiguousLLMEngine`.
+Every layer keeps
 ``k``/``v`` tensors ``[max_num_seqs, capacity, num_kv_heads, head_dim]``; token ``j`` of the sequence in
 slot ``s`` is row ``[s, j]``. Capacity grows (doubling, capped at ``max_model_len``) as sequences get
 longer. Sliding layers keep every token here too (the window is applied by the attention mask); freeing
