@@ -14,9 +14,10 @@ import hmac
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from inference_worker import http_headers
 from inference_worker.server.errors import OpenAIError, invalid
 from inference_worker.server.kv_events import NDJSON, stream_kv_events
-from inference_worker.server.pd import SIGNATURE_HEADER, sign
+from inference_worker.server.pd import sign
 from inference_worker.server.state import ServerState
 
 KV_EVENTS_PATH = "/v1/kv-events"
@@ -54,8 +55,8 @@ def add_kv_cache_routes(app: FastAPI, state: ServerState) -> None:
             raise OpenAIError(403, "this worker has no KV link secret (--kv-link-secret or FERRY_KV_LINK_SECRET); "
                               "the cache reset is signed with it", type="permission_error", code="no_link_secret")
         raw = await request.body()
-        if not hmac.compare_digest(sign(secret, raw), request.headers.get(SIGNATURE_HEADER, "")):
-            raise OpenAIError(401, f"invalid or missing {SIGNATURE_HEADER} (HMAC-SHA256 of the body under the link "
+        if not hmac.compare_digest(sign(secret, raw), request.headers.get(http_headers.KV_SIGNATURE, "")):
+            raise OpenAIError(401, f"invalid or missing {http_headers.KV_SIGNATURE} (HMAC-SHA256 of the body under the link "
                               "secret)", type="authentication_error", code="invalid_signature")
         cleared = await _engine_loop(state).reset_prefix_cache()
         return JSONResponse({"cleared_blocks": cleared})

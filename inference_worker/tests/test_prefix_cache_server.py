@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from inference_worker import http_headers
 from inference_worker.server.kv_cache_routes import KV_EVENTS_PATH, RESET_PATH
-from inference_worker.server.pd import SIGNATURE_HEADER, sign
+from inference_worker.server.pd import sign
 from inference_worker.tests.support.worker import WorkerProcess, start_together
 from inference_worker.tests.test_prefix_cache_parity import RESUME_POINTS, L, make_prompts
 
@@ -61,7 +61,7 @@ def complete(url, prompt, **body):
 
 def reset(url, body=b"{}", signature=None):
     signature = sign(SECRET.encode(), body) if signature is None else signature
-    return httpx.post(url + RESET_PATH, content=body, headers={SIGNATURE_HEADER: signature}, timeout=60)
+    return httpx.post(url + RESET_PATH, content=body, headers={http_headers.KV_SIGNATURE: signature}, timeout=60)
 
 
 def prefix_metrics(url):
