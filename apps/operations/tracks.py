@@ -19,9 +19,9 @@ controller (which owns the split between tracks and their traffic weights while 
   track of that name is desired again by then.
 * :func:`pool_active_switch` records a ``pool.switch_active`` Action whose handler calls ``switch_active``
   (Kubernetes: the pool Service selects the track; local: the routing table does it).
-
 * :func:`pool_total_set` splits a new total over the pool's tracks (:func:`split_replicas`) and calls
-  :func:`pool_track_set` for each track whose count changes.
+  :func:`pool_track_set` for each track whose count changes (the ``pool.scale`` handler, which then runs those
+  Actions and :func:`track_scale` for the tracks whose count did not change).
 
 These Actions carry no ``pool`` lock (``Action.pool`` is empty: a rollout changes several tracks of a pool in
 one tick and must not be refused by, or block, the operator's one-action-per-pool lock, which the operator's
