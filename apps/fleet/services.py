@@ -1,6 +1,7 @@
-"""Writes for the fleet's state: clusters, links, pools (with their stable track), observed replicas and
-the published routing table. Verbs that reach a backend (pool scale and delete, replica logs) are
-operations' (:mod:`apps.operations.pools`)."""
+"""Writes for the fleet's state: clusters, links, pools (a new pool with its first stable track), observed
+replicas and the published routing table. Every later change of a pool's tracks, and the verbs that reach a
+backend (pool scale, update of the model version, delete, replica logs), are operations'
+(:mod:`apps.operations.tracks`, :mod:`apps.operations.pools`)."""
 
 from __future__ import annotations
 
@@ -84,7 +85,8 @@ def pool_create(*, replicas: int, model_version: ModelVersion, **fields: Any) ->
 
 
 def pool_update(*, pool: Pool, **changes: Any) -> Pool:
-    """Change a pool's settings; a new ``model_version`` also moves its stable track.
+    """Change a pool's row (its settings and ``model_version``). Its tracks are operations' to change: operators
+    and the API call :func:`apps.operations.pools.pool_update`, which also moves the stable track.
 
     Raises:
         ValidationError: invalid fields.
@@ -96,11 +98,7 @@ def pool_update(*, pool: Pool, **changes: Any) -> Pool:
     if held_by is not None:
         raise ConflictError(f"Pool {pool} is part of {held_by}; finish or abort it before changing "
                             f"{', '.join(sorted(moving))}.")
-    with transaction.atomic():
-        _save(pool, changes)
-        if "model_version" in moving:
-            pool.tracks.filter(name=PoolTrack.Name.STABLE).update(model_version=pool.model_version)
-    return pool
+    return _save(pool, changes)
 
 
 def replicas_refresh(*, pool: Pool, observed: Any) -> tuple[int, int]:

@@ -1,5 +1,6 @@
 """Admin for Actions (read-only audit log with retry and cancel admin actions, the same services as the API),
-the autoscaler's state, and pools (create/update through fleet's services; delete and scale record Actions)."""
+the autoscaler's state, and pools (create through fleet's services; update, delete and scale through operations'
+``pools``, which record Actions)."""
 
 from __future__ import annotations
 
@@ -144,7 +145,8 @@ class PoolAdmin(admin.ModelAdmin):
 
     def save_model(self, request: HttpRequest, obj: Pool, form: forms.ModelForm, change: bool) -> None:
         if change:
-            fleet_services.pool_update(pool=Pool.objects.get(pk=obj.pk), **model_fields(form, True))
+            pools.pool_update(pool=Pool.objects.get(pk=obj.pk), requested_by=request.user,
+                              **model_fields(form, True))
         else:
             fields = model_fields(form)
             obj.pk = fleet_services.pool_create(replicas=form.cleaned_data["replicas"], **fields).pk

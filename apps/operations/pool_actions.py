@@ -1,6 +1,7 @@
 """Handlers of the pool Action kinds: ``pool.scale``, ``pool.apply``, ``pool.restart_replica``, ``pool.delete``.
 
-Every handler is idempotent — running it again (a Celery retry, or reconcile taking over an
+``pool.scale`` changes the tracks only through :mod:`apps.operations.tracks` (one ``pool.track_set`` Action per
+track change); the other handlers write no desired state. Every handler is idempotent — running it again (a Celery retry, or reconcile taking over an
 expired lease) converges to the same final state and writes nothing the second time: desired
 state is set to absolute values, and the backend verbs are idempotent (a scale to the current
 count patches nothing). Scale and apply wait until the backend reports the desired replicas
@@ -10,49 +11,21 @@ ready (``FERRY_ACTION_READY_TIMEOUT_S``); the executor's heartbeat keeps the lea
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
 from django.conf import settings
-from django.db import transaction
 
 from apps.fleet.models import Cluster, Pool, PoolTrack
-from apps.operations import services
+from apps.operations import services, tracks
 from apps.operations.backends import backend_session, pool_ref, track_spec
 from apps.operations.handlers import ActionError, register
 from apps.operations.models import Action
-from apps.orchestrators.base import NotFound, ObservedState, OrchestratorBackend, PoolRef
+from apps.orchestrators.base import BackendUnavailable, ObservedState, OrchestratorBackend, PoolRef
 
 POOL_SCALE = "pool.scale"
 POOL_APPLY = "pool.apply"
 POOL_RESTART_REPLICA = "pool.restart_replica"
 POOL_DELETE = "pool.delete"
-
-
-def split_replicas(total: int, tracks: Sequence[PoolTrack]) -> dict[str, int]:
-    """Split a pool's new ``total`` over its tracks in proportion to their current replicas.
-
-    Falls back to the traffic weights when every track has 0 replicas, and to equal shares when
-    those are 0 too. Largest remainder method (ties: track name order), so the parts sum to
-    ``total`` exactly. The rollout controller re-splits during a rollout; outside one, the single
-    ``stable`` track gets everything.
-
-    Raises:
-        ValueError: ``total`` < 0 or no tracks.
-    """
-    if total < 0 or not tracks:
-        raise ValueError(f"cannot split {total} replicas over {len(tracks)} tracks")
-    ordered = sorted(tracks, key=lambda t: t.name)
-    shares = [t.replicas for t in ordered]
-    if sum(shares) == 0:
-        shares = [t.weight for t in ordered]
-    if sum(shares) == 0:
-        shares = [1] * len(ordered)
-    exact = [total * s / sum(shares) for s in shares]
-    parts = [int(x) for x in exact]
-    by_remainder = sorted(range(len(ordered)), key=lambda i: (-(exact[i] - parts[i]), ordered[i].name))
-    for i in by_remainder[: total - sum(parts)]:
-        parts[i] += 1
-    return {t.name: n for t, n in zip(ordered, parts, strict=True)}
 
 
 def _converged(observed: ObservedState, expected: Mapping[str, int]) -> bool:
@@ -105,32 +78,43 @@ def _tracks(pool: Pool) -> list[PoolTrack]:
 
 @register(POOL_SCALE)
 def pool_scale_handler(action: Action) -> None:
-    """Set the pool's total replicas (split over tracks), scale each track, wait until ready."""
+    """Set the pool's total replicas through :func:`apps.operations.tracks.pool_total_set` (one ``pool.track_set``
+    Action per track whose count changes, requested by who asked for the scale), run those Actions once the
+    tracks are committed (their handlers call the backend), and wait until every track is ready.
+
+    A track whose row already holds its share gets no Action (no change) but is still scaled in the backend
+    (:func:`apps.operations.tracks.track_scale`, a no-op there when the count matches; a never-applied track is
+    applied), as before. A re-run (a retry, or reconcile taking over an expired lease) records nothing new: the
+    rows already hold the split. It runs the scale's track Actions still pending, then waits again.
+    """
     replicas = action.params.get("replicas")
     if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 0:
         raise ActionError(f"params.replicas must be a non-negative integer, got {replicas!r}")
     pool = _locked_pool(action)
-    with transaction.atomic():
-        Pool.objects.select_for_update().filter(pk=pool.pk).first()
-        tracks = _tracks(pool)
-        if not tracks:
-            raise ActionError(f"pool {pool} has no tracks to scale")
-        split = split_replicas(replicas, tracks)
-        changed = [t for t in tracks if t.replicas != split[t.name]]
-        for track in changed:
-            track.replicas = split[track.name]
-            track.save(update_fields=["replicas"])
+    key = f"pool.scale-{action.pk}"
+    try:
+        split, recorded = tracks.pool_total_set(pool=pool, replicas=replicas, idempotency_key=key,
+                                                requester=services.action_requester(action),
+                                                requested_by=action.requested_by)
+    except ValueError as exc:
+        raise ActionError(f"pool {pool} has no tracks to scale") from exc
     desired = ", ".join(f"{name}={n}" for name, n in sorted(split.items()))
     services.action_log_append(action_id=action.pk, message=f"desired replicas {desired}"
-                               + ("" if changed else " (already recorded)"))
-    ref = pool_ref(pool)
+                               + ("" if recorded else " (already recorded)"))
+    pending = Action.objects.filter(idempotency_key__startswith=f"{key}:", status=Action.Status.PENDING)
+    outcomes = tracks.actions_execute(action_ids=list(pending.order_by("id").values_list("pk", flat=True)))
+    if "retry-later" in outcomes.values():
+        raise BackendUnavailable(f"track actions {sorted(i for i, o in outcomes.items() if o == 'retry-later')} "
+                                 "could not reach the backend; they stay pending")
+    failed = Action.objects.filter(pk__in=[i for i, o in outcomes.items() if o == "failed"]).order_by("id")
+    if failed:
+        raise ActionError("; ".join(f"action #{a.pk} ({a.params.get('track')}): {a.error}" for a in failed))
+    changed = set(Action.objects.filter(idempotency_key__startswith=f"{key}:").values_list("params__track", flat=True))
     with backend_session(pool.cluster) as backend:
-        for track in tracks:
-            try:
-                backend.scale_track(ref, track.name, track.replicas)
-            except NotFound:  # never applied: create it with the full spec
-                backend.apply_pool_track(track_spec(pool, track))
-        observed = wait_ready(backend, ref, split)
+        for track in _tracks(pool):
+            if track.name not in changed:  # its row already held the split: the backend may not (never applied)
+                tracks.track_scale(backend, pool, track)
+        observed = wait_ready(backend, pool_ref(pool), split)
     services.action_log_append(action_id=action.pk, message=f"ready: {_describe(observed)}")
 
 
@@ -138,16 +122,16 @@ def pool_scale_handler(action: Action) -> None:
 def pool_apply_handler(action: Action) -> None:
     """Apply every desired track with its full spec, delete tracks not desired, wait until ready."""
     pool = _locked_pool(action)
-    tracks = _tracks(pool)
+    desired = _tracks(pool)
     ref = pool_ref(pool)
     with backend_session(pool.cluster) as backend:
-        for track in tracks:
+        for track in desired:
             backend.apply_pool_track(track_spec(pool, track))
-        wanted = {t.name for t in tracks}
+        wanted = {t.name for t in desired}
         for name in sorted(set(backend.observe(ref).tracks) - wanted):
             backend.delete_track(ref, name)
             services.action_log_append(action_id=action.pk, message=f"deleted track {name} (not desired)")
-        observed = wait_ready(backend, ref, {t.name: t.replicas for t in tracks})
+        observed = wait_ready(backend, ref, {t.name: t.replicas for t in desired})
     services.action_log_append(action_id=action.pk, message=f"applied; ready: {_describe(observed)}")
 
 

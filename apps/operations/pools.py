@@ -1,23 +1,31 @@
-"""Verbs on pools and replicas that reach a backend: scale and delete a pool (each records an Action,
-executed by :mod:`apps.operations.pool_actions`), and read a replica's logs.
+"""Verbs on pools and replicas that reach a backend: scale, update and delete a pool (each records Actions,
+executed by :mod:`apps.operations.pool_actions` and :mod:`apps.operations.tracks`), and read a replica's logs.
 
 Requests from the API (and the dashboard through it), the admin and the autoscaler come here; fleet keeps the state
-(:mod:`apps.fleet.services`: create/update a pool, observed replicas, the routing table).
+(:mod:`apps.fleet.services`: create a pool, its settings, observed replicas, the routing table). Pool tracks change
+only through :mod:`apps.operations.tracks`.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
 from apps.core.errors import ConflictError
+from apps.fleet import services as fleet_services
 from apps.fleet.holds import pool_hold_reason
-from apps.fleet.models import Pool, Replica, validate_replica_count
+from apps.fleet.models import Pool, PoolTrack, Replica, validate_replica_count
+from apps.operations import tracks
 from apps.operations.backends import backend_session, pool_ref
 from apps.operations.models import Action
 from apps.operations.pool_actions import POOL_DELETE, POOL_SCALE
 from apps.operations.services import action_create
+
+AUTOSCALER = "autoscaler"
+"""The requester of the autoscaler's (and schedule windows') ``pool.scale`` Actions and their track Actions."""
 
 
 def pool_delete(*, pool: Pool) -> Action | None:
@@ -55,7 +63,9 @@ def pool_scale(
 ) -> tuple[Action, bool]:
     """Request a new total replica count: creates a pending ``pool.scale`` Action (executed by a task).
 
-    The desired state changes when the Action runs (its handler writes the tracks and calls the backend).
+    The desired state changes when the Action runs: its handler splits the total over the tracks through
+    :func:`apps.operations.tracks.pool_total_set` (one ``pool.track_set`` Action per changed track, requested by
+    the user's name) and runs those Actions, whose handlers call the backend.
 
     Raises:
         ValidationError: replicas outside 0..10000, or outside min..max while autoscaling is on.
@@ -77,7 +87,8 @@ def pool_scale_by_system(*, pool: Pool, replicas: int, reason: str, idempotency_
     """A ``pool.scale`` Action requested by the autoscaler or a schedule window, with its reason.
 
     Unlike :func:`pool_scale` it does not check min/max (the autoscaler clamps, and a schedule
-    window may set any total); the reason is stored in ``params.reason``.
+    window may set any total); the reason is stored in ``params.reason``. Its log and its track Actions
+    say ``requested by autoscaler``.
 
     Raises:
         ValidationError: replicas outside 0..10000. ConflictError: the pool is busy.
@@ -85,8 +96,32 @@ def pool_scale_by_system(*, pool: Pool, replicas: int, reason: str, idempotency_
     validate_replica_count(replicas)
     return action_create(
         kind=POOL_SCALE, target_type="pool", target_id=str(pool.pk), target_repr=str(pool), pool=pool,
-        params={"replicas": replicas, "reason": reason}, idempotency_key=idempotency_key,
+        params={"replicas": replicas, "reason": reason}, idempotency_key=idempotency_key, requester=AUTOSCALER,
     )
+
+
+def pool_update(*, pool: Pool, requested_by: AbstractBaseUser | None = None, **changes: Any) -> Pool:
+    """Change a pool's settings (:func:`apps.fleet.services.pool_update`); a new ``model_version`` also moves the
+    stable track, through :func:`apps.operations.tracks.pool_track_set`: one ``pool.track_set`` Action, requested
+    by ``requested_by``'s name, whose handler applies the track's new spec after commit. One transaction.
+
+    Raises:
+        ValidationError: invalid fields.
+        ConflictError: changing the model version or cluster while a hold is on the pool (an active rollout
+            involves it; :mod:`apps.fleet.holds`).
+    """
+    before = pool.model_version_id
+    with transaction.atomic():
+        pool = fleet_services.pool_update(pool=pool, **changes)
+        stable = pool.tracks.select_related("pool").filter(name=PoolTrack.Name.STABLE).first()
+        if pool.model_version_id != before and stable is not None:
+            latest = (Action.objects.filter(target_type="pool", target_id=str(pool.pk)).order_by("-id")
+                      .values_list("id", flat=True).first() or 0)
+            tracks.pool_track_set(track=stable, model_version=pool.model_version, requested_by=requested_by,
+                                  requester=requested_by.get_username() if requested_by is not None else "system",
+                                  idempotency_key=f"pool-{pool.pk}:model-version-{pool.model_version_id}"
+                                                  f":after-{latest}")
+    return pool
 
 
 def replica_logs(*, replica: Replica, tail: int) -> list[str]:

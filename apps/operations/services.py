@@ -104,6 +104,18 @@ def action_create(
     return action, True
 
 
+def action_requester(action: Action) -> str:
+    """Who asked for ``action``, as its audit log says: the user's name, else ``params["requester"]`` (e.g.
+    ``rollout:7``), else what :func:`action_create` wrote in the first log line (``requested by autoscaler``),
+    else ``system``."""
+    if action.requested_by_id is not None:
+        return action.requested_by.get_username()
+    if action.params.get("requester"):
+        return str(action.params["requester"])
+    first = action.log[0]["message"] if action.log else ""
+    return first.removeprefix("requested by ") if first.startswith("requested by ") else "system"
+
+
 def action_retry(
     *, action: Action, requested_by: AbstractBaseUser | None = None, idempotency_key: str | None = None
 ) -> tuple[Action, bool]:

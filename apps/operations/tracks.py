@@ -1,8 +1,12 @@
-"""Pool track writes by a requester that is not an operator (the rollout controller): one service per change,
-one ``Action`` per change, and no backend call inside the writer's transaction.
+"""Every write of a pool's tracks (its desired state, DESIGN.md "Desired state"): one service per change, one
+``Action`` per change, and no backend call inside the writer's transaction.
 
-DESIGN.md, "Desired state": while a rollout runs, its controller owns the split of a pool's replicas between
-tracks and their traffic weights. It changes ``PoolTrack`` rows only through these services:
+The operator's and the autoscaler's ``pool.scale`` (:func:`pool_total_set`, called by that Action's handler),
+an operator's change of a pool's model version (:func:`apps.operations.pools.pool_update`) and the rollout
+controller (which owns the split between tracks and their traffic weights while a rollout runs) all change
+``PoolTrack`` rows only through these services. The one exception is a new pool's first ``stable`` track, which
+:func:`apps.fleet.services.pool_create` writes with the pool row (no backend knows the pool yet; reconcile's
+``pool.apply`` Action brings it up).
 
 * :func:`pool_track_create` and :func:`pool_track_set` write one row and record one ``pool.track_set`` Action.
   A change that reaches the backend (a new track, ``replicas``, ``model_version``, ``extra_args``) leaves the
@@ -15,11 +19,15 @@ tracks and their traffic weights. It changes ``PoolTrack`` rows only through the
   track of that name is desired again by then.
 * :func:`pool_active_switch` records a ``pool.switch_active`` Action whose handler calls ``switch_active``
   (Kubernetes: the pool Service selects the track; local: the routing table does it).
+* :func:`pool_total_set` splits a new total over the pool's tracks (:func:`split_replicas`) and calls
+  :func:`pool_track_set` for each track whose count changes (the ``pool.scale`` handler, which then runs those
+  Actions and :func:`track_scale` for the tracks whose count did not change).
 
 These Actions carry no ``pool`` lock (``Action.pool`` is empty: a rollout changes several tracks of a pool in
-one tick and must not be refused by, or block, the operator's one-action-per-pool lock); their target is the
-pool (``target_type="pool"``) and ``params["requester"]`` says who asked, e.g. ``rollout:7``. Every service
-takes an ``idempotency_key``: a second call with the same key returns the first Action and writes nothing.
+one tick and must not be refused by, or block, the operator's one-action-per-pool lock, which the operator's
+``pool.scale`` Action itself holds); their target is the pool (``target_type="pool"``) and
+``params["requester"]`` says who asked: a user's name, ``autoscaler``, or ``rollout:7``. Every service takes an
+``idempotency_key``: a second call with the same key returns the first Action and writes nothing.
 
 The services never call a backend. The handlers run in the Action's execution (the Celery task enqueued on
 commit), or through :func:`actions_execute` which a caller runs once its own transaction has committed.
@@ -28,8 +36,9 @@ commit), or through :func:`actions_execute` which a caller runs once its own tra
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
+from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 from django.utils import timezone
 
@@ -40,7 +49,7 @@ from apps.operations.backends import backend_session, pool_ref, track_spec
 from apps.operations.execution import RetryLater, action_execute
 from apps.operations.handlers import ActionError, register
 from apps.operations.models import Action
-from apps.orchestrators.base import NotFound
+from apps.orchestrators.base import NotFound, OrchestratorBackend
 
 logger = logging.getLogger(__name__)
 
@@ -62,10 +71,11 @@ def _json(value: object) -> object:
 
 
 def _record(*, pool: Pool, track: str, kind: str, params: dict, requester: str, idempotency_key: str,
-            reaches_backend: bool) -> Action:
+            reaches_backend: bool, requested_by: AbstractBaseUser | None = None) -> Action:
     """One Action on ``pool``: pending and enqueued after commit, or (routing only) succeeded at once."""
     params = {"track": track, **params, "requester": requester}
-    target = {"target_type": "pool", "target_id": str(pool.pk), "target_repr": f"{pool} {track}"[:200]}
+    target = {"target_type": "pool", "target_id": str(pool.pk), "target_repr": f"{pool} {track}"[:200],
+              "requested_by": requested_by}
     if reaches_backend:
         action, _ = services.action_create(kind=kind, params=params, idempotency_key=idempotency_key,
                                            requester=requester, **target)
@@ -102,11 +112,12 @@ def pool_track_create(*, pool: Pool, name: str, model_version: ModelVersion, act
 
 def pool_track_set(*, track: PoolTrack, requester: str, idempotency_key: str, replicas: int | None = None,
                    weight: int | None = None, active: bool | None = None, model_version: ModelVersion | None = None,
-                   extra_args: str | None = None) -> Action | None:
+                   extra_args: str | None = None, requested_by: AbstractBaseUser | None = None) -> Action | None:
     """Set the given fields of ``track`` (``None``: unchanged); saves only changed fields and records one
     ``pool.track_set`` Action for them. Returns the Action, or None when nothing changed (no Action).
 
-    ``track`` is updated in place. ``weight`` is percent (0..100), ``replicas`` a count.
+    ``track`` is updated in place. ``weight`` is percent (0..100), ``replicas`` a count. ``requested_by`` is the
+    user behind ``requester`` (an operator), kept on the Action for the audit log.
 
     Raises:
         ConflictError: the idempotency key was used for a different request.
@@ -123,8 +134,58 @@ def pool_track_set(*, track: PoolTrack, requester: str, idempotency_key: str, re
         track.save(update_fields=changed)
         changes = {f: _json(wanted[f]) for f in changed}
         return _record(pool=track.pool, track=track.name, kind=POOL_TRACK_SET, params={"changes": changes},
-                       requester=requester, idempotency_key=idempotency_key,
+                       requester=requester, idempotency_key=idempotency_key, requested_by=requested_by,
                        reaches_backend=any(f in BACKEND_FIELDS for f in changed))
+
+
+def split_replicas(total: int, tracks: Sequence[PoolTrack]) -> dict[str, int]:
+    """Split a pool's new ``total`` over its tracks in proportion to their current replicas.
+
+    Falls back to the traffic weights when every track has 0 replicas, and to equal shares when
+    those are 0 too. Largest remainder method (ties: track name order), so the parts sum to
+    ``total`` exactly. The rollout controller re-splits during a rollout; outside one, the single
+    ``stable`` track gets everything.
+
+    Raises:
+        ValueError: ``total`` < 0 or no tracks.
+    """
+    if total < 0 or not tracks:
+        raise ValueError(f"cannot split {total} replicas over {len(tracks)} tracks")
+    ordered = sorted(tracks, key=lambda t: t.name)
+    shares = [t.replicas for t in ordered]
+    if sum(shares) == 0:
+        shares = [t.weight for t in ordered]
+    if sum(shares) == 0:
+        shares = [1] * len(ordered)
+    exact = [total * s / sum(shares) for s in shares]
+    parts = [int(x) for x in exact]
+    by_remainder = sorted(range(len(ordered)), key=lambda i: (-(exact[i] - parts[i]), ordered[i].name))
+    for i in by_remainder[: total - sum(parts)]:
+        parts[i] += 1
+    return {t.name: n for t, n in zip(ordered, parts, strict=True)}
+
+
+def pool_total_set(*, pool: Pool, replicas: int, requester: str, idempotency_key: str,
+                   requested_by: AbstractBaseUser | None = None) -> tuple[dict[str, int], list[Action]]:
+    """Set ``pool``'s total desired replicas: split it over the tracks (:func:`split_replicas`) and record one
+    ``pool.track_set`` Action per track whose count changes (key ``<idempotency_key>:<track>:replicas-<n>``, so
+    running this again for the same total records nothing new). Locks the pool row while it writes.
+
+    Returns ``(split, actions)``: replicas per track name, and the Actions recorded now (none when the rows
+    already hold the split).
+
+    Raises:
+        ValueError: ``replicas`` < 0 or the pool has no tracks.
+        ConflictError: one of the derived keys was used for a different request.
+    """
+    with transaction.atomic():
+        Pool.objects.select_for_update().filter(pk=pool.pk).first()  # one writer of the split at a time
+        tracks = list(pool.tracks.select_related("pool", "model_version").order_by("name"))
+        split = split_replicas(replicas, tracks)
+        actions = [pool_track_set(track=t, replicas=split[t.name], requester=requester, requested_by=requested_by,
+                                  idempotency_key=f"{idempotency_key}:{t.name}:replicas-{split[t.name]}")
+                   for t in tracks]
+    return split, [a for a in actions if a is not None]
 
 
 def pool_track_delete(*, track: PoolTrack, requester: str, idempotency_key: str) -> Action:
@@ -193,19 +254,25 @@ def pool_track_set_handler(action: Action) -> None:
     if track is None:
         services.action_log_append(action_id=action.pk, message=f"track {name} is no longer desired: nothing to do")
         return
-    ref = pool_ref(pool)
     with backend_session(pool.cluster) as backend:
         if set(action.params.get("changes", {})) <= {"replicas", "weight", "active"}:
-            try:
-                backend.scale_track(ref, name, track.replicas)
-                done = f"scaled {name} to {track.replicas}"
-            except NotFound:  # never applied: create it with the full spec
-                backend.apply_pool_track(track_spec(pool, track))
-                done = f"applied {name} ({track.replicas} replicas)"
+            done = track_scale(backend, pool, track)
         else:
             backend.apply_pool_track(track_spec(pool, track))
             done = f"applied {name} ({track.replicas} replicas, {track.model_version.version})"
     services.action_log_append(action_id=action.pk, message=done)
+
+
+def track_scale(backend: OrchestratorBackend, pool: Pool, track: PoolTrack) -> str:
+    """Bring the backend's replica count of ``track`` to its row's: ``scale_track`` (a no-op when the backend
+    already has that count), or ``apply_pool_track`` with the full spec when the track was never applied
+    (``NotFound``). Call it from an Action's handler, never under a row lock. Returns what was done."""
+    try:
+        backend.scale_track(pool_ref(pool), track.name, track.replicas)
+        return f"scaled {track.name} to {track.replicas}"
+    except NotFound:  # never applied: create it with the full spec
+        backend.apply_pool_track(track_spec(pool, track))
+        return f"applied {track.name} ({track.replicas} replicas)"
 
 
 @register(POOL_TRACK_DELETE)

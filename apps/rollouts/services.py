@@ -4,14 +4,17 @@ each writes one ``rollout.<verb>`` Action in the same transaction as the state c
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
+from celery import current_app
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
+from kombu.exceptions import OperationalError
 
 from apps.catalog.models import ModelVersion
 from apps.core.errors import ConflictError
@@ -25,8 +28,12 @@ from apps.rollouts.progress import RolloutProgress
 from apps.rollouts.replica_math import ReplicaMathError, canary_split
 from apps.rollouts.selectors import rollout_active_for_pool
 from apps.rollouts.steps import RolloutFailure, step_position
-from apps.rollouts.tasks import rollout_advance_enqueue
 from apps.rollouts.traffic import publish_if_changed
+
+logger = logging.getLogger(__name__)
+
+ADVANCE_TASK = "rollouts.advance"
+"""Name of the Celery task that advances one rollout (:func:`apps.rollouts.tasks.rollout_advance`)."""
 
 
 def canary_track(view) -> bool:  # noqa: ANN001 - a PoolView
@@ -113,6 +120,17 @@ def rollout_plan_delete(*, plan: RolloutPlan) -> None:
 
 def _locked(plan: RolloutPlan) -> RolloutPlan:
     return RolloutPlan.objects.select_for_update().get(pk=plan.pk)
+
+
+def rollout_advance_enqueue(*, rollout_id: int, step_index: int | None) -> None:
+    """Send ``rollouts.advance`` by its name (:data:`ADVANCE_TASK`, as ``operations.services.action_enqueue``
+    sends its task: ``tasks.py`` is the top of this app and imports the controller, so no module imports it).
+    If the broker is down the next beat tick advances the rollout instead."""
+    try:
+        current_app.signature(ADVANCE_TASK).apply_async(args=[rollout_id, step_index], retry=True,
+                                                        retry_policy={"max_retries": 1, "interval_start": 0})
+    except OperationalError:
+        logger.warning("broker unreachable: rollout %s advances on the next beat tick", rollout_id)
 
 
 def _enqueue_after_commit(plan: RolloutPlan) -> None:

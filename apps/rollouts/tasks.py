@@ -4,40 +4,27 @@
   with ``next_step_at`` in the past, or aborted/failed ones still cleaning up — and advance each
   once. No long countdowns: a rollout that waits stores ``next_step_at`` and the next tick moves it.
 * ``rollouts.advance(rollout_id, step_index)``: advance one rollout if it is still at ``step_index``
-  (sent after a verb commits so the rollout moves without waiting for beat). Idempotent — the
+  (sent by name after a verb commits, :func:`apps.rollouts.services.rollout_advance_enqueue`, so the
+  rollout moves without waiting for beat). Idempotent — the
   controller claims a step with a conditional update on ``(id, state, current_step_index)`` — hence
   ``acks_late``: a redelivered message finds the index moved and does nothing.
 """
 
 from __future__ import annotations
 
-import logging
-
 from celery import shared_task
 from django.db.models import Q
 from django.utils import timezone
-from kombu.exceptions import OperationalError
 
 from apps.rollouts import transitions
 from apps.rollouts.controller import rollout_tick
 from apps.rollouts.models import RolloutPlan
-
-logger = logging.getLogger(__name__)
 
 
 @shared_task(name="rollouts.advance", acks_late=True, ignore_result=True, soft_time_limit=120, time_limit=150)
 def rollout_advance(rollout_id: int, step_index: int | None = None) -> str:
     """Advance rollout ``rollout_id`` once if it is still at ``step_index``; returns the outcome word."""
     return rollout_tick(rollout_id=rollout_id, step_index=step_index)
-
-
-def rollout_advance_enqueue(*, rollout_id: int, step_index: int | None) -> None:
-    """Send ``rollouts.advance``; if the broker is down the next beat tick advances it instead."""
-    try:
-        rollout_advance.apply_async(args=[rollout_id, step_index], retry=True,
-                                    retry_policy={"max_retries": 1, "interval_start": 0})
-    except OperationalError:
-        logger.warning("broker unreachable: rollout %s advances on the next beat tick", rollout_id)
 
 
 def rollouts_due(now=None) -> list[tuple[int, int]]:  # noqa: ANN001 - datetime

@@ -1,4 +1,7 @@
-"""Pool holds (apps.fleet.holds): a registered check refuses moving a pool to another version or cluster."""
+"""Pool holds (apps.fleet.holds): a registered check refuses moving a pool to another version or cluster.
+
+A free pool's move (its stable track follows, through operations) is tested in
+apps/operations/tests/test_pool_update.py."""
 
 import pytest
 
@@ -20,12 +23,6 @@ def test_a_held_pool_keeps_its_model_version(held, make_pool, make_model_version
         pool_update(pool=pool, model_version=make_model_version("v9"))
     assert str(info.value) == ("Pool dc-a/held is part of a test hold; finish or abort it before changing "
                                "model_version.")
-
-
-def test_a_pool_no_check_holds_changes_freely_and_other_fields_always_change(held, make_pool, make_model_version):
-    free = pool_update(pool=make_pool(name="free"), model_version=make_model_version("v9"))
-    assert free.tracks.get(name="stable").model_version.version == "v9"
-    assert pool_update(pool=make_pool(name="held"), drain_timeout_s=7).drain_timeout_s == 7
 
 
 def test_registering_the_same_name_twice_keeps_one_check(monkeypatch, make_pool):

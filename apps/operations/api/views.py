@@ -75,7 +75,8 @@ class PoolViewSet(viewsets.ModelViewSet):
         serializer.instance = fleet_selectors.pool_list().get(pk=pool.pk)
 
     def perform_update(self, serializer) -> None:  # noqa: ANN001 - DRF signature
-        pool = fleet_services.pool_update(pool=serializer.instance, **serializer.validated_data)
+        pool = pools.pool_update(pool=serializer.instance, requested_by=self.request.user,
+                                 **serializer.validated_data)
         serializer.instance = fleet_selectors.pool_list().get(pk=pool.pk)
 
     def perform_destroy(self, instance) -> None:  # noqa: ANN001 - DRF signature

@@ -10,10 +10,10 @@ from apps.fleet.models import PoolTrack, Replica
 from apps.fleet.services import routing_table_publish
 from apps.operations import handlers, services
 from apps.operations.models import Action
-from apps.operations.pool_actions import split_replicas
 from apps.operations.pools import pool_delete, pool_scale
 from apps.operations.reconcile import reconcile_all
 from apps.operations.tasks import execute_action
+from apps.operations.tracks import split_replicas
 from apps.orchestrators.base import BackendUnavailable, InvalidSpec
 from apps.orchestrators.tests.kube_mock import DEPLOYMENTS
 from inference_worker.router.table import RoutingTable as RouterTable

@@ -24,16 +24,11 @@ from __future__ import annotations
 
 import json
 import logging
-import subprocess
-import sys
-import threading
 import time
 from collections import Counter
 
 import httpx
 import pytest
-from django.db import close_old_connections, connection
-from prometheus_client.parser import text_string_to_metric_families
 
 from apps.catalog.services import model_version_register
 from apps.fleet.models import Pool, Replica
@@ -44,125 +39,28 @@ from apps.operations.reconcile import reconcile_all
 from apps.operations.tests.celery_worker import CeleryWorker, purge_queues
 from apps.rollouts.models import GateMeasurement, RolloutPlan
 from apps.rollouts.tasks import rollouts_tick
+from apps.rollouts.tests.e2e_processes import MODEL, SERVICE_TOKEN, Load, Loop, RouterProcess
 from apps.telemetry.history import SignalHistory
 from apps.telemetry.poller import TelemetryPoller
 from inference_worker import http_headers
 from inference_worker.tests.support.agent import AgentProcess, wait_for
-from inference_worker.tests.support.worker import REPO_ROOT, free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 logger = logging.getLogger(__name__)
 
-MODEL = "gemma-3-270m"
-SERVICE_TOKEN = "rollout-e2e-service-token"
 WORKER_ENV = json.dumps({"TORCH_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"})
 WORKER_ARGS = "--max-num-seqs 2 --kv-cache-memory 128MiB"
 READY_TIMEOUT_S = 120
 TICK_S = 0.5
 
 
-# ------------------------------------------------------------------------------------------- processes
-
-
-class Loop(threading.Thread):
-    """Call ``fn`` every ``interval_s`` until stopped (its own DB connection); errors are kept, not raised."""
-
-    def __init__(self, name: str, fn, interval_s: float) -> None:  # noqa: ANN001 - a callable
-        super().__init__(name=name, daemon=True)
-        self.fn, self.interval_s = fn, interval_s
-        self.stop_event = threading.Event()
-        self.errors: list[str] = []
-
-    def run(self) -> None:
-        try:
-            while not self.stop_event.is_set():
-                close_old_connections()
-                try:
-                    self.fn()
-                except Exception as exc:  # noqa: BLE001 - kept for the assertion message
-                    logger.exception("%s failed", self.name)
-                    self.errors.append(f"{type(exc).__name__}: {exc}")
-                self.stop_event.wait(self.interval_s)
-        finally:
-            connection.close()
-
-    def stop(self) -> None:
-        self.stop_event.set()
-        self.join(30)
+# ------------------------------------------------------------------- beat (processes: e2e_processes.py)
 
 
 def beat_tick() -> None:
     """What beat schedules for this flow: the reconcile tick, then the rollouts tick."""
     reconcile_all()
     rollouts_tick()
-
-
-class Load(threading.Thread):
-    """One completion every ``interval_s`` through the router; records ``(start, status, track, detail)``."""
-
-    def __init__(self, url: str, interval_s: float = 0.5) -> None:
-        super().__init__(name="load", daemon=True)
-        self.url, self.interval_s = url, interval_s
-        self.stop_event = threading.Event()
-        self.results: list[tuple[float, int, str, str]] = []
-
-    def run(self) -> None:
-        body = {"model": MODEL, "prompt": "The ferry crossed the river at", "max_tokens": 2, "temperature": 0}
-        with httpx.Client(timeout=60) as client:
-            while not self.stop_event.is_set():
-                started = time.monotonic()
-                try:
-                    r = client.post(self.url + "/v1/completions", json=body)
-                    detail = "" if r.status_code == 200 else r.text[:300]
-                    self.results.append((started, r.status_code, r.headers.get(http_headers.TRACK, ""), detail))
-                except httpx.HTTPError as exc:
-                    self.results.append((started, 0, "", repr(exc)))
-                self.stop_event.wait(max(0.0, self.interval_s - (time.monotonic() - started)))
-
-    def between(self, start: float, end: float = float("inf")) -> list[tuple[float, int, str, str]]:
-        return [r for r in list(self.results) if start <= r[0] < end]
-
-    def stop(self) -> None:
-        self.stop_event.set()
-        self.join(90)
-
-
-class RouterProcess:
-    """``python -m inference_worker router`` pulling the table from the control plane every 0.5 s."""
-
-    def __init__(self, table_url: str, log_dir) -> None:  # noqa: ANN001 - a path
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = log_dir / "router.log"
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "inference_worker", "router", "--port", str(self.port), "--routing-table",
-                 table_url, "--service-token", SERVICE_TOKEN, "--table-interval", "0.5", "--log-level", "warning"],
-                cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT)
-        if not wait_for(self.ready_version, 60, 0.2):
-            raise RuntimeError(f"router not ready:\n{self.log_path.read_text()[-3000:]}")
-
-    def ready_version(self) -> int | None:
-        try:
-            return httpx.get(self.url + "/ready", timeout=2).json().get("routing_table_version")
-        except (httpx.HTTPError, ValueError):
-            return None
-
-    def decisions(self) -> Counter:
-        """``ferry_router_decisions_total`` summed by track."""
-        out: Counter = Counter()
-        for family in text_string_to_metric_families(httpx.get(self.url + "/metrics", timeout=5).text):
-            for sample in family.samples:
-                if sample.name == "ferry_router_decisions_total":
-                    out[sample.labels["track"]] += int(sample.value)
-        return out
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
 
 
 @pytest.fixture
