@@ -97,9 +97,11 @@ class EmbeddedPostgres:
     def stop(self, timeout_s: float = 20.0) -> int | None:
         """Fast shutdown (SIGINT), then SIGQUIT and SIGKILL after ``timeout_s`` seconds each; returns the exit status.
 
-        A throwaway server's data directory is removed afterwards.
+        A throwaway server starts at SIGQUIT (immediate shutdown, no checkpoint) and its data directory is
+        removed afterwards.
         """
-        for sig in (signal.SIGINT, signal.SIGQUIT, signal.SIGKILL):
+        signals = (signal.SIGQUIT, signal.SIGKILL) if self.throwaway else (signal.SIGINT, signal.SIGQUIT, signal.SIGKILL)
+        for sig in signals:
             if self.process.poll() is not None:
                 break
             _signal(self.process.pid, sig)
@@ -158,10 +160,10 @@ def _check_traversable(path: Path, user: pwd.struct_passwd) -> None:
                            "move the checkout or FERRY_VAR_DIR, set FERRY_POSTGRES_OS_USER, or set DATABASE_URL")
 
 
-def _initdb(bin_dir: Path, data_dir: Path, user: pwd.struct_passwd | None) -> None:
+def _initdb(bin_dir: Path, data_dir: Path, user: pwd.struct_passwd | None, *, sync: bool) -> None:
     log = subprocess.run(
         [str(bin_dir / "initdb"), "-D", str(data_dir), "-U", SUPERUSER, "--auth=trust", "--encoding=UTF8",
-         "--locale=C", "--no-instructions"],
+         "--locale=C", "--no-instructions", *([] if sync else ["--no-sync"])],
         capture_output=True, text=True, cwd=data_dir, user=user.pw_uid if user else None,
         group=user.pw_gid if user else None, extra_groups=[] if user else None)
     if log.returncode != 0:
@@ -188,8 +190,8 @@ def start_embedded_postgres(data_dir: Path, *, database: str = "ferry", port: in
 
     ``data_dir`` is created (mode 0700) and initialised with ``initdb`` when it holds no cluster yet; an
     existing cluster is reused (``make run`` keeps its data between runs). A ``throwaway`` server (the
-    tests) runs with ``fsync``, ``synchronous_commit`` and ``full_page_writes`` off and its data directory is
-    removed by :meth:`EmbeddedPostgres.stop`. The server log is ``<data_dir>.log`` next to the data directory.
+    tests) is initialised without fsync and runs with ``fsync``, ``synchronous_commit`` and
+    ``full_page_writes`` off, and its data directory is removed by :meth:`EmbeddedPostgres.stop`. The server log is ``<data_dir>.log`` next to the data directory.
 
     Raises:
         FileNotFoundError: no bundled binaries (see :func:`postgres_bin_dir`).
@@ -206,7 +208,7 @@ def start_embedded_postgres(data_dir: Path, *, database: str = "ferry", port: in
         data_dir.chmod(0o700)
         if user is not None:
             os.chown(data_dir, user.pw_uid, user.pw_gid)
-        _initdb(bin_dir, data_dir, user)
+        _initdb(bin_dir, data_dir, user, sync=not throwaway)
     else:
         _stop_stale_postmaster(data_dir)
     port = port or free_tcp_port()
