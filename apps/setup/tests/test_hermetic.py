@@ -68,7 +68,10 @@ def test_an_interrupted_run_leaves_no_server_running(tmp_path, sig):
     command, env = _pytest(out, FERRY_PROBE_WAIT="1")
     log_path = tmp_path / "pytest.log"
     with log_path.open("wb") as log:
-        child = subprocess.Popen(command, cwd=BASE_DIR, env=env, stdout=log, stderr=subprocess.STDOUT)
+        # SIGINT at its default, as under a terminal: a run started in the background without job control
+        # (nohup ... &) inherits it ignored, and Python then installs no KeyboardInterrupt handler
+        child = subprocess.Popen(command, cwd=BASE_DIR, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                 preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 240
         while not out.exists() and child.poll() is None and time.monotonic() < deadline:
