@@ -19,7 +19,8 @@ directory of the data directory. Here the server:
   the binaries themselves are out of its reach (a virtualenv under ``/root``), a copy next to the data
   directory is used (:func:`server_binaries`).
 
-Django is not imported here: the launcher and the test plugin decide ``DATABASE_URL`` before settings load.
+Django is not imported here: the launcher and the test session (:mod:`apps.setup.hermetic`) decide
+``DATABASE_URL`` before the settings load.
 """
 
 from __future__ import annotations
