@@ -205,10 +205,16 @@ def _initdb(bin_dir: Path, data_dir: Path, user: pwd.struct_passwd | None, *, sy
         raise RuntimeError(f"initdb {data_dir} failed (exit {log.returncode}):\n{log.stdout[-1000:]}{log.stderr[-2000:]}")
 
 
-def _connectable(port: int) -> bool:
+def _serves(port: int, data_dir: Path) -> bool:
+    """True when the server answering on ``127.0.0.1:port`` is the one serving ``data_dir``.
+
+    Checking the data directory, not only the port, keeps a server that took the port between
+    :func:`free_tcp_port` and our bind from being mistaken for ours.
+    """
     try:
-        with psycopg.connect(host="127.0.0.1", port=port, user=SUPERUSER, dbname="postgres", connect_timeout=1):
-            return True
+        with psycopg.connect(host="127.0.0.1", port=port, user=SUPERUSER, dbname="postgres",
+                             connect_timeout=1) as conn:
+            return conn.execute("SHOW data_directory").fetchone()[0] == str(data_dir)
     except psycopg.OperationalError:
         return False
 
@@ -226,7 +232,8 @@ def start_embedded_postgres(data_dir: Path, *, database: str = "ferry", port: in
     ``data_dir`` is created (mode 0700) and initialised with ``initdb`` when it holds no cluster yet; an
     existing cluster is reused (``make run`` keeps its data between runs). A ``throwaway`` server (the
     tests) is initialised without fsync and runs with ``fsync``, ``synchronous_commit`` and
-    ``full_page_writes`` off, and its data directory is removed by :meth:`EmbeddedPostgres.stop`. The server log is ``<data_dir>.log`` next to the data directory.
+    ``full_page_writes`` off, and its data directory is removed by :meth:`EmbeddedPostgres.stop`. The
+    server log is ``<data_dir>.log`` next to the data directory.
 
     Raises:
         FileNotFoundError: no bundled binaries (see :func:`postgres_bin_dir`).
@@ -265,7 +272,7 @@ def start_embedded_postgres(data_dir: Path, *, database: str = "ferry", port: in
                               version=postgres_version(), throwaway=throwaway)
     deadline = time.monotonic() + ready_timeout_s
     while time.monotonic() < deadline and process.poll() is None:
-        if _connectable(port):
+        if _serves(port, data_dir):
             _create_database(port, database)
             return server
         time.sleep(0.1)
