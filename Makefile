@@ -33,7 +33,8 @@ setup: $(VENV)/.installed
 models: setup
 	$(BIN)/python -m inference_worker models prepare $(MODELS)
 
-# Everything in the foreground: Redis (REDIS_URL, or an embedded one), SQLite unless DATABASE_URL, migrate,
+# Everything in the foreground: Redis (REDIS_URL, or an embedded one), PostgreSQL (DATABASE_URL, or an embedded
+# one with its data in var/postgres), migrate,
 # admin/operator users (password + token printed once), the demo fleet, then web, Celery worker and beat,
 # telemetry poller, local agent (+ the model workers reconcile starts), router. See apps/setup/run.py.
 run: models
@@ -44,6 +45,8 @@ run: models
 worker: setup
 	$(BIN)/celery -A controlplane worker -Q default,operations,reconcile --loglevel INFO
 
+# Hermetic: unless DATABASE_URL/REDIS_URL are set, pytest starts a throwaway PostgreSQL and Redis on free loopback
+# ports and removes them after (conftest.py, apps/setup/hermetic.py).
 # pytest's exit status 5 means it collected no tests: a broken suite, reported as such. The status is kept in
 # var/pytest-exit-status for .ci/run.
 test: models

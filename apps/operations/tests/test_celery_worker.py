@@ -8,7 +8,6 @@ readiness delay keeps the Action waiting for ready replicas long enough to kill 
 import time
 
 import pytest
-from django.db import connection
 
 from apps.operations.models import Action
 from apps.operations.reconcile import reconcile_all
@@ -27,8 +26,6 @@ WORKER_ENV = {"FERRY_ACTION_LEASE_S": str(LEASE_S), "FERRY_ACTION_READY_TIMEOUT_
 
 @pytest.fixture
 def worker(tmp_path):
-    if connection.vendor != "postgresql":
-        pytest.skip("a Celery worker process needs the Postgres test database")
     purge_queues()
     holder = {"worker": CeleryWorker(tmp_path, WORKER_ENV).start()}
     yield holder

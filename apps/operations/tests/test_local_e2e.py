@@ -36,10 +36,6 @@ def agent(tmp_path):
 
 @pytest.fixture
 def local_worker(tmp_path, agent, settings):
-    from django.db import connection
-
-    if connection.vendor != "postgresql":
-        pytest.skip("a Celery worker process needs the Postgres test database")
     env = {"FERRY_AGENT_TOKEN": agent.token, "FERRY_WORKER_ENV": WORKER_ENV,
            "FERRY_WORKER_EXTRA_ARGS": "--max-num-seqs 2", "FERRY_ACTION_READY_TIMEOUT_S": "240"}
     settings.FERRY_AGENT_TOKEN = agent.token  # reconcile runs in this process

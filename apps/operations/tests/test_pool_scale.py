@@ -89,10 +89,6 @@ def test_concurrent_scale_requests_create_exactly_one_action(pool):
 
     from django.db import connection
 
-    if connection.vendor == "sqlite":
-        pytest.skip("the in-memory shared-cache SQLite test database uses table locks that ignore busy_timeout; "
-                    "concurrent writers on the file database are tested in apps/setup/tests/test_settings.py")
-
     from apps.core.errors import ConflictError
     from apps.operations.pools import pool_scale
 

@@ -1,5 +1,5 @@
-"""``python -m apps.setup.run`` on the fresh-machine defaults: no DATABASE_URL (SQLite in a temp var dir),
-REDIS_URL at a closed port (embedded Redis). It must come up (web /healthz 200, "Ferry is ready") and one
+"""``python -m apps.setup.run`` on the fresh-machine defaults: no DATABASE_URL (embedded PostgreSQL with its data
+in a temp var dir), REDIS_URL at a closed port (embedded Redis). It must come up (web /healthz 200, "Ferry is ready") and one
 Ctrl-C (SIGINT to its process group, as a terminal sends it) must stop every process it started and leave
 nothing listening. ``--no-workers`` keeps it cheap (demo pools at 0 replicas: no model is loaded); the
 model-worker flow is covered by apps/operations' local end-to-end test and was verified by hand.
@@ -7,10 +7,12 @@ model-worker flow is covered by apps/operations' local end-to-end test and was v
 
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -63,8 +65,17 @@ def _wait(predicate, timeout_s: float) -> bool:
     return predicate()
 
 
-def test_launcher_comes_up_on_embedded_redis_and_sqlite_and_one_ctrl_c_stops_everything(tmp_path):
-    var_dir = (tmp_path / "var").resolve()
+@pytest.fixture
+def var_dir():
+    """A var dir under the system temp dir: pytest's tmp_path is closed (0700) to the user an embedded
+    PostgreSQL started by root runs as."""
+    top = Path(tempfile.mkdtemp(prefix="ferry-launcher-")).resolve()
+    top.chmod(0o711)
+    yield top / "var"
+    shutil.rmtree(top, ignore_errors=True)
+
+
+def test_launcher_comes_up_on_embedded_redis_and_postgres_and_one_ctrl_c_stops_everything(tmp_path, var_dir):
     closed_port = free_tcp_port()
     ports = {"web": free_tcp_port(), "router": free_tcp_port(), "agent": free_tcp_port()}
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "FERRY_AGENT_TOKEN", "FERRY_SERVICE_TOKEN")}
@@ -83,11 +94,14 @@ def test_launcher_comes_up_on_embedded_redis_and_sqlite_and_one_ctrl_c_stops_eve
         assert httpx.get(f"http://127.0.0.1:{ports['web']}/healthz", timeout=10).status_code == 200
         assert httpx.get(f"http://127.0.0.1:{ports['router']}/ready", timeout=10).status_code == 200
         redis_port = int(re.search(r"started embedded redis-server at redis://127\.0\.0\.1:(\d+)/0", output).group(1))
-        assert (var_dir / "ferry.sqlite3").is_file()
+        postgres_port = int(re.search(r"started embedded PostgreSQL 18\.\d+ at postgres://postgres@127\.0\.0\.1:(\d+)/ferry",
+                                      output).group(1))
+        assert (var_dir / "postgres" / "PG_VERSION").read_text() == "18\n"
+        assert oct((var_dir / "postgres").stat().st_mode & 0o777) == "0o700"
         assert (var_dir / "ready").is_file()  # the marker LOAD=1's generator waits for
         pids = {name: int(pid) for name, pid in re.findall(r"system\s+\| (\w+) started \(pid=(\d+)\)", output)}
         assert set(pids) == {"web", "worker", "ticks", "beat", "telemetry", "agent", "router"}
-        assert all(_listening(p) for p in (*ports.values(), redis_port))
+        assert all(_listening(p) for p in (*ports.values(), redis_port, postgres_port))
 
         os.killpg(launcher.pid, signal.SIGINT)  # Ctrl-C: the terminal signals the foreground process group
         assert launcher.wait(STOP_TIMEOUT_S) == 0, log_path.read_text()[-4000:]
@@ -96,9 +110,9 @@ def test_launcher_comes_up_on_embedded_redis_and_sqlite_and_one_ctrl_c_stops_eve
             os.killpg(launcher.pid, signal.SIGKILL)
             launcher.wait(10)
     output = log_path.read_text()
-    assert "embedded Redis stopped" in output
+    assert "embedded Redis stopped" in output and "embedded PostgreSQL stopped" in output
     assert not (var_dir / "ready").exists()
     assert "killed leftovers" not in output  # every process stopped on SIGTERM, nothing needed SIGKILL
     assert [name for name, pgid in pids.items() if _group_alive(pgid)] == []
-    assert [port for port in (*ports.values(), redis_port) if _listening(port)] == []
+    assert [port for port in (*ports.values(), redis_port, postgres_port) if _listening(port)] == []
     assert _processes_with_var_dir(var_dir) == []

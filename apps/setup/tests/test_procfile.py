@@ -33,13 +33,15 @@ def test_load_adds_a_bounded_generator_loop_against_the_router_and_tokenizer_is_
     assert "--num-prompts 8" in processes["load"] and processes["load"].endswith("; sleep 3; done")
 
 
-def test_child_env_keeps_user_values_but_not_their_redis_url():
+def test_child_env_keeps_user_values_but_not_their_redis_and_database_urls():
     config = LaunchConfig(var_dir="relative/var")
-    env = child_env(config, {"DEBUG": "0", "REDIS_URL": "redis://down:6379/0", "PATH": "/bin"},
-                    redis_url="redis://127.0.0.1:4242/0", tokens={"FERRY_AGENT_TOKEN": "a" * 20,
+    env = child_env(config, {"DEBUG": "0", "REDIS_URL": "redis://down:6379/0", "DATABASE_URL": "", "PATH": "/bin"},
+                    redis_url="redis://127.0.0.1:4242/0", database_url="postgres://postgres@127.0.0.1:4343/ferry",
+                    tokens={"FERRY_AGENT_TOKEN": "a" * 20,
                                                                   "FERRY_SERVICE_TOKEN": "s" * 20,
                                                                   "FERRY_KV_LINK_SECRET": "k" * 20}, cpu_count=16)
     assert env["REDIS_URL"] == "redis://127.0.0.1:4242/0"
+    assert env["DATABASE_URL"] == "postgres://postgres@127.0.0.1:4343/ferry"
     assert env["DEBUG"] == "0" and env["PATH"] == "/bin"
     assert env["FERRY_VAR_DIR"] == os.path.abspath("relative/var")
     assert json.loads(env["FERRY_WORKER_ENV"]) == {"TORCH_NUM_THREADS": "4", "OMP_NUM_THREADS": "4",
@@ -51,15 +53,18 @@ def test_child_env_keeps_user_values_but_not_their_redis_url():
 
 def test_telemetry_scrapes_the_launched_router_unless_told_otherwise():
     tokens = {"FERRY_AGENT_TOKEN": "a", "FERRY_SERVICE_TOKEN": "s", "FERRY_KV_LINK_SECRET": "k"}
-    env = child_env(LaunchConfig(host="0.0.0.0", router_port=9091), {}, redis_url="redis://r:1/0", tokens=tokens)
+    env = child_env(LaunchConfig(host="0.0.0.0", router_port=9091), {}, redis_url="redis://r:1/0",
+                    database_url="postgres://p@d:1/f", tokens=tokens)
     assert env["FERRY_ROUTER_METRICS_URLS"] == "http://127.0.0.1:9091/metrics"
     env = child_env(LaunchConfig(), {"FERRY_ROUTER_METRICS_URLS": "http://r:1"}, redis_url="redis://r:1/0",
+                    database_url="postgres://p@d:1/f",
                     tokens=tokens)
     assert env["FERRY_ROUTER_METRICS_URLS"] == "http://r:1"
 
 
 def test_a_users_worker_env_keeps_its_values_and_gains_the_kv_link_secret():
     env = child_env(LaunchConfig(), {"FERRY_WORKER_ENV": '{"OMP_NUM_THREADS": "3"}'}, redis_url="redis://r:1/0",
+                    database_url="postgres://p@d:1/f",
                     tokens={"FERRY_AGENT_TOKEN": "a", "FERRY_SERVICE_TOKEN": "s", "FERRY_KV_LINK_SECRET": "k" * 16})
     assert json.loads(env["FERRY_WORKER_ENV"]) == {"OMP_NUM_THREADS": "3", "FERRY_KV_LINK_SECRET": "k" * 16}
 
