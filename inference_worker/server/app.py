@@ -14,6 +14,8 @@ Prefix cache (:mod:`.kv_cache_routes`): ``GET /v1/kv-events`` (NDJSON KV events)
 ``usage.prompt_tokens_details.cached_tokens`` (the final streamed chunk too, with
 ``stream_options.include_usage``) and in the :data:`inference_worker.http_headers.CACHED_TOKENS` response header, sent with
 the first byte: a streamed response starts once the engine has admitted the request.
+With vLLM's ``return_token_ids`` option the responses also carry the prompt and generated token ids
+(placement in :mod:`inference_worker.server.protocol`).
 
 Every error is OpenAI error JSON (see :mod:`inference_worker.server.errors`). A client that
 disconnects, streaming or not, has its engine requests aborted at once, which frees their KV.
