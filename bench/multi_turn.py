@@ -84,11 +84,12 @@ class KVEventsSubscriber:
 
     :meth:`counts` gives (batches, events, bytes) received so far; bytes are the NDJSON lines with their
     newlines. The first batch is the snapshot on connect (:meth:`wait_snapshot`); the stream ends when
-    the worker stops.
+    the worker stops (``error`` then says how). ``transport``: httpx's (tests give a mock server).
     """
 
-    def __init__(self, base_url: str) -> None:
+    def __init__(self, base_url: str, transport: httpx.BaseTransport | None = None) -> None:
         self._url = base_url + KV_EVENTS_PATH
+        self._transport = transport
         self._lock = threading.Lock()
         self._batches = self._events = self._bytes = 0
         self._snapshot = threading.Event()
@@ -98,7 +99,8 @@ class KVEventsSubscriber:
 
     def _read(self) -> None:
         try:
-            with httpx.stream("GET", self._url, timeout=httpx.Timeout(30.0, read=None)) as response:
+            with httpx.Client(transport=self._transport, timeout=httpx.Timeout(30.0, read=None)) as client, \
+                    client.stream("GET", self._url) as response:
                 response.raise_for_status()
                 for line in response.iter_lines():
                     if not line:
@@ -113,6 +115,10 @@ class KVEventsSubscriber:
             self.error = f"{type(exc).__name__}: {exc}"
         finally:
             self._snapshot.set()
+
+    def join(self, timeout_s: float) -> None:
+        """Wait up to ``timeout_s`` seconds for the stream to end."""
+        self._thread.join(timeout_s)
 
     def wait_snapshot(self, timeout_s: float = 60.0) -> None:
         """Wait for the first batch (the snapshot on connect).
