@@ -24,9 +24,18 @@ re-encodings whose length differs from ``completion_tokens``). Reported per mode
   wall time and the worker process's CPU seconds (``/proc``: the work done, whatever else shares the
   machine); the ratios off / on. On a shared machine latencies move by tens of percent between identical
   runs: ``--repeats N`` runs each mode N times, alternating off/on and on/off;
+* KV events (issue 16 item 4): one client subscribes to the worker's ``GET /v1/kv-events`` for the whole
+  run (:class:`KVEventsSubscriber`), so events are really streamed; events, batches and bytes received
+  client-side over the run and per second of wall time, next to the worker's ``ferry_kv_events*`` deltas;
 * the ideal: tokens an unlimited prefix cache (:class:`~bench.workloads.IdealPrefixCache`, block size 16 as
   the engine's default unless ``--block-size``) would still compute, from the workload alone and from this
-  run's actual prompts and timing (a request sees only KV computed before it was sent).
+  run's actual prompts and timing (a request sees only KV computed before it was sent). Neither is a
+  floor for what the engine computes: the engine looks a request's hit up when it *admits* it,
+  and registers a prompt's blocks at the end of the step that computed them, so of the first wave (4
+  sessions sent at once) the requests that arrive while the first one's prefill step runs are admitted
+  after it and hit its system-prompt blocks. ``computed_tokens_admitted_one_by_one`` (the ideal with
+  admissions one after another) is the floor for that case (seed 0, block size 16: 10480 of 53344 tokens,
+  5.09x, against 11344, 4.70x, when the first wave shares nothing).
 
 Prints a table and writes ``bench/results/multi_turn.json``.
 
@@ -46,6 +55,7 @@ import re
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -62,7 +72,66 @@ from inference_worker.tests.support.worker import WorkerProcess  # noqa: E402
 from inference_worker.tokenization import load_tokenizer  # noqa: E402
 
 ENGINE_DEFAULT_BLOCK_SIZE = 16  # PagedLLMEngine's block_size default (inference_worker/engine/paged_engine.py)
-WORKER_METRICS = re.compile(r"^(ferry_prompt_tokens\w*|ferry_prefix_cache\w*)(\{[^}]*\})? ([0-9.eE+-]+)$")
+WORKER_METRICS = re.compile(r"^(ferry_prompt_tokens\w*|ferry_prefix_cache\w*|ferry_kv_events\w*)(\{[^}]*\})? "
+                            r"([0-9.eE+-]+)$")
+KV_EVENTS_PATH = "/v1/kv-events"  # inference_worker.server.kv_cache_routes.KV_EVENTS_PATH (that module imports torch)
+
+
+class KVEventsSubscriber:
+    """One client of the worker's ``GET /v1/kv-events`` stream, read in a thread for the whole run, so the
+    worker really streams its KV events (its ``ferry_kv_events_sent*`` counters count only events sent to a
+    subscriber) and the bench measures them client-side too.
+
+    :meth:`counts` gives (batches, events, bytes) received so far; bytes are the NDJSON lines with their
+    newlines. The first batch is the snapshot on connect (:meth:`wait_snapshot`); the stream ends when
+    the worker stops (``error`` then says how). ``transport``: httpx's (tests give a mock server).
+    """
+
+    def __init__(self, base_url: str, transport: httpx.BaseTransport | None = None) -> None:
+        self._url = base_url + KV_EVENTS_PATH
+        self._transport = transport
+        self._lock = threading.Lock()
+        self._batches = self._events = self._bytes = 0
+        self._snapshot = threading.Event()
+        self.error: str | None = None
+        self._thread = threading.Thread(target=self._read, name="kv-events", daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        try:
+            with httpx.Client(transport=self._transport, timeout=httpx.Timeout(30.0, read=None)) as client, \
+                    client.stream("GET", self._url) as response:
+                response.raise_for_status()
+                for line in response.iter_lines():
+                    if not line:
+                        continue
+                    batch = json.loads(line)
+                    with self._lock:
+                        self._batches += 1
+                        self._events += len(batch["events"])
+                        self._bytes += len(line.encode()) + 1
+                    self._snapshot.set()
+        except (httpx.HTTPError, json.JSONDecodeError) as exc:  # the worker stopping ends the stream
+            self.error = f"{type(exc).__name__}: {exc}"
+        finally:
+            self._snapshot.set()
+
+    def join(self, timeout_s: float) -> None:
+        """Wait up to ``timeout_s`` seconds for the stream to end."""
+        self._thread.join(timeout_s)
+
+    def wait_snapshot(self, timeout_s: float = 60.0) -> None:
+        """Wait for the first batch (the snapshot on connect).
+
+        Raises:
+            RuntimeError: none came within ``timeout_s`` seconds or the stream failed first.
+        """
+        if not self._snapshot.wait(timeout_s) or self.counts()[0] == 0:
+            raise RuntimeError(f"no KV events snapshot from {self._url}: {self.error or 'timed out'}")
+
+    def counts(self) -> tuple[int, int, int]:
+        with self._lock:
+            return self._batches, self._events, self._bytes
 
 
 def serve_options() -> set[str]:
@@ -130,20 +199,35 @@ def run_once(name: str, flags: list[str], args: argparse.Namespace, workload: Mu
             return tokenizer.encode(text, add_special_tokens=False).ids
 
         warm_up(worker.base_url, args.model, args.seed)
+        subscriber = KVEventsSubscriber(worker.base_url)
+        subscriber.wait_snapshot()
         before, cpu_before, load_before = worker_metrics(worker.base_url), worker_cpu_s(worker.proc.pid), load_average()
+        received_before = subscriber.counts()
         turns, wall_s = asyncio.run(run_sessions(worker.base_url, args.model, workload, concurrency=args.concurrency,
                                                  session_rate=math.inf, seed=args.seed, encode=encode,
                                                  timeout_s=args.timeout_s))
+        time.sleep(0.2)  # > the stream's 0.05 s poll: the last step's events reach the subscriber
         after, cpu_after, load_after = worker_metrics(worker.base_url), worker_cpu_s(worker.proc.pid), load_average()
+        received = [b - a for a, b in zip(received_before, subscriber.counts(), strict=True)]
     failed = [t for t in turns if not t.result.ok]
     if failed or len(turns) != sum(len(session.turns) for session in workload.sessions):
         raise RuntimeError(f"{name}: {len(failed)} turns failed, first: {failed[0].result.error if failed else '-'}")
     events = [(t.result.started_s, t.result.started_s + t.result.ttft_s, t.result.started_s + t.result.e2e_s,
                t.prompt, t.answer) for t in turns]
+    kv_events = {"batches_received": received[0], "events_received": received[1], "bytes_received": received[2],
+                 "events_per_s": received[1] / wall_s, "bytes_per_s": received[2] / wall_s,
+                 "snapshot_events": received_before[1], "snapshot_bytes": received_before[2],
+                 "subscriber_error": subscriber.error}
+    # The worker publishes its ferry_kv_events_sent* counters from the engine loop (throttled, on engine
+    # steps), so its delta over the run can include the snapshot sent just before ``before``: snapshot_* say
+    # how much that is.
     print(f"{name}: {len(turns)} requests in {wall_s:.1f} s, worker CPU {cpu_after - cpu_before:.1f} s "
-          f"(ready in {ready_s:.1f} s, load average {load_before:.1f} -> {load_after:.1f})", flush=True)
+          f"(ready in {ready_s:.1f} s, load average {load_before:.1f} -> {load_after:.1f}); KV events received "
+          f"{received[1]} in {received[0]} batches, {received[2]} B ({kv_events['events_per_s']:.1f}/s, "
+          f"{kv_events['bytes_per_s']:.0f} B/s)", flush=True)
     return {"mode": name, "worker_flags": flags, "worker_ready_s": ready_s, "wall_s": wall_s,
             "worker_cpu_s": cpu_after - cpu_before, "load_average_1m": [load_before, load_after],
+            "kv_events_received": kv_events,
             "ideal_computed_tokens_of_run": ideal_prefill_tokens_of_run(events, block_size),
             "worker_metrics_delta": {k: after[k] - before.get(k, 0.0) for k in sorted(after)},
             "requests": [record(t) for t in turns]}
@@ -171,6 +255,9 @@ def summarize(name: str, runs: list[dict]) -> dict:
         "wall_s": statistics.fmean(run["wall_s"] for run in runs),
         "worker_cpu_s": statistics.fmean(run["worker_cpu_s"] for run in runs),
         "answers": {"sources": dict(Counter(r["answer_source"] for r in records)), "length_mismatches": mismatches},
+        "load_average_1m": [run["load_average_1m"] for run in runs],
+        "kv_events_received": {k: statistics.fmean(run["kv_events_received"][k] for run in runs)
+                               for k in ("events_received", "bytes_received", "events_per_s", "bytes_per_s")},
         "worker_metrics_delta": {k: sum(run["worker_metrics_delta"].get(k, 0.0) for run in runs) / n
                                  for k in metric_names},
     }
@@ -195,9 +282,12 @@ def print_table(modes: list[dict], ratios: dict, ideal: dict) -> None:
           f"{ideal['computed_tokens']} computed = {ideal['ratio']:.2f}x fewer "
           f"(block size 1: {ideal['ratio_block_size_1']:.2f}x); with this run's prompts and timing: "
           f"{modes[-1]['ideal_computed_tokens_of_run']:.0f} computed "
-          f"({modes[-1]['num_prompt_tokens'] / modes[-1]['ideal_computed_tokens_of_run']:.2f}x).")
+          f"({modes[-1]['num_prompt_tokens'] / modes[-1]['ideal_computed_tokens_of_run']:.2f}x); with the first "
+          f"wave admitted one by one: {ideal['computed_tokens_admitted_one_by_one']} computed "
+          f"({ideal['num_prompt_tokens'] / ideal['computed_tokens_admitted_one_by_one']:.2f}x).")
     for mode in modes:
         print(f"{mode['mode']}: cached tokens from {mode['cached_tokens_from']}, answers {mode['answers']}, "
+              f"load average {mode['load_average_1m']}, KV events received {mode['kv_events_received']}, "
               f"worker metrics delta {mode['worker_metrics_delta']}")
 
 
@@ -240,7 +330,8 @@ def main() -> None:
     computed = workload.ideal_prefill_tokens(block_size, args.concurrency)
     ideal = {"block_size": block_size, "concurrency": args.concurrency, "num_prompt_tokens": num_prompt_tokens,
              "computed_tokens": computed, "ratio": num_prompt_tokens / computed,
-             "ratio_block_size_1": num_prompt_tokens / workload.ideal_prefill_tokens(1, args.concurrency)}
+             "ratio_block_size_1": num_prompt_tokens / workload.ideal_prefill_tokens(1, args.concurrency),
+             "computed_tokens_admitted_one_by_one": workload.ideal_prefill_tokens(block_size, 1)}
     if not switch:
         print("serve --help lists no --no-prefix-caching: both modes run the same worker (ratios ~1.0)", flush=True)
     started = time.perf_counter()

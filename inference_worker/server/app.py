@@ -14,6 +14,8 @@ Prefix cache (:mod:`.kv_cache_routes`): ``GET /v1/kv-events`` (NDJSON KV events)
 ``usage.prompt_tokens_details.cached_tokens`` (the final streamed chunk too, with
 ``stream_options.include_usage``) and in the :data:`inference_worker.http_headers.CACHED_TOKENS` response header, sent with
 the first byte: a streamed response starts once the engine has admitted the request.
+With vLLM's ``return_token_ids`` option the responses also carry the prompt and generated token ids
+(placement in :mod:`inference_worker.server.protocol`).
 
 Every error is OpenAI error JSON (see :mod:`inference_worker.server.errors`). A client that
 disconnects, streaming or not, has its engine requests aborted at once, which frees their KV.
@@ -172,7 +174,7 @@ async def _serve(state: ServerState, request: Request, *, chat: bool) -> Respons
             await generation.wait_admitted()  # the cached-tokens header goes out with the first byte
             handed_over = True
             return _GenerationStream(state, generation, sampling, chat=chat)
-        return await _complete(state, request, generation, chat=chat)
+        return await _complete(state, request, generation, chat=chat, return_token_ids=sampling.return_token_ids)
     except Exception as exc:
         _count_failure(state, exc)
         raise
@@ -251,13 +253,16 @@ def _prepare(state: ServerState, model: ServedModel, raw: bytes, *, chat: bool,
     return generation, sampling
 
 
-async def _complete(state: ServerState, request: Request, generation: Generation, *, chat: bool) -> JSONResponse:
+async def _complete(state: ServerState, request: Request, generation: Generation, *, chat: bool,
+                    return_token_ids: bool = False) -> JSONResponse:
     texts: dict[int, list[str]] = {}
+    token_ids: dict[int, list[int]] = {}
     reasons: dict[int, str] = {}
 
     async def collect() -> None:
         async for event in generation.events():
             texts.setdefault(event.index, []).append(event.text)
+            token_ids.setdefault(event.index, []).extend(event.token_ids)
             if event.finish_reason is not None:
                 reasons[event.index] = event.finish_reason
 
@@ -284,11 +289,17 @@ async def _complete(state: ServerState, request: Request, generation: Generation
                             "logprobs": None, "finish_reason": reasons[index]})
         else:
             choices.append({"index": index, "text": text, "logprobs": None, "finish_reason": reasons[index]})
+        if return_token_ids:  # vLLM's placement: completions choices carry their prompt, chat the response
+            if not chat:
+                choices[-1]["prompt_token_ids"] = generation.prompts[index // generation.n]
+            choices[-1]["token_ids"] = token_ids[index]
     state.metrics.request_finished("success")
-    return JSONResponse({"id": generation.request_id, "object": "chat.completion" if chat else "text_completion",
-                         "created": int(time.time()), "model": state.served_model_name, "choices": choices,
-                         "usage": generation.usage()},
-                        headers={http_headers.CACHED_TOKENS: str(generation.num_cached_tokens)})
+    body = {"id": generation.request_id, "object": "chat.completion" if chat else "text_completion",
+            "created": int(time.time()), "model": state.served_model_name, "choices": choices,
+            "usage": generation.usage()}
+    if return_token_ids and chat:
+        body["prompt_token_ids"] = generation.prompts[0]
+    return JSONResponse(body, headers={http_headers.CACHED_TOKENS: str(generation.num_cached_tokens)})
 
 
 async def _wait_disconnect(request: Request) -> None:
@@ -322,8 +333,12 @@ class _GenerationStream(StreamingResponse):
         generation, name = self.generation, self.worker_state.served_model_name
         created, obj = int(time.time()), "chat.completion.chunk" if chat else "text_completion"
 
-        def chunk(choices: list[dict], usage: dict | None = None) -> bytes:
+        with_ids, prompt_sent = sampling.return_token_ids, set()
+
+        def chunk(choices: list[dict], usage: dict | None = None, prompt_token_ids: list[int] | None = None) -> bytes:
             data = {"id": generation.request_id, "object": obj, "created": created, "model": name, "choices": choices}
+            if prompt_token_ids is not None:
+                data["prompt_token_ids"] = prompt_token_ids
             if sampling.include_usage:
                 data["usage"] = usage
             return sse(data)
@@ -332,12 +347,20 @@ class _GenerationStream(StreamingResponse):
             if chat:
                 delta = {"role": "assistant", "content": event.text} if role else (
                     {"content": event.text} if event.text else {})
-                return {"index": event.index, "delta": delta, "logprobs": None, "finish_reason": event.finish_reason}
-            return {"index": event.index, "text": event.text, "logprobs": None, "finish_reason": event.finish_reason}
+                out = {"index": event.index, "delta": delta, "logprobs": None, "finish_reason": event.finish_reason}
+            else:
+                out = {"index": event.index, "text": event.text, "logprobs": None, "finish_reason": event.finish_reason}
+                if with_ids and event.index not in prompt_sent:  # a completion choice's first chunk
+                    prompt_sent.add(event.index)
+                    out["prompt_token_ids"] = generation.prompts[event.index // generation.n]
+            if with_ids:
+                out["token_ids"] = list(event.token_ids)
+            return out
 
-        if chat:  # OpenAI sends the role first, with empty content
+        if chat:  # OpenAI sends the role first, with empty content (and vLLM the prompt ids)
             num_choices = len(generation.prompts) * generation.n
-            yield chunk([choice(ChoiceEvent(i, ""), role=True) for i in range(num_choices)])
+            yield chunk([choice(ChoiceEvent(i, ""), role=True) for i in range(num_choices)],
+                        prompt_token_ids=generation.prompts[0] if with_ids else None)
         try:
             async for event in generation.events():
                 yield chunk([choice(event)])

@@ -12,6 +12,13 @@ field. Documented choices:
 - ``top_k`` of -1 or 0 disables top-k; ``temperature: 0`` is greedy decoding.
 - Unsupported OpenAI options with a non-default value (``logprobs``, ``echo``, ``suffix``,
   ``best_of`` > n, non-zero penalties, ``logit_bias``, ``tools``) are rejected rather than ignored.
+- ``return_token_ids`` (vLLM's request option, same name and field placement): when true the response
+  carries the ids. Completions: every choice has ``prompt_token_ids`` (its prompt) and ``token_ids``
+  (every id generated for it, the EOS or stop-completing token included, as ``completion_tokens`` counts
+  them). Chat: ``prompt_token_ids`` (the rendered conversation) sits on the response, ``token_ids`` on each
+  choice. Streamed, a chunk's ``token_ids`` are the ids since the choice's previous chunk, and
+  ``prompt_token_ids`` comes once, in the first chunk (of each choice for completions; top-level in the
+  first chunk for chat). A non-boolean value is a 400 naming ``return_token_ids``.
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ _TYPE_HINTS = {
     "temperature": "a number",
     "top_p": "a number",
     "stream": "a boolean",
+    "return_token_ids": "a boolean",
     "model": "a string",
     "messages": "a list of message objects",
     "stream_options": "an object like {\"include_usage\": true}",
@@ -63,6 +71,7 @@ class _CommonRequest(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False
+    return_token_ids: bool | None = None
     # Accepted only at their default values (see the module docstring).
     logprobs: Any = None
     presence_penalty: float = 0.0
@@ -101,6 +110,7 @@ class SamplingRequest:
     ignore_eos: bool
     stream: bool
     include_usage: bool
+    return_token_ids: bool = False
 
 
 def parse_body(raw: bytes, model_cls: type[_CommonRequest]) -> _CommonRequest:
@@ -163,6 +173,7 @@ def sampling_request(body: _CommonRequest, *, max_tokens: int | None) -> Samplin
         top_k=-1 if body.top_k in (0, -1) else body.top_k, seed=body.seed, stop=stop, n=body.n,
         ignore_eos=body.ignore_eos, stream=body.stream,
         include_usage=bool(body.stream_options and body.stream_options.include_usage),
+        return_token_ids=bool(body.return_token_ids),
     )
 
 

@@ -30,11 +30,17 @@ from inference_worker.server.engine_loop import EngineLoop, SeqUpdate
 
 @dataclass(frozen=True)
 class ChoiceEvent:
-    """A piece of one choice's text; ``finish_reason`` is set on the choice's last event."""
+    """A piece of one choice's text; ``finish_reason`` is set on the choice's last event.
+
+    ``token_ids``: the ids generated for the choice since its previous event (ids whose text the
+    detokenizer still holds back ride with the next event; the last event carries the rest), so the
+    events' ids joined are every id generated for the choice.
+    """
 
     index: int
     text: str
     finish_reason: str | None = None
+    token_ids: tuple[int, ...] = ()
 
 
 class GenerationError(Exception):
@@ -58,6 +64,7 @@ class _Choice:
     first_token_at: float | None = None
     finish_reason: str | None = None
     num_cached_tokens: int | None = None
+    pending_token_ids: list[int] = field(default_factory=list)
 
 
 @dataclass(eq=False)  # identity semantics: tracked in a set while in flight
@@ -186,16 +193,22 @@ class Generation:
             if choice.first_token_at is None:
                 choice.first_token_at = now
             choice.num_output_tokens += len(update.new_token_ids)
+            choice.pending_token_ids.extend(update.new_token_ids)
             if self.metrics is not None:
                 self.metrics.tokens(num_generation_tokens=len(update.new_token_ids))
         if not update.finished:
-            return ChoiceEvent(choice.index, update.new_text) if update.new_text else None
+            return self._event(choice, update.new_text) if update.new_text else None
         choice.finish_reason = update.finish_reason or "stop"
         if self.metrics is not None and choice.finish_reason != "abort":
             ttft = None if choice.first_token_at is None else choice.first_token_at - self.arrival
             self.metrics.observe_latency(ttft_s=ttft, e2e_s=now - self.arrival,
                                          num_output_tokens=choice.num_output_tokens)
-        return ChoiceEvent(choice.index, update.new_text, choice.finish_reason)
+        return self._event(choice, update.new_text, choice.finish_reason)
+
+    @staticmethod
+    def _event(choice: _Choice, text: str, finish_reason: str | None = None) -> ChoiceEvent:
+        token_ids, choice.pending_token_ids = tuple(choice.pending_token_ids), []
+        return ChoiceEvent(choice.index, text, finish_reason, token_ids)
 
 
 def sse(data: dict | str) -> bytes:

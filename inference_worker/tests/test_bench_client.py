@@ -88,3 +88,49 @@ def test_sessions_send_the_header_and_append_returned_ids_else_re_encoded_text()
     assert [(t.session_id, t.turn, t.answer_source, t.answer) for t in turns] == [
         (s.session_id, k, sources[s.session_id], expected_answers[s.session_id])
         for s in workload.sessions for k in range(2)]
+
+
+def test_streamed_token_id_deltas_are_joined_in_order_and_the_request_asks_for_them():
+    """vLLM's return_token_ids stream: prompt_token_ids in the choice's first chunk, token_ids per chunk (one
+    chunk may carry ids whose text is still held back); the client joins the deltas, never the prompt ids."""
+    bodies: list[dict] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        bodies.append(json.loads(request.content))
+        chunks = [{"choices": [{"index": 0, "text": "", "prompt_token_ids": [2, 5, 9], "token_ids": [301]}]},
+                  {"choices": [{"index": 0, "text": "ab", "token_ids": [302, 303]}]},
+                  {"choices": [{"index": 0, "text": "c", "token_ids": [1], "finish_reason": "length"}]},
+                  {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7,
+                                            "prompt_tokens_details": {"cached_tokens": 0}}}]
+        return httpx.Response(200, content=sse_body(chunks))
+
+    async def go():
+        async with stream(handler) as client:
+            return await one_request(client, "http://w/v1/completions", "m", [2, 5, 9], 4, False,
+                                     return_token_ids=True)
+
+    result = asyncio.run(go())
+    assert bodies[0]["return_token_ids"] is True and bodies[0]["prompt"] == [2, 5, 9]
+    assert (result.ok, result.token_ids, result.text, result.num_output_tokens) == (True, [301, 302, 303, 1], "abc", 4)
+
+
+def test_kv_events_subscriber_counts_batches_events_and_bytes_received():
+    from bench.multi_turn import KVEventsSubscriber
+
+    lines = [{"worker_id": "ab", "seq": 1, "snapshot": True, "events": [{"type": "cleared"}]},
+             {"worker_id": "ab", "seq": 3, "snapshot": False,
+              "events": [{"type": "stored", "digest": "01", "parent": "00", "group": "full_attention", "tier": "device"},
+                         {"type": "removed", "digest": "01", "group": "full_attention", "tier": "device"}]},
+             {"worker_id": "ab", "seq": 3, "snapshot": False, "events": []}]
+    body = b"".join(json.dumps(line).encode() + b"\n" for line in lines)
+    paths: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        paths.append(request.url.path)
+        return httpx.Response(200, content=body, headers={"content-type": "application/x-ndjson"})
+
+    subscriber = KVEventsSubscriber("http://w", transport=httpx.MockTransport(handler))
+    subscriber.wait_snapshot(timeout_s=5)
+    subscriber.join(timeout_s=5)
+    assert paths == ["/v1/kv-events"]
+    assert subscriber.counts() == (3, 3, len(body)) and subscriber.error is None

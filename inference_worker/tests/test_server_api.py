@@ -123,6 +123,44 @@ def test_n_returns_three_choices_indexed_0_to_2(api, greedy):
     assert sorted(texts) == [0, 1, 2]
 
 
+def test_return_token_ids_gives_the_prompt_and_every_generated_id_streamed_or_not(api, tokenizer, greedy):
+    """vLLM's placement for completions: each choice carries prompt_token_ids and token_ids; streamed, the
+    prompt ids come in a choice's first chunk only and the token_ids deltas join to the same ids."""
+    prompt_ids = tokenizer.encode(PROMPT, add_special_tokens=True).ids
+    result = complete(api, prompt=PROMPT, max_tokens=12, ignore_eos=True, return_token_ids=True)
+    choice = result["choices"][0]
+    ids = choice["token_ids"]
+    assert "prompt_token_ids" not in result and choice["prompt_token_ids"] == prompt_ids
+    assert len(ids) == 12 and choice["text"] == greedy["choices"][0]["text"]
+    assert tokenizer.decode(ids, skip_special_tokens=True) == choice["text"]
+    # They are the generated ids: sent back after the prompt, greedy decoding continues with the rest.
+    resumed = complete(api, prompt=prompt_ids + ids[:6], max_tokens=6, ignore_eos=True, return_token_ids=True)
+    assert resumed["choices"][0]["prompt_token_ids"] == prompt_ids + ids[:6]
+    assert resumed["choices"][0]["token_ids"] == ids[6:]
+    chunks, _ = stream(api, "/v1/completions", prompt=PROMPT, max_tokens=12, ignore_eos=True, n=2,
+                       return_token_ids=True)
+    for index in (0, 1):
+        mine = [c for chunk in chunks for c in chunk["choices"] if c["index"] == index]
+        assert mine[0]["prompt_token_ids"] == prompt_ids
+        assert all("prompt_token_ids" not in c for c in mine[1:])
+        assert [t for c in mine for t in c["token_ids"]] == ids
+
+
+def test_chat_return_token_ids_puts_the_prompt_ids_on_the_response_and_the_first_chunk(api, tokenizer):
+    rendered = ChatTemplate.for_tokenizer_dir(gemma_tokenizer_dir()).render(CHAT)
+    prompt_ids = tokenizer.encode(rendered, add_special_tokens=False).ids
+    result = chat(api, messages=CHAT, max_tokens=10, ignore_eos=True, return_token_ids=True)
+    ids = result["choices"][0]["token_ids"]
+    assert result["prompt_token_ids"] == prompt_ids and "prompt_token_ids" not in result["choices"][0]
+    assert len(ids) == 10
+    assert tokenizer.decode(ids, skip_special_tokens=True) == result["choices"][0]["message"]["content"]
+    chunks, _ = stream(api, "/v1/chat/completions", messages=CHAT, max_tokens=10, ignore_eos=True,
+                       return_token_ids=True)
+    assert chunks[0]["prompt_token_ids"] == prompt_ids and chunks[0]["choices"][0]["token_ids"] == []
+    assert all("prompt_token_ids" not in c for c in chunks[1:])
+    assert [t for c in chunks for t in c["choices"][0]["token_ids"]] == ids
+
+
 M = {"model": MODEL}
 BAD_REQUESTS = [
     ("malformed JSON", b'{"model": "gemma-3-270m", "prompt": ', None, "invalid_json"),
@@ -144,6 +182,8 @@ BAD_REQUESTS = [
     ("n zero", {**M, "prompt": "hi", "n": 0}, "n", "invalid_value"),
     ("stop of wrong type", {**M, "prompt": "hi", "stop": 7}, "stop", "invalid_type"),
     ("stream of wrong type", {**M, "prompt": "hi", "stream": "yes"}, "stream", "invalid_type"),
+    ("return_token_ids of wrong type", {**M, "prompt": "hi", "return_token_ids": "yes"}, "return_token_ids",
+     "invalid_type"),
 ]
 
 

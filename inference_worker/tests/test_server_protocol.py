@@ -60,12 +60,27 @@ def test_stop_string_and_include_usage_are_normalized():
          "stream_options.include_usage", "invalid_type"),
         (b'{"model": "m", "prompt": [[1, 2], [-4]]}', "prompt", "invalid_type"),
         (b'{"model": 5, "prompt": "x"}', "model", "invalid_type"),
+        (b'{"model": "m", "prompt": "x", "return_token_ids": "yes"}', "return_token_ids", "invalid_type"),
+        (b'{"model": "m", "prompt": "x", "return_token_ids": 1}', "return_token_ids", "invalid_type"),
     ],
 )
 def test_invalid_completion_bodies_name_the_field(raw, param, code):
     error = error_of(raw)
     assert (error["type"], error["param"], error["code"]) == ("invalid_request_error", param, code)
     assert error["message"]
+
+
+def test_return_token_ids_defaults_to_false_and_is_read_for_both_routes():
+    assert completion_sampling(parse_body(b'{"model": "m", "prompt": "x"}', CompletionRequest)).return_token_ids is False
+    on = parse_body(b'{"model": "m", "prompt": "x", "return_token_ids": true}', CompletionRequest)
+    assert completion_sampling(on).return_token_ids is True
+    off = parse_body(b'{"model": "m", "prompt": "x", "return_token_ids": null}', CompletionRequest)
+    assert completion_sampling(off).return_token_ids is False
+    chat = parse_body(b'{"model": "m", "messages": [], "return_token_ids": true}', ChatCompletionRequest)
+    assert chat_sampling(chat).return_token_ids is True
+    error = error_of(b'{"model": "m", "messages": [], "return_token_ids": "true"}', ChatCompletionRequest)
+    assert (error["param"], error["code"]) == ("return_token_ids", "invalid_type")
+    assert error["message"] == "'return_token_ids' must be a boolean; got 'true'"
 
 
 def test_batched_prompts_are_split():
