@@ -298,3 +298,35 @@ class Planner:
         if best is None:
             raise ValueError("no threshold meets the SLOs within the budget")
         return (*best, curve)
+
+    def link_limited_remote_replicas(self, threshold: int) -> int:
+        """Remote prefill replicas whose KV output, all busy on prompts above ``threshold``, fills the link share.
+
+        A busy replica ships ``E[bytes(N); N > T] / E[t_prefill(N); N > T]`` bytes/s; the link may carry
+        ``max_link_share * B``. Returns the floor of the ratio (at least 1).
+        """
+        w, sc = self.w, self.scenario
+        mask = w.n > threshold
+        if not mask.any():
+            return 0
+        rate = w.bytes[mask].sum() / w.t_remote[mask].sum()
+        return max(1, int(sc.max_link_share * sc.link_bytes_per_s // rate))
+
+    def plan_bandwidth_aware(self, thresholds) -> tuple[int, float, Fleet]:
+        """Fleet and central threshold for bandwidth-aware routing.
+
+        The central threshold is the best fixed threshold with the whole link (``max_link_share`` not
+        enforced); the remote pool is sized by :meth:`link_limited_remote_replicas` so that it cannot
+        push the link over ``max_link_share`` even when busy; decode and local prefill take the rest
+        of the budget (:meth:`size_fleet` at the best rate found, attainment not required because the
+        router, not the threshold, keeps the link under its share). Returns ``(T, rate, fleet)``.
+        """
+        curve = [(int(t), self.goodput(int(t), enforce_link_share=False, iterations=14)[0]) for t in thresholds]
+        t = max(curve, key=lambda x: x[1])[0]
+        remote = self.link_limited_remote_replicas(t)
+        sc = self.scenario
+        left = sc.budget - remote * sc.profiles["compute"].cost
+        rate, homogeneous, _ = self.goodput(None, budget=left)
+        if homogeneous is None:
+            raise ValueError("the budget left after the remote pool cannot serve any load")
+        return t, rate, Fleet(remote, homogeneous.local_prefill, homogeneous.decode, t)
