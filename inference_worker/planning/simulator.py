@@ -18,6 +18,8 @@ Model and fidelity, exactly:
   iteration (a sequence's KV grows linearly from ``resident_bytes(N)`` to ``resident_bytes(N + out)``,
   updated at each event): the event count is bounded by admissions and finishes, not tokens.
 - TPOT of a request: ``(last token - first token) / (out - 1)`` (decode queueing included).
+- The router's link budget (bandwidth-aware policy): a token bucket refilled at
+  ``max_link_share * B`` bytes/s, one second deep; a remote decision drains it by the KV bytes.
 """
 
 from __future__ import annotations
@@ -47,17 +49,14 @@ class Link:
         self.updated = 0.0
         self.flows: list[tuple[float, int, simpy.Event]] = []  # (virtual finish, seq, event)
         self.seq = 0
-        self.busy_s = 0.0
         self.bytes_total = 0.0
         self._wake = env.event()
-        self._samples = [(0.0, 0.0)]
         env.process(self._run())
 
     def _advance(self) -> None:
         now = self.env.now
         if self.flows:
             self.virtual += (now - self.updated) * self.bytes_per_s / len(self.flows)
-            self.busy_s += now - self.updated
         self.updated = now
 
     def send(self, nbytes: float) -> simpy.Event:
@@ -83,18 +82,6 @@ class Link:
             self._advance()
             while self.flows and self.flows[0][0] <= self.virtual * (1 + 1e-12) + 1e-6:
                 heapq.heappop(self.flows)[2].succeed()
-
-    def utilisation(self) -> float:
-        """Busy share over the last ``LINK_WINDOW_S`` seconds (a PS link is at full rate when busy)."""
-        self._advance()
-        now = self.env.now
-        samples = self._samples
-        if now - samples[-1][0] >= LINK_WINDOW_S / 10:
-            samples.append((now, self.busy_s))
-            while len(samples) > 2 and now - samples[1][0] >= LINK_WINDOW_S:
-                samples.pop(0)
-        t0, b0 = samples[0]
-        return (self.busy_s - b0) / (now - t0) if now > t0 else 0.0
 
 
 class PrefillPool:
@@ -251,9 +238,6 @@ class Simulation:
     def transfer_eta_s(self, num_tokens: int) -> float:
         nbytes = self.scenario.geometry.transfer_bytes(int(num_tokens))
         return nbytes * (len(self.link.flows) + 1) / self.link.bytes_per_s + self.scenario.rtt_s
-
-    def link_utilisation(self) -> float:
-        return self.link.utilisation()
 
     def link_budget_allows(self, num_tokens: int) -> bool:
         """Token bucket at ``max_link_share * B`` bytes/s, depth one second: allow while not overdrawn."""
