@@ -8,9 +8,10 @@ accelerator equivalents, compute:bandwidth cost 2.5:1), each fleet sized by the 
 - naive heterogeneous: every prefill remote (link share not limited: it is what the policy does);
 - fixed threshold: the planner's best fixed threshold and its fleet (link share <= the scenario's
   ``max_link_share`` at the planned rate);
-- bandwidth-aware: ``Planner.plan_bandwidth_aware`` (central threshold: the best fixed threshold with the
-  whole link, searched in 4K steps; remote pool sized so that it cannot fill more than ``max_link_share``
-  of the link); the router moves within ``[low, high] x`` that threshold, gated by the link's load.
+- fixed threshold with the whole link: the best fixed threshold when the link share is not limited;
+- bandwidth-aware: ``Planner.plan_bandwidth_aware`` (central threshold in 1K steps and a remote pool of
+  at most the replicas whose KV fills ``max_link_share`` of the link, by predicted goodput); the router
+  moves within ``[low, high] x`` that threshold, its link budget refilled at ``max_link_share``.
 
 Goodput (DistServe): the highest Poisson rate with >= 90% of requests meeting TTFT <= 5 s and
 TPOT <= 80 ms, by bisection in the simulator. Then, on ``prfaas``: the fixed-threshold sweep in
@@ -32,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from inference_worker.planning.planner import Planner  # noqa: E402
+from inference_worker.planning.planner import Fleet, Planner  # noqa: E402
 from inference_worker.planning.policies import (  # noqa: E402
     BandwidthAware,
     FixedThreshold,
@@ -54,12 +55,15 @@ def policy_fleets(planner: Planner):
     homo = planner.goodput(None)
     naive = planner.goodput(0, enforce_link_share=False)
     fixed = planner.goodput(t)
+    whole = max(((x, planner.goodput(x, enforce_link_share=False, iterations=16)) for x in range(0, cap + 1, STEP)),
+                key=lambda x: x[1][0])
     lo, hi = sc.threshold_bounds
-    t_ba, rate_ba, fleet_ba = planner.plan_bandwidth_aware(range(0, cap + 1, 4 * STEP))
+    t_ba, rate_ba, fleet_ba, _ = planner.plan_bandwidth_aware(range(0, cap + 1, STEP))
     return t, curve, [
         (HomogeneousPD(), homo[1], homo[0]),
         (NaiveHeterogeneous(), naive[1], naive[0]),
         (FixedThreshold(t), fixed[1], fixed[0]),
+        (FixedThreshold(whole[0], name="fixed_whole_link"), whole[1][1], whole[1][0]),
         (BandwidthAware(int(lo * t_ba), int(hi * t_ba), sc.max_link_share), fleet_ba, rate_ba),
     ]
 
@@ -70,7 +74,9 @@ def compare(name: str, requests: int) -> dict:
     t, curve, rows = policy_fleets(planner)
     hi_rate = 1.5 * max(r[2] for r in rows) + 1
     out = {"scenario": name, "planner_threshold_tokens": t, "policies": []}
-    print(f"\n== {name}: planner threshold {t} tokens; goodput by bisection, {requests} requests per run")
+    print(f"\n== {name}: planner thresholds: fixed {t}, fixed with the whole link {rows[3][0].threshold_tokens}, "
+          f"bandwidth-aware bounds {rows[4][0].low_tokens}..{rows[4][0].high_tokens}; goodput by bisection, "
+          f"{requests} requests per run")
     print(f"{'policy':22} {'fleet (P_remote/P_local/D)':28} {'planned':>8} {'goodput':>8} {'P90 TTFT':>9} "
           f"{'P90 TPOT':>9} {'link':>6} {'remote':>7}")
     for policy, fleet, planned in rows:
@@ -84,7 +90,7 @@ def compare(name: str, requests: int) -> dict:
               f"{s.get('remote_share', 0):7.1%}")
     base = {p["policy"]: p["goodput"] for p in out["policies"]}
     ba = base["bandwidth_aware"]
-    for other in ("homogeneous_pd", "naive_heterogeneous", "fixed_threshold"):
+    for other in ("homogeneous_pd", "naive_heterogeneous", "fixed_threshold", "fixed_whole_link"):
         gain = ba / base[other] - 1 if base[other] else float("inf")
         print(f"bandwidth_aware vs {other}: {gain:+.1%}")
     out["planner_curve"] = curve
@@ -92,35 +98,38 @@ def compare(name: str, requests: int) -> dict:
 
 
 def sweep(requests: int) -> dict:
+    """Fixed thresholds in 1K steps, each on the planner's fleet for it (whole link: a fixed threshold
+    does not watch the link); planner's best vs simulator's best, overall and among link share <= max."""
     sc = load_scenario("prfaas")
     planner = Planner(sc)
-    t_plan, _, _, _, curve = planner.best_threshold(range(0, sc.prompt.cap + 1, STEP))
-    planned = dict(curve)
-    hi_rate = 1.5 * max(planned.values()) + 1
+    t_capped = planner.best_threshold(range(0, sc.prompt.cap + 1, STEP))[0]
     rows = []
-    print(f"\n== prfaas fixed-threshold sweep, {STEP}-token steps, {requests} requests per run")
     for t in range(STEP, sc.prompt.cap + 1, STEP):
-        rate, fleet, _ = planner.goodput(t, iterations=16)
-        if fleet is None:
-            rows.append({"threshold": t, "planned": 0.0, "goodput": 0.0})
+        rate, fleet, _ = planner.goodput(t, iterations=16, enforce_link_share=False)
+        rows.append({"threshold": t, "planned": rate, "fleet": fleet.to_dict() if fleet else None})
+    hi_rate = 1.5 * max(r["planned"] for r in rows) + 1
+    print(f"\n== prfaas fixed-threshold sweep, {STEP}-token steps, {requests} requests per run")
+    for r in rows:
+        if r["fleet"] is None:
+            r.update(goodput=0.0, link_share=0.0)
             continue
-        got, res = simulated_goodput(sc, fleet, FixedThreshold(t), num_requests=requests, hi_rate=hi_rate,
-                                     iterations=7)
-        share = res.summary(sc)["link_share"] if res else 0.0
-        rows.append({"threshold": t, "planned": rate, "goodput": got, "link_share": share, "fleet": fleet.to_dict()})
-    ok = [r for r in rows if r.get("link_share", 0) <= sc.max_link_share]
-    best = max(ok, key=lambda r: r["goodput"])
-    best_any = max(rows, key=lambda r: r["goodput"])
+        got, res = simulated_goodput(sc, Fleet(**r["fleet"]), FixedThreshold(r["threshold"]),
+                                     num_requests=requests, hi_rate=hi_rate, iterations=7)
+        r.update(goodput=got, link_share=res.summary(sc)["link_share"] if res else 0.0)
+    best = max(rows, key=lambda r: r["goodput"])
+    planned_best = max(rows, key=lambda r: r["planned"])
+    ok = [r for r in rows if r["link_share"] <= sc.max_link_share]
+    best_ok = max(ok, key=lambda r: r["goodput"])
     print(f"{'threshold':>9} {'planned':>8} {'simulated':>9} {'link':>6}")
-    for r in rows[::8] + ([best] if best not in rows[::8] else []):
-        print(f"{r['threshold']:9d} {r['planned']:8.2f} {r['goodput']:9.2f} {r.get('link_share', 0):6.1%}")
-    err = abs(t_plan - best["threshold"]) / best["threshold"]
-    print(f"planner threshold {t_plan}, simulator best {best['threshold']} (goodput {best['goodput']:.2f}): "
-          f"{err:.1%} apart")
-    print(f"without the link-share limit: simulator best {best_any['threshold']} (goodput {best_any['goodput']:.2f}, "
-          f"link {best_any.get('link_share', 0):.1%})")
-    return {"rows": rows, "planner_threshold": t_plan, "simulator_best": best["threshold"], "relative_error": err,
-            "simulator_best_any_link": best_any["threshold"]}
+    for r in rows[::8] + [best]:
+        print(f"{r['threshold']:9d} {r['planned']:8.2f} {r['goodput']:9.2f} {r['link_share']:6.1%}")
+    err = abs(planned_best["threshold"] - best["threshold"]) / best["threshold"]
+    print(f"whole link: planner threshold {planned_best['threshold']} (planned {planned_best['planned']:.2f}/s), "
+          f"simulator best {best['threshold']} ({best['goodput']:.2f}/s, link {best['link_share']:.1%}): {err:.1%} apart")
+    print(f"link share <= {sc.max_link_share:.0%}: planner threshold {t_capped}, simulator best {best_ok['threshold']} "
+          f"({best_ok['goodput']:.2f}/s)")
+    return {"rows": rows, "planner_threshold": planned_best["threshold"], "simulator_best": best["threshold"],
+            "relative_error": err, "planner_threshold_capped": t_capped, "simulator_best_capped": best_ok["threshold"]}
 
 
 def pd_ratio() -> dict:

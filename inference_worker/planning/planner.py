@@ -160,47 +160,54 @@ class Planner:
         self.w = _Workload(scenario, grid_size)
 
     # ------------------------------------------------------------------ prediction
-    def _pool(self, mask: np.ndarray, times: np.ndarray, servers: int, rate: float):
-        """(P(wait), theta) of an M/G/c prefill pool serving the masked requests, or None if unstable."""
-        share = mask.mean()
+    def _pool(self, weight: np.ndarray, times: np.ndarray, servers: int, rate: float):
+        """(P(wait), theta) of an M/G/c pool serving each grid request with probability ``weight``; None if unstable."""
+        share = weight.mean()
         if share == 0:
             return 0.0, math.inf
         if servers == 0:
             return None
-        s = times[mask]
-        mean, scv = s.mean(), s.var() / s.mean() ** 2
+        mean = (weight * times).sum() / weight.sum()
+        scv = (weight * times**2).sum() / weight.sum() / mean**2 - 1
         lam = rate * share
         if lam * mean >= servers:
             return None
         return erlang_c(servers, lam * mean), (servers / mean - lam) * 2 / (1 + scv)
 
-    def predict(self, fleet: Fleet, rate: float, *, percentiles: bool = True) -> Prediction:
+    def predict(self, fleet: Fleet, rate: float, *, percentiles: bool = True,
+                remote_weight: np.ndarray | None = None) -> Prediction:
         """Predicted TTFT percentiles, TPOT, SLO attainment and link load of ``fleet`` at ``rate`` req/s.
 
-        ``percentiles=False`` skips the TTFT percentiles (NaN), for searches that need the attainment only.
+        ``remote_weight``: per prompt-grid point, the probability of remote prefill (default: 1 above
+        the fleet's threshold, else 0). ``percentiles=False`` skips the TTFT percentiles (NaN), for
+        searches that need the attainment only.
         """
         sc, w = self.scenario, self.w
-        remote = np.zeros(len(w.n), bool) if fleet.threshold_tokens is None else w.n > fleet.threshold_tokens
+        if remote_weight is None:
+            remote = np.zeros(len(w.n)) if fleet.threshold_tokens is None else (w.n > fleet.threshold_tokens) * 1.0
+        else:
+            remote = remote_weight
         link_bps = rate * (w.bytes * remote).mean()
         rho = link_bps / sc.link_bytes_per_s
         tpot, batch = self._decode(fleet.decode, rate)
-        local = self._pool(~remote, w.t_local, fleet.local_prefill, rate)
+        local = self._pool(1 - remote, w.t_local, fleet.local_prefill, rate)
         far = self._pool(remote, w.t_remote, fleet.remote_prefill, rate)
         nan = float("nan")
         if local is None or far is None or rho >= 1 or math.isnan(tpot):
             return Prediction(rate, nan, nan, float(tpot), 0.0, float(link_bps * 8e-9), float(rho), float(remote.mean()), float(batch))
-        delay = np.where(remote, w.t_remote + w.bytes / (sc.link_bytes_per_s * (1 - rho)) + sc.rtt_s, w.t_local)
-        p_wait = np.where(remote, far[0], local[0])
-        theta = np.where(remote, far[1], local[1])
+        delay_far = w.t_remote + w.bytes / (sc.link_bytes_per_s * (1 - rho)) + sc.rtt_s
 
-        def cdf(t: float) -> float:
+        def ok(t: float, delay: np.ndarray, pool) -> np.ndarray:
             slack = t - delay
             with np.errstate(over="ignore", invalid="ignore"):
-                ok = np.where(slack >= 0, 1 - p_wait * np.exp(-theta * np.maximum(slack, 0)), 0.0)
-            return float(np.nan_to_num(ok, nan=1.0).mean())
+                done = np.where(slack >= 0, 1 - pool[0] * np.exp(-pool[1] * np.maximum(slack, 0)), 0.0)
+            return np.nan_to_num(done, nan=1.0)
+
+        def cdf(t: float) -> float:
+            return float((remote * ok(t, delay_far, far) + (1 - remote) * ok(t, w.t_local, local)).mean())
 
         def quantile(q: float) -> float:
-            lo, hi = 0.0, float(delay.max()) + 1.0
+            lo, hi = 0.0, float(max(delay_far.max(), w.t_local.max())) + 1.0
             while cdf(hi) < q:
                 hi *= 2
             for _ in range(50):
@@ -303,30 +310,70 @@ class Planner:
         """Remote prefill replicas whose KV output, all busy on prompts above ``threshold``, fills the link share.
 
         A busy replica ships ``E[bytes(N); N > T] / E[t_prefill(N); N > T]`` bytes/s; the link may carry
-        ``max_link_share * B``. Returns the floor of the ratio (at least 1).
+        ``max_link_share * B``. Returns the floor of the ratio (0 when no prompt is above ``threshold``).
         """
         w, sc = self.w, self.scenario
         mask = w.n > threshold
         if not mask.any():
             return 0
-        rate = w.bytes[mask].sum() / w.t_remote[mask].sum()
-        return max(1, int(sc.max_link_share * sc.link_bytes_per_s // rate))
+        return int(sc.max_link_share * sc.link_bytes_per_s // (w.bytes[mask].sum() / w.t_remote[mask].sum()))
 
-    def plan_bandwidth_aware(self, thresholds) -> tuple[int, float, Fleet]:
-        """Fleet and central threshold for bandwidth-aware routing.
+    def bandwidth_aware_weights(self, fleet: Fleet, rate: float, low_tokens: int) -> np.ndarray:
+        """Remote probability per grid prompt under bandwidth-aware routing with lower bound ``low_tokens``.
 
-        The central threshold is the best fixed threshold with the whole link (``max_link_share`` not
-        enforced); the remote pool is sized by :meth:`link_limited_remote_replicas` so that it cannot
-        push the link over ``max_link_share`` even when busy; decode and local prefill take the rest
-        of the budget (:meth:`size_fleet` at the best rate found, attainment not required because the
-        router, not the threshold, keeps the link under its share). Returns ``(T, rate, fleet)``.
+        Prompts above ``low_tokens`` go remote with probability ``f = min(1, f_link, f_pool)``: the link
+        budget carries ``f_link = max_link_share * B / (lambda * E[bytes; N > low])`` of their KV, and
+        the remote pool stays under ``MAX_DECODE_UTILISATION`` (``f_pool = u R / (lambda E[t_remote; N > low])``;
+        the router's queue-aware rule sends prompts local when the remote queue grows).
         """
-        curve = [(int(t), self.goodput(int(t), enforce_link_share=False, iterations=14)[0]) for t in thresholds]
-        t = max(curve, key=lambda x: x[1])[0]
-        remote = self.link_limited_remote_replicas(t)
+        w, sc = self.w, self.scenario
+        tail = (w.n > low_tokens) * 1.0
+        demand_bytes = rate * (w.bytes * tail).mean()
+        demand_s = rate * (w.t_remote * tail).mean()
+        if demand_bytes == 0 or fleet.remote_prefill == 0:
+            return tail * 0.0
+        f = min(1.0, sc.max_link_share * sc.link_bytes_per_s / demand_bytes,
+                MAX_DECODE_UTILISATION * fleet.remote_prefill / demand_s)
+        return tail * f
+
+    def plan_bandwidth_aware(self, thresholds) -> tuple[int, float, Fleet, Prediction]:
+        """Central threshold ``T``, remote replicas and the rest of the fleet for bandwidth-aware routing.
+
+        For each ``T`` of ``thresholds`` (lower bound ``low * T``, the scenario's bounds) and each remote
+        pool from 0 to :meth:`link_limited_remote_replicas` replicas, the rate is bisected on the
+        prediction with :meth:`bandwidth_aware_weights`; decode gets the fewest replicas meeting TPOT,
+        local prefill the rest of the budget. Returns the best ``(T, goodput, fleet, prediction)``.
+
+        Raises:
+            ValueError: no combination meets the SLOs.
+        """
         sc = self.scenario
-        left = sc.budget - remote * sc.profiles["compute"].cost
-        rate, homogeneous, _ = self.goodput(None, budget=left)
-        if homogeneous is None:
-            raise ValueError("the budget left after the remote pool cannot serve any load")
-        return t, rate, Fleet(remote, homogeneous.local_prefill, homogeneous.decode, t)
+        best = None
+        for t in thresholds:
+            low = int(sc.threshold_bounds[0] * t)
+            for remote in range(self.link_limited_remote_replicas(low) + 1):
+                lo, hi, found = 0.0, 2 * sc.budget, None
+                for _ in range(20):
+                    mid = (lo + hi) / 2
+                    got = self._bandwidth_aware_fleet(mid, int(t), low, remote)
+                    lo, hi, found = (mid, hi, (got, mid)) if got else (lo, mid, found)
+                if found and (best is None or found[1] > best[1][1]):
+                    best = (int(t), found)
+        if best is None:
+            raise ValueError("no bandwidth-aware fleet meets the SLOs within the budget")
+        t, (fleet, rate) = best
+        low = int(sc.threshold_bounds[0] * t)
+        return t, rate, fleet, self.predict(fleet, rate, remote_weight=self.bandwidth_aware_weights(fleet, rate, low))
+
+    def _bandwidth_aware_fleet(self, rate: float, threshold: int, low: int, remote: int) -> Fleet | None:
+        """The bandwidth-aware fleet with ``remote`` replicas if it meets the SLOs at ``rate``, else None."""
+        sc = self.scenario
+        c_cost, b_cost = sc.profiles["compute"].cost, sc.profiles["bandwidth"].cost
+        decode = next((d for d in range(1, int(sc.budget // b_cost) + 1)
+                       if self._decode(d, rate)[0] <= sc.tpot_slo_s), None)
+        if decode is None:
+            return None
+        fleet = Fleet(remote, int((sc.budget - remote * c_cost - decode * b_cost) // b_cost), decode, threshold)
+        pred = self.predict(fleet, rate, percentiles=False,
+                            remote_weight=self.bandwidth_aware_weights(fleet, rate, low))
+        return fleet if pred.attainment >= sc.slo_attainment else None

@@ -215,19 +215,36 @@ def test_scenario_errors_name_the_field():
 
 
 def test_policy_ordering_on_a_reduced_prfaas(prfaas):
-    # prfaas at 1/5 scale: 200 H20 equivalents and a 20 Gbit/s link. Naive heterogeneous ships every KV,
-    # so its goodput is at most B / E[bytes]; bandwidth-aware keeps the link under 30% and gains on
-    # homogeneous PD by moving long prompts to the compute datacenter.
-    sc = prfaas.with_changes(budget=200.0, bandwidth_gbps=20.0)
+    # prfaas with 400 H20 equivalents (the 100 Gbit/s link kept: 30% of it fills two H200 nodes' KV).
+    # Naive heterogeneous ships every KV: the link bounds it (busy > 90% at its goodput); bandwidth-aware keeps the
+    # link under 30% and gains on homogeneous PD by moving long prompts to the compute datacenter.
+    sc = prfaas.with_changes(budget=400.0)
     planner = Planner(sc, grid_size=400)
     homo_rate, homo_fleet, _ = planner.goodput(None, iterations=12)
     naive_rate, naive_fleet, _ = planner.goodput(0, enforce_link_share=False, iterations=12)
-    t, _, ba_fleet = planner.plan_bandwidth_aware(range(0, sc.prompt.cap + 1, 16384))
+    t, ba_planned, ba_fleet, _ = planner.plan_bandwidth_aware(range(0, sc.prompt.cap + 1, 16384))
     hi = 1.5 * homo_rate
     runs = {}
     for name, fleet, policy in (("homo", homo_fleet, HomogeneousPD()), ("naive", naive_fleet, NaiveHeterogeneous()),
                                 ("ba", ba_fleet, BandwidthAware(t // 2, 2 * t, sc.max_link_share))):
         runs[name] = simulated_goodput(sc, fleet, policy, num_requests=2000, hi_rate=hi, iterations=7)
-    assert runs["naive"][0] <= sc.link_bytes_per_s / planner.w.bytes.mean()
+    assert runs["naive"][1].summary(sc)["link_share"] > 0.9
     assert runs["ba"][0] > runs["homo"][0] > runs["naive"][0] > 0
     assert runs["ba"][1].summary(sc)["link_share"] <= 0.3
+    assert ba_fleet.remote_prefill == 2 and t > 0
+    assert abs(ba_planned / runs["ba"][0] - 1) < 0.15  # planner vs simulator
+
+
+def test_bandwidth_aware_weights_and_link_limited_pool_hand_computed(prfaas):
+    # Constant 65536-token prompts: KV 4096 * (8 * 65536 + 40 * 1023) = 2,315,059,200 B; H200-node prefill
+    # 65536 / 52746.67 = 1.24246 s, so a busy replica ships 1.8633 GB/s and 30% of 12.5 GB/s fills 2 of them.
+    sc = prfaas.with_changes(prompt=LengthDistribution(65536, None, 131072))
+    planner = Planner(sc, grid_size=10)
+    assert planner.link_limited_remote_replicas(1000) == 2
+    assert planner.link_limited_remote_replicas(65536) == 0
+    t_remote = 65536 / (8 * 989e12 * 0.4 / 60e9)
+    f_link = 0.3 * 12.5e9 / (10 * 2_315_059_200)  # 0.16198
+    f_pool = 0.9 * 2 / (10 * t_remote)  # 0.14487
+    weights = planner.bandwidth_aware_weights(Fleet(2, 10, 1, 1000), 10.0, 1000)
+    assert weights.tolist() == pytest.approx([min(f_link, f_pool)] * 10, rel=1e-12)
+    assert planner.bandwidth_aware_weights(Fleet(2, 10, 1, 1000), 10.0, 65536).tolist() == [0.0] * 10
