@@ -122,13 +122,19 @@ class Prediction:
     """The planner's prediction for a fleet at an arrival rate (NaN where a queue is unstable)."""
 
     rate_per_s: float
+    """Arrival rate, requests/s."""
     ttft_p50_s: float
+    """Median TTFT, seconds."""
     ttft_p90_s: float
+    """90th percentile TTFT, seconds."""
     tpot_s: float
+    """TPOT of the fluid decode model, seconds per output token."""
     attainment: float
     """Share of requests meeting both objectives."""
     link_gbps: float
+    """Mean KV traffic on the link, Gbit/s."""
     link_share: float
+    """``link_gbps`` over the link's bandwidth."""
     remote_share: float
     """Share of requests prefilled remotely."""
     decode_batch: float
@@ -194,7 +200,8 @@ class Planner:
         far = self._pool(remote, w.t_remote, fleet.remote_prefill, rate)
         nan = float("nan")
         if local is None or far is None or rho >= 1 or math.isnan(tpot):
-            return Prediction(rate, nan, nan, float(tpot), 0.0, float(link_bps * 8e-9), float(rho), float(remote.mean()), float(batch))
+            return Prediction(rate, nan, nan, float(tpot), 0.0, float(link_bps * 8e-9), float(rho),
+                              float(remote.mean()), float(batch))
         delay_far = w.t_remote + w.bytes / (sc.link_bytes_per_s * (1 - rho)) + sc.rtt_s
 
         def ok(t: float, delay: np.ndarray, pool) -> np.ndarray:
@@ -217,7 +224,7 @@ class Planner:
 
         attainment = cdf(sc.ttft_slo_s) if tpot <= sc.tpot_slo_s else 0.0
         p50, p90 = (quantile(0.5), quantile(0.9)) if percentiles else (nan, nan)
-        return Prediction(rate, p50, p90, float(tpot), attainment, link_bps * 8e-9, rho,
+        return Prediction(rate, p50, p90, float(tpot), attainment, float(link_bps * 8e-9), float(rho),
                           float(remote.mean()), float(batch))
 
     def _decode(self, replicas: int, rate: float) -> tuple[float, float]:

@@ -168,13 +168,21 @@ class SimResult:
     """Per-run outcome; ``summary()`` gives the figures the bench prints."""
 
     rate_per_s: float
+    """Arrival rate of the run, requests/s (NaN if not given)."""
     ttft_s: np.ndarray
+    """Per request: TTFT, seconds."""
     tpot_s: np.ndarray
+    """Per request: TPOT, seconds per output token (0 for one-token outputs)."""
     remote: np.ndarray
+    """Per request: prefilled remotely."""
     link_bytes: float
+    """KV bytes sent over the link."""
     duration_s: float
+    """Simulated time until the last token, seconds."""
     link_gbps: float
+    """Link bandwidth, Gbit/s."""
     wall_s: float
+    """Wall-clock seconds the run took."""
     events: int
     """simpy events scheduled (a private counter of simpy 4.1; for the cost report only)."""
 
