@@ -18,6 +18,8 @@ Model and fidelity, exactly:
   iteration (a sequence's KV grows linearly from ``resident_bytes(N)`` to ``resident_bytes(N + out)``,
   updated at each event): the event count is bounded by admissions and finishes, not tokens.
 - TPOT of a request: ``(last token - first token) / (out - 1)`` (decode queueing included).
+- Goodput counts a rate only when the run is stable (offered load below 1 on the link and both prefill
+  pools; decode is not checked: it is sized with headroom and its backlog shows in TPOT).
 - The router's link budget (bandwidth-aware policy): a token bucket refilled at
   ``max_link_share * B`` bytes/s, one second deep; a remote decision drains it by the KV bytes.
 """
@@ -91,6 +93,7 @@ class PrefillPool:
         self.replicas, self.profile = replicas, profile
         self.resource = simpy.Resource(env, capacity=max(replicas, 1))
         self.queued_s = 0.0
+        self.offered_s = 0.0
 
     def wait_s(self) -> float:
         """Estimated queue wait: queued prefill seconds / replicas, 0 while a replica is free."""
@@ -183,8 +186,16 @@ class SimResult:
     """Link bandwidth, Gbit/s."""
     wall_s: float
     """Wall-clock seconds the run took."""
+    offered_load: dict
+    """Per resource (``link``, ``local_prefill``, ``remote_prefill``): work offered over the arrival span
+    divided by its capacity (link bytes / (B * span); prefill seconds / (replicas * span))."""
     events: int
     """simpy events scheduled (a private counter of simpy 4.1; for the cost report only)."""
+
+    @property
+    def stable(self) -> bool:
+        """Every queue's offered load is below 1 (otherwise its backlog grows without bound)."""
+        return max(self.offered_load.values()) < 1.0
 
     def attainment(self, scenario: Scenario) -> float:
         """Share of requests with TTFT <= the TTFT objective and TPOT <= the TPOT objective."""
@@ -199,6 +210,7 @@ class SimResult:
             "tpot_p50_s": float(np.percentile(self.tpot_s, 50)), "tpot_p90_s": float(np.percentile(self.tpot_s, 90)),
             "link_share": self.link_bytes * 8 / (self.link_gbps * 1e9 * self.duration_s),
             "remote_share": float(self.remote.mean()), "wall_s": self.wall_s, "events": self.events,
+            "offered_load": self.offered_load,
         }
 
 
@@ -267,6 +279,7 @@ class Simulation:
         pool = self.far if remote else self.local
         service = pool.profile.prefill_time_s(n)
         pool.queued_s += service
+        pool.offered_s += service
         with pool.resource.request() as req:
             yield req
             pool.queued_s -= service
@@ -298,8 +311,12 @@ class Simulation:
             raise RuntimeError("some requests never finished (a decode replica cannot hold their KV)")
         tpot = np.where(self.out > 1, (self.last_token - self.first_token) / np.maximum(self.out - 1, 1), 0.0)
         duration = float(np.nanmax(self.last_token))
+        span = float(self.arrivals[-1]) or 1e-9
+        offered = {"link": self.link.bytes_total / (self.link.bytes_per_s * span),
+                   "local_prefill": self.local.offered_s / (max(self.local.replicas, 1) * span),
+                   "remote_prefill": self.far.offered_s / (max(self.far.replicas, 1) * span)}
         return SimResult(rate_per_s, self.first_token - self.arrivals, tpot, self.is_remote, self.link.bytes_total,
-                         duration, self.scenario.bandwidth_gbps, time.perf_counter() - started,
+                         duration, self.scenario.bandwidth_gbps, time.perf_counter() - started, offered,
                          next(self.env._eid))
 
 
@@ -315,7 +332,11 @@ def simulate(scenario: Scenario, fleet: Fleet, policy: Policy, rate_per_s: float
 
 def simulated_goodput(scenario: Scenario, fleet: Fleet, policy: Policy, *, num_requests: int, hi_rate: float,
                       iterations: int = 8, seed: int = 0) -> tuple[float, SimResult | None]:
-    """Highest rate with SLO attainment >= ``scenario.slo_attainment`` (bisection on ``[0, hi_rate]``).
+    """Highest stable rate with SLO attainment >= ``scenario.slo_attainment`` (bisection on ``[0, hi_rate]``).
+
+    Stable (:attr:`SimResult.stable`): no queue is offered more work than it serves. Without it a policy
+    could "meet" 90% attainment by starving a class of up to 10% of the requests in an ever-growing
+    queue (a fixed threshold on an overloaded link did, in a short run).
 
     Returns the rate and the run at that rate (None if even the lowest rate tried misses the SLOs).
     """
@@ -324,7 +345,7 @@ def simulated_goodput(scenario: Scenario, fleet: Fleet, policy: Policy, *, num_r
     for _ in range(iterations):
         mid = (lo + hi) / 2
         result = simulate(scenario, fleet, policy, mid, num_requests, seed)
-        if result.attainment(scenario) >= scenario.slo_attainment:
+        if result.stable and result.attainment(scenario) >= scenario.slo_attainment:
             lo, best = mid, result
         else:
             hi = mid

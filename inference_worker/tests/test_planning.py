@@ -248,3 +248,12 @@ def test_bandwidth_aware_weights_and_link_limited_pool_hand_computed(prfaas):
     weights = planner.bandwidth_aware_weights(Fleet(2, 10, 1, 1000), 10.0, 1000)
     assert weights.tolist() == pytest.approx([min(f_link, f_pool)] * 10, rel=1e-12)
     assert planner.bandwidth_aware_weights(Fleet(2, 10, 1, 1000), 10.0, 65536).tolist() == [0.0] * 10
+
+
+def test_offered_load_flags_an_overloaded_link(prfaas):
+    # Two 32768-token remote prefills 0.1 s apart: 2 x 1,241,350,144 B offered over a 0.1 s span on a
+    # 12.5 GB/s link -> offered load 1.986: unstable. The remote pool (1 replica) is offered 2 x 0.62123 s.
+    _, res = _run(prfaas, Fleet(1, 0, 1, 0), NaiveHeterogeneous(), [0.0, 0.1], [32768, 32768], [2, 2])
+    assert res.offered_load["link"] == pytest.approx(2 * 1_241_350_144 / 12.5e9 / 0.1)
+    assert res.offered_load["remote_prefill"] == pytest.approx(2 * 32768 / 52746.666666666664 / 0.1)
+    assert not res.stable
