@@ -250,10 +250,15 @@ def test_bandwidth_aware_weights_and_link_limited_pool_hand_computed(prfaas):
     assert planner.bandwidth_aware_weights(Fleet(2, 10, 1, 1000), 10.0, 65536).tolist() == [0.0] * 10
 
 
-def test_offered_load_flags_an_overloaded_link(prfaas):
-    # Two 32768-token remote prefills 0.1 s apart: 2 x 1,241,350,144 B offered over a 0.1 s span on a
-    # 12.5 GB/s link -> offered load 1.986: unstable. The remote pool (1 replica) is offered 2 x 0.62123 s.
-    _, res = _run(prfaas, Fleet(1, 0, 1, 0), NaiveHeterogeneous(), [0.0, 0.1], [32768, 32768], [2, 2])
-    assert res.offered_load["link"] == pytest.approx(2 * 1_241_350_144 / 12.5e9 / 0.1)
-    assert res.offered_load["remote_prefill"] == pytest.approx(2 * 32768 / 52746.666666666664 / 0.1)
+def test_offered_load_and_backlog_flag_an_overloaded_remote_pool(prfaas):
+    # 20 remote prefills of 32768 tokens, 0.1 s apart, on one H200 node (0.62123 s each): when the last
+    # arrives (1.9 s) four have started, 16 wait: backlog 16 x 0.62123 = 9.94 s > the 5 s TTFT objective.
+    service = 32768 / 52746.666666666664
+    _, res = _run(prfaas, Fleet(1, 0, 1, 0), NaiveHeterogeneous(), [0.1 * k for k in range(20)], [32768] * 20,
+                  [2] * 20)
+    assert res.backlog_s["remote_prefill"] == pytest.approx(16 * service)
+    assert res.offered_load["remote_prefill"] == pytest.approx(20 * service / 1.9)
+    assert res.offered_load["link"] == pytest.approx(20 * 1_241_350_144 / 12.5e9 / 1.9)
     assert not res.stable
+    _, calm = _run(prfaas, Fleet(1, 0, 1, 0), NaiveHeterogeneous(), [0.0, 1.0], [32768] * 2, [2] * 2)
+    assert calm.backlog_s == {"link": 0.0, "local_prefill": 0.0, "remote_prefill": 0.0} and calm.stable
