@@ -7,4 +7,9 @@ decode step time vs batch: roofline from public specs, or fitted from measuremen
 (replicas per pool, remote-prefill threshold, link load, predicted TTFT/TPOT), ``simulator`` (the
 same system as a discrete-event model with ``simpy``) and ``policies`` (the router policies the
 simulator compares). Nothing here imports torch: the control plane and the router import it.
+
+The router's ``derived_threshold`` (``inference_worker/router/table.py``) is the link-only special case
+of :func:`inference_worker.planning.planner.latency_threshold` (remote prefill free, no queues, the whole
+link); a test keeps them equal until the router's one PD cost function calls the planner's instead.
+Benchmark: ``bench/planner_prfaas.py``.
 """
