@@ -262,3 +262,20 @@ def test_offered_load_and_backlog_flag_an_overloaded_remote_pool(prfaas):
     assert not res.stable
     _, calm = _run(prfaas, Fleet(1, 0, 1, 0), NaiveHeterogeneous(), [0.0, 1.0], [32768] * 2, [2] * 2)
     assert calm.backlog_s == {"link": 0.0, "local_prefill": 0.0, "remote_prefill": 0.0} and calm.stable
+
+
+def test_fitted_profile_recovers_exact_curves_and_rejects_bad_points():
+    from inference_worker.planning.profiles import FittedProfile
+
+    # t_prefill = 0.01 + 2e-4 N + 1e-9 N^2, t_step = 0.005 + 1e-4 B: exact points give the coefficients back.
+    prefill = [(n, 0.01 + 2e-4 * n + 1e-9 * n * n) for n in (128, 512, 2048, 8192)]
+    decode = [(b, 0.005 + 1e-4 * b) for b in (1, 8, 32)]
+    fitted = FittedProfile.fit(prefill_points=prefill, decode_points=decode, kv_capacity_bytes=1e9, label="cpu")
+    assert fitted.prefill_coefficients == pytest.approx((0.01, 2e-4, 1e-9), rel=1e-6)
+    assert fitted.decode_coefficients == pytest.approx((0.005, 1e-4), rel=1e-9)
+    assert fitted.prefill_time_s(4096) == pytest.approx(0.01 + 2e-4 * 4096 + 1e-9 * 4096**2, rel=1e-9)
+    assert fitted.decode_step_s(16, 0.0) == pytest.approx(0.0066, rel=1e-9)
+    with pytest.raises(ValueError, match="at least 3 prefill points"):
+        FittedProfile.fit(prefill_points=prefill[:2], decode_points=decode, kv_capacity_bytes=1e9)
+    with pytest.raises(ValueError, match="positive"):
+        FittedProfile.fit(prefill_points=prefill + [(1, -1.0)], decode_points=decode, kv_capacity_bytes=1e9)
