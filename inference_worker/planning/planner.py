@@ -1,0 +1,386 @@
+"""The capacity planner: replicas per pool, the remote-prefill threshold, link load, TTFT/TPOT.
+
+System (DESIGN.md "Planning beyond one machine"): prompts of more than ``T`` tokens prefill remotely
+on ``remote_prefill`` replicas in datacenter ``compute`` and ship their KV over the link; the others
+prefill on ``local_prefill`` replicas next to the ``decode`` replicas in datacenter ``bandwidth``
+(intra-datacenter KV hand-off is not modelled: RDMA within a datacenter).
+
+Formulas (``lambda`` the arrival rate, expectations over the prompt distribution's quantile grid):
+
+- Prefill pools are M/G/c FIFO queues of one request per replica. Probability of waiting: Erlang C,
+  ``C(c, a)`` with offered load ``a = lambda * E[S]``. Waiting-time tail ``P(W > t) = C * exp(-theta t)``,
+  ``theta = (c / E[S] - lambda) * 2 / (1 + cs^2)``: exact for M/M/c (Erlang), with the mean scaled by the
+  Allen-Cunneen factor ``(1 + cs^2) / 2`` for general service times (``cs^2`` the squared coefficient
+  of variation; Allen, "Probability, Statistics and Queueing Theory", 1990).
+- The link is a processor-sharing queue: a transfer of ``x`` bytes takes ``x / (B * (1 - rho))`` on
+  average (M/G/1-PS conditional response time, Kleinrock, "Queueing Systems" vol. 2, 1976), with
+  ``rho = lambda_remote * E[bytes] / B``. Link load: ``lambda * E[bytes(N); N > T]`` (Gbit/s).
+- ``TTFT(N) = W + t_prefill(N)`` locally, ``W + t_prefill(N) + x(N) / (B (1 - rho)) + RTT`` remotely
+  (the first token comes from the prefill and reaches the client with the KV); its distribution is
+  the mixture over prompt lengths, percentiles by bisection on the CDF.
+- Decode, as a fluid model of continuous batching: each replica carries ``x = lambda * E[out] / D``
+  tokens/s; with the step time ``beta + gamma * B`` (``beta`` weights, ``gamma`` one sequence's KV read)
+  and Little's law ``B = x * TPOT``, ``TPOT = beta / (1 - gamma * x)`` while compute allows
+  (``x * 2P / flops < max_decode_utilisation``). The fluid model has no queueing, hence the
+  utilisation cap.
+- Goodput (DistServe, Zhong et al., OSDI 2024): the highest rate at which at least ``slo_attainment``
+  of requests meet both TTFT and TPOT objectives.
+
+The link-only special case (remote prefill free, no queues, the whole link) is the router's
+``derived_threshold``: :func:`latency_threshold` with the defaults reproduces it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from inference_worker.planning.geometry import KVGeometry
+from inference_worker.planning.scenario import Scenario
+
+MAX_DECODE_UTILISATION = 0.9
+NEVER = None  # threshold meaning "never remote"
+
+
+def latency_threshold(geometry: KVGeometry, *, local_prefill_tokens_per_s: float, bandwidth_gbps: float,
+                      rtt_s: float, remote_prefill_tokens_per_s: float = math.inf, local_wait_s: float = 0.0,
+                      remote_wait_s: float = 0.0, link_share_used: float = 0.0,
+                      max_tokens: int = 131072) -> int | None:
+    """Largest prompt length that still prefills locally, by comparing finish times.
+
+    Remote prefill of ``N`` tokens pays off when
+    ``local_wait + N / s_local > remote_wait + N / s_remote + bytes(N) / (B * (1 - link_share_used)) + RTT``,
+    ``bytes(N)`` the KV shipped (``KVLayout.transfer_bytes``), ``B = bandwidth_gbps * 1e9 / 8`` bytes/s.
+    With the defaults (remote prefill free, no waits, the whole link) this is the router's
+    ``derived_threshold``. The difference is convex in ``N`` when ``s_remote >= s_local`` (the byte
+    count is concave), so it is positive exactly above the returned ``T``.
+
+    Returns:
+        ``T`` (remote iff ``num_prompt_tokens > T``) or None when remote never pays off up to ``max_tokens``.
+
+    Raises:
+        ValueError: non-positive speeds or bandwidth, negative RTT or waits, a link share outside [0, 1).
+    """
+    if local_prefill_tokens_per_s <= 0 or remote_prefill_tokens_per_s <= 0 or bandwidth_gbps <= 0:
+        raise ValueError("prefill speeds and bandwidth_gbps must be positive")
+    if rtt_s < 0 or local_wait_s < 0 or remote_wait_s < 0 or not 0 <= link_share_used < 1:
+        raise ValueError("rtt_s and waits must be >= 0 and link_share_used in [0, 1)")
+    n = np.arange(max_tokens + 1)
+    bytes_per_s = bandwidth_gbps * 1e9 / 8 * (1 - link_share_used)
+    gain = (local_wait_s + n / local_prefill_tokens_per_s
+            - (remote_wait_s + n / remote_prefill_tokens_per_s + geometry.transfer_bytes_array(n, max_tokens)
+               / bytes_per_s + rtt_s))
+    not_paying = np.flatnonzero(gain <= 0)
+    last = int(not_paying[-1]) if len(not_paying) else -1
+    return None if last >= max_tokens else last
+
+
+def erlang_c(servers: int, offered_load: float) -> float:
+    """Erlang C: probability an arrival waits in M/M/c with ``servers`` and ``offered_load = lambda E[S]``.
+
+    Via the Erlang B recursion ``B_k = a B_{k-1} / (k + a B_{k-1})`` and ``C = B / (1 - rho (1 - B))``.
+
+    Raises:
+        ValueError: ``offered_load >= servers`` (unstable) or negative.
+    """
+    if offered_load < 0 or offered_load >= servers:
+        raise ValueError(f"offered load {offered_load} must be in [0, {servers})")
+    b = 1.0
+    for k in range(1, servers + 1):
+        b = offered_load * b / (k + offered_load * b)
+    rho = offered_load / servers
+    return b / (1 - rho * (1 - b))
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """Replicas per pool and the remote-prefill threshold."""
+
+    remote_prefill: int
+    """Prefill replicas in datacenter ``compute``."""
+    local_prefill: int
+    """Prefill replicas in datacenter ``bandwidth``."""
+    decode: int
+    """Decode replicas in datacenter ``bandwidth``."""
+    threshold_tokens: int | None
+    """Prompts with more tokens prefill remotely; None: never remote; 0: always."""
+
+    def cost(self, scenario: Scenario) -> float:
+        """Total accelerator cost."""
+        c, b = scenario.profiles["compute"].cost, scenario.profiles["bandwidth"].cost
+        return self.remote_prefill * c + (self.local_prefill + self.decode) * b
+
+    def to_dict(self) -> dict:
+        """JSON-ready fields."""
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """The planner's prediction for a fleet at an arrival rate (NaN where a queue is unstable)."""
+
+    rate_per_s: float
+    """Arrival rate, requests/s."""
+    ttft_p50_s: float
+    """Median TTFT, seconds."""
+    ttft_p90_s: float
+    """90th percentile TTFT, seconds."""
+    tpot_s: float
+    """TPOT of the fluid decode model, seconds per output token."""
+    attainment: float
+    """Share of requests meeting both objectives."""
+    link_gbps: float
+    """Mean KV traffic on the link, Gbit/s."""
+    link_share: float
+    """``link_gbps`` over the link's bandwidth."""
+    remote_share: float
+    """Share of requests prefilled remotely."""
+    decode_batch: float
+    """Mean decode batch per replica."""
+
+    def to_dict(self) -> dict:
+        """JSON-ready fields."""
+        return asdict(self)
+
+
+class _Workload:
+    """The prompt quantile grid with its prefill times and KV bytes (computed once per scenario)."""
+
+    def __init__(self, scenario: Scenario, grid_size: int):
+        self.n = scenario.prompt.quantile_grid(grid_size)
+        cap = scenario.prompt.cap + scenario.output.cap
+        self.bytes = scenario.geometry.transfer_bytes_array(self.n, cap)
+        self.mean_out = float(scenario.output.quantile_grid(200).mean())
+        self.decode_kv = scenario.geometry.resident_bytes_array(self.n + self.mean_out / 2, cap).mean()
+        self.t_local = scenario.profiles["bandwidth"].prefill_time_s(self.n)
+        self.t_remote = scenario.profiles["compute"].prefill_time_s(self.n)
+
+
+class Planner:
+    """Predictions, fleet sizing and threshold choice for one scenario."""
+
+    def __init__(self, scenario: Scenario, grid_size: int = 1000):
+        self.scenario = scenario
+        self.w = _Workload(scenario, grid_size)
+
+    # ------------------------------------------------------------------ prediction
+    def _pool(self, weight: np.ndarray, times: np.ndarray, servers: int, rate: float):
+        """(P(wait), theta) of an M/G/c pool serving each grid request with probability ``weight``; None if unstable."""
+        share = weight.mean()
+        if share == 0:
+            return 0.0, math.inf
+        if servers == 0:
+            return None
+        mean = (weight * times).sum() / weight.sum()
+        scv = (weight * times**2).sum() / weight.sum() / mean**2 - 1
+        lam = rate * share
+        if lam * mean >= servers:
+            return None
+        return erlang_c(servers, lam * mean), (servers / mean - lam) * 2 / (1 + scv)
+
+    def predict(self, fleet: Fleet, rate: float, *, percentiles: bool = True,
+                remote_weight: np.ndarray | None = None) -> Prediction:
+        """Predicted TTFT percentiles, TPOT, SLO attainment and link load of ``fleet`` at ``rate`` req/s.
+
+        ``remote_weight``: per prompt-grid point, the probability of remote prefill (default: 1 above
+        the fleet's threshold, else 0). ``percentiles=False`` skips the TTFT percentiles (NaN), for
+        searches that need the attainment only.
+        """
+        sc, w = self.scenario, self.w
+        if remote_weight is None:
+            remote = np.zeros(len(w.n)) if fleet.threshold_tokens is None else (w.n > fleet.threshold_tokens) * 1.0
+        else:
+            remote = remote_weight
+        link_bps = rate * (w.bytes * remote).mean()
+        rho = link_bps / sc.link_bytes_per_s
+        tpot, batch = self._decode(fleet.decode, rate)
+        local = self._pool(1 - remote, w.t_local, fleet.local_prefill, rate)
+        far = self._pool(remote, w.t_remote, fleet.remote_prefill, rate)
+        nan = float("nan")
+        if local is None or far is None or rho >= 1 or math.isnan(tpot):
+            return Prediction(rate, nan, nan, float(tpot), 0.0, float(link_bps * 8e-9), float(rho),
+                              float(remote.mean()), float(batch))
+        delay_far = w.t_remote + w.bytes / (sc.link_bytes_per_s * (1 - rho)) + sc.rtt_s
+
+        def ok(t: float, delay: np.ndarray, pool) -> np.ndarray:
+            slack = t - delay
+            with np.errstate(over="ignore", invalid="ignore"):
+                done = np.where(slack >= 0, 1 - pool[0] * np.exp(-pool[1] * np.maximum(slack, 0)), 0.0)
+            return np.nan_to_num(done, nan=1.0)
+
+        def cdf(t: float) -> float:
+            return float((remote * ok(t, delay_far, far) + (1 - remote) * ok(t, w.t_local, local)).mean())
+
+        def quantile(q: float) -> float:
+            lo, hi = 0.0, float(max(delay_far.max(), w.t_local.max())) + 1.0
+            while cdf(hi) < q:
+                hi *= 2
+            for _ in range(50):
+                mid = (lo + hi) / 2
+                lo, hi = (lo, mid) if cdf(mid) >= q else (mid, hi)
+            return hi
+
+        attainment = cdf(sc.ttft_slo_s) if tpot <= sc.tpot_slo_s else 0.0
+        p50, p90 = (quantile(0.5), quantile(0.9)) if percentiles else (nan, nan)
+        return Prediction(rate, p50, p90, float(tpot), attainment, float(link_bps * 8e-9), float(rho),
+                          float(remote.mean()), float(batch))
+
+    def _decode(self, replicas: int, rate: float) -> tuple[float, float]:
+        """(TPOT s, mean batch) of the fluid decode model; (NaN, NaN) when over capacity."""
+        p = self.scenario.profiles["bandwidth"]
+        if replicas == 0:
+            return float("nan"), float("nan")
+        x = rate * self.w.mean_out / replicas
+        gamma = self.w.decode_kv / p.decode_bytes_per_s
+        beta = p.weight_bytes / p.decode_bytes_per_s
+        if x * p.decode_compute_s_per_seq >= MAX_DECODE_UTILISATION or gamma * x >= 1:
+            return float("nan"), float("nan")
+        tpot = beta / (1 - gamma * x)
+        batch = x * tpot
+        if batch > self.scenario.max_num_seqs or batch * self.w.decode_kv > p.kv_capacity_bytes:
+            return float("nan"), float("nan")
+        return tpot, batch
+
+    # ------------------------------------------------------------------ sizing
+    def size_fleet(self, threshold: int | None, rate: float, *, budget: float | None = None,
+                   enforce_link_share: bool = True) -> tuple[Fleet, Prediction] | None:
+        """The fleet within ``budget`` (default the scenario's) that best meets the SLOs at ``rate``.
+
+        Decode gets the fewest replicas meeting TPOT; the rest of the budget is split between remote
+        and local prefill, trying every remote count and keeping the highest predicted attainment.
+        Returns None when no split meets the attainment (or the link share, if enforced).
+        """
+        sc = self.scenario
+        budget = sc.budget if budget is None else budget
+        c_cost, b_cost = sc.profiles["compute"].cost, sc.profiles["bandwidth"].cost
+        decode = 1
+        while math.isnan(self._decode(decode, rate)[0]) or self._decode(decode, rate)[0] > sc.tpot_slo_s:
+            decode += 1
+            if decode * b_cost > budget:
+                return None
+        left = budget - decode * b_cost
+        if threshold == 0:
+            options = [(int(left // c_cost), 0)]
+        elif threshold is None:
+            options = [(0, int(left // b_cost))]
+        else:
+            options = [(r, int((left - r * c_cost) // b_cost)) for r in range(int(left // c_cost) + 1)]
+        best = None
+        for remote, local in options:
+            fleet = Fleet(remote, local, decode, threshold)
+            pred = self.predict(fleet, rate, percentiles=False)
+            if enforce_link_share and pred.link_share > sc.max_link_share:
+                return None
+            if best is None or pred.attainment > best[1].attainment:
+                best = (fleet, pred)
+        if best is None or best[1].attainment < sc.slo_attainment:
+            return None
+        return best[0], self.predict(best[0], rate)
+
+    def goodput(self, threshold: int | None, *, enforce_link_share: bool = True, budget: float | None = None,
+                iterations: int = 30) -> tuple[float, Fleet | None, Prediction | None]:
+        """Highest rate (req/s) a fleet sized by :meth:`size_fleet` serves within the SLOs (bisection)."""
+        hi = 1.0
+        while self.size_fleet(threshold, hi, budget=budget, enforce_link_share=enforce_link_share):
+            hi *= 2
+        lo, best = 0.0, None
+        for _ in range(iterations):
+            mid = (lo + hi) / 2
+            found = self.size_fleet(threshold, mid, budget=budget, enforce_link_share=enforce_link_share)
+            if found:
+                lo, best = mid, found
+            else:
+                hi = mid
+        return (lo, *best) if best else (0.0, None, None)
+
+    def best_threshold(self, thresholds) -> tuple[int, float, Fleet, Prediction, list[tuple[int, float]]]:
+        """The threshold of ``thresholds`` with the highest predicted goodput (link share enforced).
+
+        Returns ``(threshold, goodput, fleet, prediction, [(threshold, goodput), ...])``.
+
+        Raises:
+            ValueError: no threshold has a positive goodput.
+        """
+        curve, best = [], None
+        for t in thresholds:
+            rate, fleet, pred = self.goodput(int(t), iterations=16)
+            curve.append((int(t), rate))
+            if fleet is not None and (best is None or rate > best[1]):
+                best = (int(t), rate, fleet, pred)
+        if best is None:
+            raise ValueError("no threshold meets the SLOs within the budget")
+        return (*best, curve)
+
+    def link_limited_remote_replicas(self, threshold: int) -> int:
+        """Remote prefill replicas whose KV output, all busy on prompts above ``threshold``, fills the link share.
+
+        A busy replica ships ``E[bytes(N); N > T] / E[t_prefill(N); N > T]`` bytes/s; the link may carry
+        ``max_link_share * B``. Returns the floor of the ratio (0 when no prompt is above ``threshold``).
+        """
+        w, sc = self.w, self.scenario
+        mask = w.n > threshold
+        if not mask.any():
+            return 0
+        return int(sc.max_link_share * sc.link_bytes_per_s // (w.bytes[mask].sum() / w.t_remote[mask].sum()))
+
+    def bandwidth_aware_weights(self, fleet: Fleet, rate: float, low_tokens: int) -> np.ndarray:
+        """Remote probability per grid prompt under bandwidth-aware routing with lower bound ``low_tokens``.
+
+        Prompts above ``low_tokens`` go remote with probability ``f = min(1, f_link, f_pool)``: the link
+        budget carries ``f_link = max_link_share * B / (lambda * E[bytes; N > low])`` of their KV, and
+        the remote pool stays under ``MAX_DECODE_UTILISATION`` (``f_pool = u R / (lambda E[t_remote; N > low])``;
+        the router's queue-aware rule sends prompts local when the remote queue grows).
+        """
+        w, sc = self.w, self.scenario
+        tail = (w.n > low_tokens) * 1.0
+        demand_bytes = rate * (w.bytes * tail).mean()
+        demand_s = rate * (w.t_remote * tail).mean()
+        if demand_bytes == 0 or fleet.remote_prefill == 0:
+            return tail * 0.0
+        f = min(1.0, sc.max_link_share * sc.link_bytes_per_s / demand_bytes,
+                MAX_DECODE_UTILISATION * fleet.remote_prefill / demand_s)
+        return tail * f
+
+    def plan_bandwidth_aware(self, thresholds) -> tuple[int, float, Fleet, Prediction]:
+        """Central threshold ``T``, remote replicas and the rest of the fleet for bandwidth-aware routing.
+
+        For each ``T`` of ``thresholds`` (lower bound ``low * T``, the scenario's bounds) and each remote
+        pool from 0 to :meth:`link_limited_remote_replicas` replicas, the rate is bisected on the
+        prediction with :meth:`bandwidth_aware_weights`; decode gets the fewest replicas meeting TPOT,
+        local prefill the rest of the budget. Returns the best ``(T, goodput, fleet, prediction)``.
+
+        Raises:
+            ValueError: no combination meets the SLOs.
+        """
+        sc = self.scenario
+        best = None
+        for t in thresholds:
+            low = int(sc.threshold_bounds[0] * t)
+            for remote in range(self.link_limited_remote_replicas(low) + 1):
+                lo, hi, found = 0.0, 2 * sc.budget, None
+                for _ in range(20):
+                    mid = (lo + hi) / 2
+                    got = self._bandwidth_aware_fleet(mid, int(t), low, remote)
+                    lo, hi, found = (mid, hi, (got, mid)) if got else (lo, mid, found)
+                if found and (best is None or found[1] > best[1][1]):
+                    best = (int(t), found)
+        if best is None:
+            raise ValueError("no bandwidth-aware fleet meets the SLOs within the budget")
+        t, (fleet, rate) = best
+        low = int(sc.threshold_bounds[0] * t)
+        return t, rate, fleet, self.predict(fleet, rate, remote_weight=self.bandwidth_aware_weights(fleet, rate, low))
+
+    def _bandwidth_aware_fleet(self, rate: float, threshold: int, low: int, remote: int) -> Fleet | None:
+        """The bandwidth-aware fleet with ``remote`` replicas if it meets the SLOs at ``rate``, else None."""
+        sc = self.scenario
+        c_cost, b_cost = sc.profiles["compute"].cost, sc.profiles["bandwidth"].cost
+        decode = next((d for d in range(1, int(sc.budget // b_cost) + 1)
+                       if self._decode(d, rate)[0] <= sc.tpot_slo_s), None)
+        if decode is None:
+            return None
+        fleet = Fleet(remote, int((sc.budget - remote * c_cost - decode * b_cost) // b_cost), decode, threshold)
+        pred = self.predict(fleet, rate, percentiles=False,
+                            remote_weight=self.bandwidth_aware_weights(fleet, rate, low))
+        return fleet if pred.attainment >= sc.slo_attainment else None

@@ -1,0 +1,174 @@
+"""Pool profiles: prefill time vs prompt length and decode step time vs batch size.
+
+Two kinds, one interface (``prefill_time_s``, ``decode_step_s``, ``kv_capacity_bytes``):
+
+- :class:`RooflineProfile` from public accelerator specifications (peak FLOP/s, memory bandwidth,
+  memory size). A forward pass costs 2 FLOP per parameter per token (Kaplan et al. 2020, "Scaling
+  Laws for Neural Language Models", C_forward ~ 2N). Prefill is compute-bound:
+  ``t_prefill(N) = 2 * P * N / (k * peak_flops * u_prefill)``. A decode step over a batch of ``B``
+  is the roofline maximum (Williams et al. 2009, "Roofline") of compute and memory time:
+  ``max(2 * P * B / (k * peak_flops * u_flops), (weight_bytes + kv_bytes) / (k * bandwidth * u_bw))``
+  with ``k`` accelerators per replica (tensor parallel, assumed to keep the same utilisation).
+  **Attention FLOPs are not modelled** (the scenario gives no query-head count; with 8 full layers
+  of a 48-layer hybrid they add a few percent at 32K tokens); attention *bytes* are: the decode
+  step reads the batch's resident KV.
+- :class:`FittedProfile` from measured points (``ferry_profile`` or an imported file):
+  ``t_prefill(N) = a0 + a1 * N + a2 * N**2`` and ``t_step(B) = b0 + b1 * B`` by least squares.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+# vLLM's default ``gpu_memory_utilization``: the share of accelerator memory the engine may use.
+DEFAULT_MEMORY_UTILISATION = 0.9
+
+
+@dataclass(frozen=True)
+class Accelerator:
+    """Public specification of one accelerator."""
+
+    name: str
+    """Label, e.g. ``"H200"``."""
+    peak_flops: float
+    """Dense bf16 peak, FLOP/s (H200: 989e12; H20: 148e12)."""
+    memory_bandwidth: float
+    """HBM bandwidth, bytes/s (H200: 4.8e12; H20: 4.0e12)."""
+    memory_bytes: float
+    """HBM size, bytes (H200: 141e9; H20: 96e9)."""
+    cost: float
+    """Relative cost per accelerator (the scenario's unit: one "bandwidth" accelerator = 1)."""
+
+    def __post_init__(self) -> None:
+        for name in ("peak_flops", "memory_bandwidth", "memory_bytes", "cost"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"accelerator {self.name!r}: {name} must be positive, got {getattr(self, name)!r}")
+
+
+@dataclass(frozen=True)
+class RooflineProfile:
+    """Roofline costs of a model of ``num_params`` parameters on replicas of ``accelerators_per_replica``."""
+
+    accelerator: Accelerator
+    """The accelerator type."""
+    num_params: float
+    """Model parameters (30e9 for the ``prfaas`` scenario)."""
+    accelerators_per_replica: int = 1
+    """Accelerators one replica spans (tensor parallel)."""
+    prefill_flops_utilisation: float = 0.4
+    """Share of peak FLOP/s a prefill achieves."""
+    decode_bandwidth_utilisation: float = 0.6
+    """Share of peak memory bandwidth a decode step achieves."""
+    decode_flops_utilisation: float = 0.4
+    """Share of peak FLOP/s a decode step achieves when compute-bound (large batches)."""
+    weight_bytes_per_param: float = 2.0
+    """Bytes per weight (bf16: 2)."""
+    memory_utilisation: float = DEFAULT_MEMORY_UTILISATION
+    """Share of the replica's memory for weights plus KV cache."""
+
+    def __post_init__(self) -> None:
+        if not self.num_params > 0 or self.accelerators_per_replica < 1:
+            raise ValueError("num_params must be positive and accelerators_per_replica >= 1")
+        for name in ("prefill_flops_utilisation", "decode_bandwidth_utilisation", "decode_flops_utilisation",
+                     "memory_utilisation"):
+            if not 0 < getattr(self, name) <= 1:
+                raise ValueError(f"{name} must be in (0, 1], got {getattr(self, name)!r}")
+        if self.kv_capacity_bytes <= 0:
+            raise ValueError(f"{self.num_params:.3g} parameters do not fit {self.accelerators_per_replica} x "
+                             f"{self.accelerator.name}: no memory left for the KV cache")
+
+    @property
+    def flops_per_token(self) -> float:
+        """2 FLOP per parameter per token (forward pass)."""
+        return 2.0 * self.num_params
+
+    @property
+    def weight_bytes(self) -> float:
+        """Bytes of weights read by every decode step."""
+        return self.num_params * self.weight_bytes_per_param
+
+    @property
+    def cost(self) -> float:
+        """Cost of one replica (``accelerators_per_replica * accelerator.cost``)."""
+        return self.accelerators_per_replica * self.accelerator.cost
+
+    @property
+    def kv_capacity_bytes(self) -> float:
+        """KV cache bytes per replica: ``k * memory_bytes * memory_utilisation - weight_bytes``."""
+        k = self.accelerators_per_replica
+        return k * self.accelerator.memory_bytes * self.memory_utilisation - self.weight_bytes
+
+    @property
+    def prefill_tokens_per_s(self) -> float:
+        """Prefill speed, tokens/s: ``k * peak_flops * u_prefill / (2 * P)``."""
+        k = self.accelerators_per_replica
+        return k * self.accelerator.peak_flops * self.prefill_flops_utilisation / self.flops_per_token
+
+    def prefill_time_s(self, num_tokens):
+        """Seconds to prefill ``num_tokens`` (scalar or array): ``N / prefill_tokens_per_s``."""
+        return np.asarray(num_tokens, dtype=float) / self.prefill_tokens_per_s if np.ndim(num_tokens) else \
+            num_tokens / self.prefill_tokens_per_s
+
+    @property
+    def decode_compute_s_per_seq(self) -> float:
+        """Compute time one sequence adds to a decode step (s): ``2P / (k * peak_flops * u_flops)``."""
+        k = self.accelerators_per_replica
+        return self.flops_per_token / (k * self.accelerator.peak_flops * self.decode_flops_utilisation)
+
+    @property
+    def decode_bytes_per_s(self) -> float:
+        """Achieved memory bandwidth of a decode step, bytes/s (``k * bandwidth * u_bw``)."""
+        k = self.accelerators_per_replica
+        return k * self.accelerator.memory_bandwidth * self.decode_bandwidth_utilisation
+
+    def decode_step_s(self, batch_size: int, kv_bytes: float) -> float:
+        """Seconds of one decode iteration of ``batch_size`` sequences reading ``kv_bytes`` of KV (roofline)."""
+        return max(batch_size * self.decode_compute_s_per_seq, (self.weight_bytes + kv_bytes) / self.decode_bytes_per_s)
+
+
+@dataclass(frozen=True)
+class FittedProfile:
+    """A profile fitted to measured points (seconds): quadratic prefill curve, linear decode step."""
+
+    prefill_coefficients: tuple[float, float, float]
+    """``(a0, a1, a2)``: ``t_prefill(N) = a0 + a1 * N + a2 * N**2`` seconds."""
+    decode_coefficients: tuple[float, float]
+    """``(b0, b1)``: ``t_step(B) = b0 + b1 * B`` seconds (KV read folded into the fit)."""
+    kv_capacity_bytes: float
+    """KV cache bytes per replica."""
+    cost: float = 1.0
+    """Cost of one replica."""
+    label: str = ""
+    """Hardware label and model version the points were measured with."""
+
+    @classmethod
+    def fit(cls, *, prefill_points: list[tuple[int, float]], decode_points: list[tuple[int, float]],
+            kv_capacity_bytes: float, cost: float = 1.0, label: str = "") -> FittedProfile:
+        """Least-squares fit (``numpy.polyfit``) of ``(num_tokens, seconds)`` and ``(batch_size, seconds)``.
+
+        Raises:
+            ValueError: fewer than 3 prefill or 2 decode points, or a non-positive time.
+        """
+        if len(prefill_points) < 3 or len(decode_points) < 2:
+            raise ValueError("need at least 3 prefill points and 2 decode points to fit a profile")
+        if any(t <= 0 for _, t in prefill_points + decode_points):
+            raise ValueError("measured times must be positive")
+        pn, pt = np.array(prefill_points, dtype=float).T
+        dn, dt = np.array(decode_points, dtype=float).T
+        a2, a1, a0 = np.polyfit(pn, pt, 2)
+        b1, b0 = np.polyfit(dn, dt, 1)
+        return cls((float(a0), float(a1), float(a2)), (float(b0), float(b1)), float(kv_capacity_bytes),
+                   float(cost), label)
+
+    def prefill_time_s(self, num_tokens):
+        """Seconds to prefill ``num_tokens`` (scalar or array)."""
+        a0, a1, a2 = self.prefill_coefficients
+        n = np.asarray(num_tokens, dtype=float) if np.ndim(num_tokens) else float(num_tokens)
+        return a0 + a1 * n + a2 * n * n
+
+    def decode_step_s(self, batch_size: int, kv_bytes: float) -> float:
+        """Seconds of one decode iteration of ``batch_size`` sequences (``kv_bytes`` is in the fit)."""
+        b0, b1 = self.decode_coefficients
+        return b0 + b1 * batch_size

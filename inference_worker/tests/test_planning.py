@@ -1,0 +1,281 @@
+"""The torch-free capacity planner and simulator (inference_worker/planning): exact values."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import simpy
+
+from inference_worker.config import ModelConfig
+from inference_worker.kv_transfer.layout import KVLayout
+from inference_worker.planning.geometry import KVGeometry
+from inference_worker.planning.planner import Fleet, Planner, erlang_c, latency_threshold
+from inference_worker.planning.policies import (
+    BandwidthAware,
+    FixedThreshold,
+    HomogeneousPD,
+    NaiveHeterogeneous,
+)
+from inference_worker.planning.scenario import ScenarioError, load_scenario, scenario_from_dict
+from inference_worker.planning.simulator import Link, Simulation, simulated_goodput
+from inference_worker.planning.workload import LengthDistribution
+from inference_worker.router.table import derived_threshold
+
+GEMMA = {"layer_types": (["sliding_attention"] * 5 + ["full_attention"]) * 3, "sliding_window": 512,
+         "num_kv_heads": 1, "head_dim": 256, "dtype": "bfloat16"}
+
+
+@pytest.fixture(scope="module")
+def prfaas():
+    return load_scenario("prfaas")
+
+
+def test_planning_imports_without_torch():
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "import inference_worker.planning.planner, inference_worker.planning.simulator\n"
+            "import inference_worker.planning.policies, inference_worker.planning.scenario\n"
+            "print('ok')")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok"
+
+
+def test_prfaas_kv_bytes_come_from_the_one_formula(prfaas):
+    geo = prfaas.geometry
+    # b = 2 * 8 * 128 * 2 = 4096 B/token/layer; 8 full + 40 sliding (W = 1024) layers.
+    assert geo.config.num_full_layers == 8 and geo.config.num_sliding_layers == 40
+    assert geo.transfer_bytes(32768) == 4096 * (8 * 32768 + 40 * 1023) == 1_241_350_144
+    assert geo.resident_bytes(32768) == 4096 * (8 * 32768 + 40 * 1024) == 1_241_513_984
+    assert load_scenario("prfaas_dense").geometry.transfer_bytes(32768) == 4096 * 48 * 32768
+    n = np.array([0, 1, 500, 1022, 1023, 1024, 1025, 4096, 131072])
+    assert geo.transfer_bytes_array(n, 131072).tolist() == [geo.transfer_bytes(int(x)) for x in n]
+    assert geo.resident_bytes_array(n, 131072).tolist() == [geo.resident_bytes(int(x)) for x in n]
+
+
+def test_roofline_profiles_from_public_specs(prfaas):
+    h200, h20 = prfaas.profiles["compute"], prfaas.profiles["bandwidth"]
+    # 8 x 989e12 FLOP/s x 0.4 / (2 x 30e9 FLOP/token)
+    assert h200.prefill_tokens_per_s == pytest.approx(52746.6667, rel=1e-9)
+    assert h200.prefill_time_s(32768) == pytest.approx(32768 / 52746.6667, rel=1e-9)
+    # decode step, batch 1: weights 60e9 B / (8 x 4.0e12 x 0.6) = 3.125 ms; batch 256 is compute-bound:
+    # 256 x 60e9 / (8 x 148e12 x 0.4) = 32.43 ms
+    assert h20.decode_step_s(1, 0.0) == pytest.approx(3.125e-3, rel=1e-12)
+    assert h20.decode_step_s(256, 0.0) == pytest.approx(256 * 60e9 / (8 * 148e12 * 0.4), rel=1e-12)
+    assert h20.kv_capacity_bytes == pytest.approx(8 * 96e9 * 0.9 - 60e9)
+    assert (h200.cost, h20.cost) == (20.0, 8.0)
+
+
+@pytest.mark.parametrize("gbps", [0.5, 1.0, 10.0, 100.0])
+@pytest.mark.parametrize("speed", [500.0, 2000.0, 8000.0])
+def test_link_only_threshold_is_the_routers_derived_threshold(gbps, speed, prfaas):
+    for layout_dict, geo in ((GEMMA, KVGeometry(ModelConfig.from_hf_config(_gemma_hf()))), (None, prfaas.geometry)):
+        layout = KVLayout.from_dict(layout_dict) if layout_dict else prfaas.geometry.layout
+        expected = derived_threshold(layout, bandwidth_gbps=gbps, rtt_s=0.01, decode_prefill_tokens_per_s=speed,
+                                     max_tokens=8192)
+        got = latency_threshold(geo, local_prefill_tokens_per_s=speed, bandwidth_gbps=gbps, rtt_s=0.01,
+                                max_tokens=8192)
+        assert got == expected
+
+
+def _gemma_hf():
+    return {"model_type": "gemma3_text", "num_hidden_layers": 18, "hidden_size": 640, "intermediate_size": 2048,
+            "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 256, "vocab_size": 262144,
+            "max_position_embeddings": 32768, "sliding_window": 512, "rope_theta": 1e6,
+            "rope_local_base_freq": 1e4, "rms_norm_eps": 1e-6, "torch_dtype": "bfloat16",
+            "layer_types": GEMMA["layer_types"]}
+
+
+def test_latency_threshold_hand_computed(prfaas):
+    # Gemma 3 270M at 10 Gbit/s, 2000 tok/s, RTT 20 ms: N (1/2000 - 18*1024/1.25e9) > 0.02 <=> N > 41.2.
+    geo = KVGeometry(ModelConfig.from_hf_config(_gemma_hf()))
+    assert latency_threshold(geo, local_prefill_tokens_per_s=2000, bandwidth_gbps=10, rtt_s=0.02) == 41
+    # A remote prefill at 4000 tok/s halves the saving: N (1/2000 - 1/4000 - 18*1024/1.25e9) > 0.02 <=> N > 85.6.
+    assert latency_threshold(geo, local_prefill_tokens_per_s=2000, remote_prefill_tokens_per_s=4000,
+                             bandwidth_gbps=10, rtt_s=0.02) == 85
+    with pytest.raises(ValueError):
+        latency_threshold(geo, local_prefill_tokens_per_s=0, bandwidth_gbps=10, rtt_s=0.02)
+
+
+def test_erlang_c_known_values():
+    assert erlang_c(1, 0.5) == pytest.approx(0.5)
+    assert erlang_c(2, 1.0) == pytest.approx(1 / 3)
+    with pytest.raises(ValueError):
+        erlang_c(2, 2.0)
+
+
+def _tiny(prfaas, **changes):
+    return prfaas.with_changes(prompt=LengthDistribution(7893, None, 131072), output=LengthDistribution(3),
+                               **changes)
+
+
+def test_planner_ttft_percentiles_hand_computed(prfaas):
+    # One local replica, constant prompts of 7893 tokens (S = 7893 / 7893.33 s), rate 0.5/s: Erlang C = rho,
+    # cs^2 = 0, theta = (1/S - 0.5) * 2, P(TTFT <= t) = 1 - rho exp(-theta (t - S)).
+    planner = Planner(_tiny(prfaas), grid_size=50)
+    s = 7893 / (8 * 148e12 * 0.4 / 60e9)
+    rho, theta = 0.5 * s, (1 / s - 0.5) * 2
+    pred = planner.predict(Fleet(0, 1, 1, None), 0.5)
+    assert pred.ttft_p50_s == pytest.approx(s, abs=1e-9)  # P(no wait) = 1 - rho >= 0.5: the median is S
+    assert pred.ttft_p90_s == pytest.approx(s + math.log(rho / 0.1) / theta, abs=1e-9)
+    # Fluid decode: x = 0.5 * 3 tokens/s, TPOT = beta / (1 - gamma x), beta = 60e9 / 19.2e12, gamma = KV / 19.2e12.
+    kv = prfaas.geometry.resident_bytes_array(np.array([7893 + 1.5]), 131075)[0]
+    assert pred.tpot_s == pytest.approx(60e9 / 19.2e12 / (1 - kv / 19.2e12 * 1.5), rel=1e-12)
+    assert pred.link_share == 0.0 and pred.remote_share == 0.0
+
+
+def _run(scenario, fleet, policy, arrivals, n, out):
+    sim = Simulation(scenario, fleet, policy, np.array(arrivals, float), np.array(n), np.array(out))
+    return sim, sim.run()
+
+
+def test_simulator_one_replica_deterministic_arrivals_exact_ttft(prfaas):
+    s = 7893 / (8 * 148e12 * 0.4 / 60e9)
+    # arrivals every 2 s > S: no queue, TTFT = S; every 0.5 s < S: the k-th waits k (S - 0.5).
+    _, free = _run(prfaas, Fleet(0, 1, 1, None), HomogeneousPD(), [0, 2, 4], [7893] * 3, [3] * 3)
+    assert free.ttft_s.tolist() == pytest.approx([s] * 3, abs=1e-9)
+    _, busy = _run(prfaas, Fleet(0, 1, 1, None), HomogeneousPD(), [0, 0.5, 1.0, 1.5], [7893] * 4, [3] * 4)
+    assert busy.ttft_s.tolist() == pytest.approx([s + k * (s - 0.5) for k in range(4)], abs=1e-9)
+    # Alone on its decode replica: two iterations, each (weights + resident KV) / achieved bandwidth.
+    step = (60e9 + prfaas.geometry.resident_bytes(7893)) / (8 * 4e12 * 0.6)
+    assert free.tpot_s.tolist() == pytest.approx([step] * 3, rel=1e-9)
+
+
+def test_simulator_remote_prefill_adds_transfer_and_rtt(prfaas):
+    sim, res = _run(prfaas, Fleet(1, 0, 1, 0), NaiveHeterogeneous(), [0.0], [32768], [2])
+    expected = 32768 / 52746.666666666664 + 1_241_350_144 / 12.5e9 + 0.01
+    assert res.ttft_s[0] == pytest.approx(expected, abs=1e-9)
+    assert res.remote.tolist() == [True] and res.link_bytes == 1_241_350_144
+
+
+def test_link_processor_sharing_of_two_transfers():
+    env = simpy.Environment()
+    link = Link(env, 100.0)  # bytes/s
+    done = {}
+
+    def flow(name, start, nbytes):
+        yield env.timeout(start)
+        yield link.send(nbytes)
+        done[name] = env.now
+
+    env.process(flow("a", 0, 100))
+    env.process(flow("b", 0, 200))
+    env.process(flow("c", 5, 50))
+    env.run()
+    # 0-2 s: a and b share 100 B/s (a done at 2 s, b has 100 B); b alone until 3 s; c alone 5-5.5 s.
+    assert done == pytest.approx({"a": 2.0, "b": 3.0, "c": 5.5})
+    env = simpy.Environment()
+    link = Link(env, 100.0)
+    done.clear()
+    env.process(flow("a", 0, 100))
+    env.process(flow("b", 0.5, 100))
+    env.run()
+    # a alone 0-0.5 (50 B), then both at 50 B/s: a's last 50 B by 1.5; b has 50 B left, alone: 2.0.
+    assert done == pytest.approx({"a": 1.5, "b": 2.0})
+
+
+def test_policies_decide_by_threshold_bounds_and_link(prfaas):
+    class View:
+        budget = True
+
+        def local_wait_s(self):
+            return 2.0
+
+        def remote_wait_s(self):
+            return 0.0
+
+        def local_prefill_s(self, n):
+            return n / 1000
+
+        def remote_prefill_s(self, n):
+            return n / 5000
+
+        def transfer_eta_s(self, n):
+            return 0.1
+
+        def link_budget_allows(self, n):
+            return self.budget
+
+    view = View()
+    assert FixedThreshold(100).remote(101, view) and not FixedThreshold(100).remote(100, view)
+    policy = BandwidthAware(low_tokens=50, high_tokens=5000, max_link_share=0.3)
+    assert not policy.remote(50, view) and policy.remote(51, view) and policy.remote(6000, view)
+    view.budget = False
+    assert not policy.remote(51, view) and policy.remote(5001, view)
+
+
+def test_scenario_errors_name_the_field():
+    with pytest.raises(ScenarioError, match="'model'"):
+        scenario_from_dict({"link": {}})
+    with pytest.raises(ScenarioError, match="cannot read"):
+        load_scenario("/nonexistent/x.toml")
+
+
+def test_policy_ordering_on_a_reduced_prfaas(prfaas):
+    # prfaas with 400 H20 equivalents (the 100 Gbit/s link kept: 30% of it fills two H200 nodes' KV).
+    # Naive heterogeneous ships every KV: the link bounds it (busy > 90% at its goodput); bandwidth-aware keeps the
+    # link under 30% and gains on homogeneous PD by moving long prompts to the compute datacenter.
+    sc = prfaas.with_changes(budget=400.0)
+    planner = Planner(sc, grid_size=400)
+    homo_rate, homo_fleet, _ = planner.goodput(None, iterations=12)
+    naive_rate, naive_fleet, _ = planner.goodput(0, enforce_link_share=False, iterations=12)
+    t, ba_planned, ba_fleet, _ = planner.plan_bandwidth_aware(range(0, sc.prompt.cap + 1, 16384))
+    hi = 1.5 * homo_rate
+    runs = {}
+    for name, fleet, policy in (("homo", homo_fleet, HomogeneousPD()), ("naive", naive_fleet, NaiveHeterogeneous()),
+                                ("ba", ba_fleet, BandwidthAware(t // 2, 2 * t, sc.max_link_share))):
+        runs[name] = simulated_goodput(sc, fleet, policy, num_requests=2000, hi_rate=hi, iterations=7)
+    assert runs["naive"][1].summary(sc)["link_share"] > 0.9
+    assert runs["ba"][0] > runs["homo"][0] > runs["naive"][0] > 0
+    assert runs["ba"][1].summary(sc)["link_share"] <= 0.3
+    assert ba_fleet.remote_prefill == 2 and t > 0
+    assert abs(ba_planned / runs["ba"][0] - 1) < 0.15  # planner vs simulator
+
+
+def test_bandwidth_aware_weights_and_link_limited_pool_hand_computed(prfaas):
+    # Constant 65536-token prompts: KV 4096 * (8 * 65536 + 40 * 1023) = 2,315,059,200 B; H200-node prefill
+    # 65536 / 52746.67 = 1.24246 s, so a busy replica ships 1.8633 GB/s and 30% of 12.5 GB/s fills 2 of them.
+    sc = prfaas.with_changes(prompt=LengthDistribution(65536, None, 131072))
+    planner = Planner(sc, grid_size=10)
+    assert planner.link_limited_remote_replicas(1000) == 2
+    assert planner.link_limited_remote_replicas(65536) == 0
+    t_remote = 65536 / (8 * 989e12 * 0.4 / 60e9)
+    f_link = 0.3 * 12.5e9 / (10 * 2_315_059_200)  # 0.16198
+    f_pool = 0.9 * 2 / (10 * t_remote)  # 0.14487
+    weights = planner.bandwidth_aware_weights(Fleet(2, 10, 1, 1000), 10.0, 1000)
+    assert weights.tolist() == pytest.approx([min(f_link, f_pool)] * 10, rel=1e-12)
+    assert planner.bandwidth_aware_weights(Fleet(2, 10, 1, 1000), 10.0, 65536).tolist() == [0.0] * 10
+
+
+def test_offered_load_and_backlog_flag_an_overloaded_remote_pool(prfaas):
+    # 20 remote prefills of 32768 tokens, 0.1 s apart, on one H200 node (0.62123 s each): when the last
+    # arrives (1.9 s) four have started, 16 wait: backlog 16 x 0.62123 = 9.94 s > the 5 s TTFT objective.
+    service = 32768 / 52746.666666666664
+    _, res = _run(prfaas, Fleet(1, 0, 1, 0), NaiveHeterogeneous(), [0.1 * k for k in range(20)], [32768] * 20,
+                  [2] * 20)
+    assert res.backlog_s["remote_prefill"] == pytest.approx(16 * service)
+    assert res.offered_load["remote_prefill"] == pytest.approx(20 * service / 1.9)
+    assert res.offered_load["link"] == pytest.approx(20 * 1_241_350_144 / 12.5e9 / 1.9)
+    assert not res.stable
+    _, calm = _run(prfaas, Fleet(1, 0, 1, 0), NaiveHeterogeneous(), [0.0, 1.0], [32768] * 2, [2] * 2)
+    assert calm.backlog_s == {"link": 0.0, "local_prefill": 0.0, "remote_prefill": 0.0} and calm.stable
+
+
+def test_fitted_profile_recovers_exact_curves_and_rejects_bad_points():
+    from inference_worker.planning.profiles import FittedProfile
+
+    # t_prefill = 0.01 + 2e-4 N + 1e-9 N^2, t_step = 0.005 + 1e-4 B: exact points give the coefficients back.
+    prefill = [(n, 0.01 + 2e-4 * n + 1e-9 * n * n) for n in (128, 512, 2048, 8192)]
+    decode = [(b, 0.005 + 1e-4 * b) for b in (1, 8, 32)]
+    fitted = FittedProfile.fit(prefill_points=prefill, decode_points=decode, kv_capacity_bytes=1e9, label="cpu")
+    assert fitted.prefill_coefficients == pytest.approx((0.01, 2e-4, 1e-9), rel=1e-6)
+    assert fitted.decode_coefficients == pytest.approx((0.005, 1e-4), rel=1e-9)
+    assert fitted.prefill_time_s(4096) == pytest.approx(0.01 + 2e-4 * 4096 + 1e-9 * 4096**2, rel=1e-9)
+    assert fitted.decode_step_s(16, 0.0) == pytest.approx(0.0066, rel=1e-9)
+    with pytest.raises(ValueError, match="at least 3 prefill points"):
+        FittedProfile.fit(prefill_points=prefill[:2], decode_points=decode, kv_capacity_bytes=1e9)
+    with pytest.raises(ValueError, match="positive"):
+        FittedProfile.fit(prefill_points=prefill + [(1, -1.0)], decode_points=decode, kv_capacity_bytes=1e9)
