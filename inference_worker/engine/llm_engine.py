@@ -53,6 +53,8 @@ class _Sequence:
     finish_reason: str | None = None
     stop_reason: str | int | None = None
     num_cached_tokens: int | None = None
+    num_remote_cached_tokens: int = 0
+    """PD import: prompt tokens the prefill worker took from its prefix cache (not computed for this request)."""
 
 
 def _sample_with(sampler: TokenSampler) -> SampleFn:
@@ -196,7 +198,7 @@ class PagedLLMEngine:
 
     def add_prefilled_request(self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams,
                               first_token_id: int, kv: KVList, first_positions: Sequence[int], *,
-                              arrival_time: float | None = None) -> RequestOutput:
+                              arrival_time: float | None = None, num_cached_tokens: int = 0) -> RequestOutput:
         """Continue a request prefilled elsewhere (PD decode role); returns the output carrying its first token.
 
         Args:
@@ -204,6 +206,9 @@ class PagedLLMEngine:
             first_token_id: the token the prefill sampled.
             kv: per layer ``(K, V)`` ``[n_layer, num_kv_heads, head_dim]`` for positions
                 ``first_positions[layer] .. N-1`` (a ``KVPayload``'s ``layers``), on any device.
+            num_cached_tokens: prompt tokens the prefill worker reused from its prefix cache, in
+                ``[0, N)``; the request's ``num_cached_tokens`` (what clients see as ``cached_tokens``)
+                counts the prompt tokens not computed for it, wherever the prefill ran.
 
         The request waits for a seat and blocks like any other (FCFS); at admission the KV is copied
         into its blocks by the connector and the next step decodes the first token. If the first
@@ -211,13 +216,18 @@ class PagedLLMEngine:
         is queued and the returned output is finished.
 
         Raises:
-            ValueError: invalid params, a duplicate id, or KV whose layer count, positions or shapes do
-                not match a prefill of ``len(prompt_token_ids)`` tokens on this model.
+            ValueError: invalid params, a duplicate id, KV whose layer count, positions or shapes do
+                not match a prefill of ``len(prompt_token_ids)`` tokens on this model, or
+                ``num_cached_tokens`` outside ``[0, N)`` (the last prompt token is always computed).
         """
+        if not 0 <= num_cached_tokens < len(prompt_token_ids):
+            raise ValueError(f"num_cached_tokens must be in [0, {len(prompt_token_ids)}) for a prompt of "
+                             f"{len(prompt_token_ids)} tokens, got {num_cached_tokens}")
         config = self.loaded.config
         self.core.connector.validate_import(len(prompt_token_ids), kv, first_positions, config.num_key_value_heads,
                                             config.head_dim)
         seq = self._add(request_id, list(prompt_token_ids), params, arrival_time, int(first_token_id))
+        seq.num_cached_tokens = seq.num_remote_cached_tokens = num_cached_tokens
         if seq.finish_reason is None:
             self.core.connector.expect_import(request_id, len(prompt_token_ids), kv, first_positions)
         output = self._output(seq)
@@ -238,12 +248,14 @@ class PagedLLMEngine:
         self._admission_listener = listener
 
     def _on_admitted(self, num_cached_tokens: dict[str, int]) -> None:
+        reported = {}
         for request_id, hit in num_cached_tokens.items():
             seq = self._seqs.get(request_id)
-            if seq is not None:
-                seq.num_cached_tokens = hit
+            if seq is not None:  # a PD import adds what its prefill worker did not compute
+                seq.num_cached_tokens = hit = hit + seq.num_remote_cached_tokens
+            reported[request_id] = hit
         if self._admission_listener is not None:
-            self._admission_listener(num_cached_tokens)
+            self._admission_listener(reported)
 
     def reset_prefix_cache(self) -> int:
         """Forget every cached KV block (see ``PagedEngineCore.reset_prefix_cache``); returns how many."""

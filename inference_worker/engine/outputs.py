@@ -54,7 +54,8 @@ class RequestOutput:
     finished: bool
     metrics: RequestMetrics
     num_cached_tokens: int | None = None
-    """Prompt tokens reused from the prefix cache at admission (None until admitted; 0 for a PD import)."""
+    """Prompt tokens not computed for this request: its prefix-cache hit at admission, or for a PD import the
+    prefill worker's hit (None until admitted)."""
 
     @property
     def output(self) -> CompletionOutput:

@@ -10,7 +10,8 @@ the request is forwarded to the least-loaded decode replica with headers ``X-Req
 ``X-Ferry-Prefill-Endpoint`` (the chosen prefill replica's URL; the decode worker performs the
 hand-off). A connection error, timeout or 5xx *before the first byte of the answer* is retried on
 another replica (up to ``max_attempts``); once bytes have reached the client the stream is not
-retried. The response carries ``X-Ferry-Replica``, ``X-Ferry-Track`` and ``X-Ferry-Decision``.
+retried. The response carries ``X-Ferry-Replica``, ``X-Ferry-Track`` and ``X-Ferry-Decision``, and the
+worker's ``X-Ferry-Cached-Tokens`` (streamed or not).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from inference_worker.router.source import QueueDepthScraper, TableSource
 from inference_worker.router.table import DECODE_ROLES, Replica
 
 log = logging.getLogger(__name__)
-PASS_HEADERS = ("content-type", "cache-control")
+PASS_HEADERS = ("content-type", "cache-control", http_headers.CACHED_TOKENS)
 
 
 @dataclass

@@ -10,7 +10,8 @@ a prefill-role worker serves ``POST /internal/prefill``; a decode-role worker ha
 ``kv_port`` (the KV receiver's TCP port).
 
 Prefix cache (:mod:`.kv_cache_routes`): ``GET /v1/kv-events`` (NDJSON KV events) and ``POST
-/admin/kv-cache/reset`` (signed with the link secret). Completions report reused prompt tokens in
+/admin/kv-cache/reset`` (signed with the link secret). Completions report reused prompt tokens (for a
+remote prefill, those the prefill worker's cache spared it: see :mod:`.pd`) in
 ``usage.prompt_tokens_details.cached_tokens`` (the final streamed chunk too, with
 ``stream_options.include_usage``) and in the :data:`inference_worker.http_headers.CACHED_TOKENS` response header, sent with
 the first byte: a streamed response starts once the engine has admitted the request.

@@ -48,8 +48,8 @@ class SeqUpdate:
         finish_reason: "stop" (EOS, stop token or stop string), "length", "abort" or "error".
         error: a message when ``finish_reason`` is "error".
         error_code: OpenAI error code for ``error`` (None: ``engine_error``).
-        num_cached_tokens: set on the update that reports the request's admission: prompt tokens
-            reused from the prefix cache (0 for a miss or a PD import).
+        num_cached_tokens: set on the update that reports the request's admission: prompt tokens not
+            computed for this request (the prefix-cache hit; for a PD import, the prefill worker's hit).
     """
 
     request_id: str
@@ -113,6 +113,7 @@ class _Import:
     kv: Any = field(repr=False)
     first_positions: list[int]
     stream: _Stream = field(repr=False)
+    num_cached_tokens: int = 0  # the prefill worker's prefix-cache hit
 
 
 class EngineLoop:
@@ -190,7 +191,8 @@ class EngineLoop:
 
         ``params`` should have ``max_tokens`` 1: the engine saves the prompt's KV when the request
         finishes with its first token. Returns a future resolving to ``(first_token_id, num_tokens,
-        kv)`` (see ``PagedLLMEngine.pop_exported_kv``), or failing with the engine's ValueError /
+        kv, num_cached_tokens)`` (KV as in ``PagedLLMEngine.pop_exported_kv``; ``num_cached_tokens``: prompt
+        tokens this prefill reused from the prefix cache), or failing with the engine's ValueError /
         RuntimeError.
 
         Raises:
@@ -203,10 +205,11 @@ class EngineLoop:
         return future
 
     def submit_prefilled(self, request_id: str, prompt_token_ids: list[int], params: Any, first_token_id: int,
-                         kv: Any, first_positions: list[int], updates: asyncio.Queue) -> None:
+                         kv: Any, first_positions: list[int], updates: asyncio.Queue, num_cached_tokens: int = 0) -> None:
         """Decode role: continue a request prefilled elsewhere (KV imported into the paged cache).
 
-        Updates arrive on ``updates`` as for :meth:`submit`, the first one carrying the first token.
+        Updates arrive on ``updates`` as for :meth:`submit`, the first one carrying the first token and
+        ``num_cached_tokens`` (the prefill worker's prefix-cache hit, reported as this request's).
         Without room now, the import waits for a seat and blocks like any request (FCFS).
 
         Raises:
@@ -215,7 +218,7 @@ class EngineLoop:
         self._check_alive()
         stream = _Stream(loop=asyncio.get_running_loop(), queue=updates)
         self._commands.put(_Import(request_id, list(prompt_token_ids), params, int(first_token_id), kv,
-                                   list(first_positions), stream))
+                                   list(first_positions), stream, int(num_cached_tokens)))
 
     def call(self, fn: Any) -> asyncio.Future:
         """Run ``fn(engine)`` on the engine thread; returns a future with its result or exception.
@@ -341,7 +344,7 @@ class EngineLoop:
         try:
             output = self._engine.add_prefilled_request(
                 command.request_id, command.prompt_token_ids, command.params, command.first_token_id,
-                command.kv, command.first_positions)
+                command.kv, command.first_positions, num_cached_tokens=command.num_cached_tokens)
         except ValueError as exc:
             self._send(command.request_id, SeqUpdate(command.request_id, (), "", len(command.prompt_token_ids), True,
                                                      "error", str(exc)))
@@ -360,7 +363,8 @@ class EngineLoop:
                 f"prefill of {output.request_id!r} ended without its KV ({output.outputs[0].finish_reason})"))
             return
         num_tokens, kv = exported
-        command.loop.call_soon_threadsafe(_set_result, command.future, (int(token_ids[0]), num_tokens, kv))
+        command.loop.call_soon_threadsafe(_set_result, command.future,
+                                          (int(token_ids[0]), num_tokens, kv, output.num_cached_tokens or 0))
 
     def _deliver(self, output: Any) -> None:
         """Forward one ``RequestOutput`` (its single completion's per-step delta)."""

@@ -9,10 +9,13 @@ Flow of one request the router sends to a decode worker with ``X-Ferry-Prefill-E
 2. prefill: runs the prefill on its engine, samples the first token, copies the KV the next decode
    step reads out of its paged cache (N tokens for full layers, the last min(N, W-1) for sliding
    ones), frees the request's blocks, sends the KV with :class:`~inference_worker.kv_transfer.transport.KVSender`
-   (keyed-BLAKE3 MAC, optional bandwidth cap) and answers with the first token, timings and byte counts;
+   (keyed-BLAKE3 MAC, optional bandwidth cap) and answers with the first token, timings, byte counts and
+   ``num_cached_tokens`` (the prompt tokens its prefix cache spared it);
 3. decode: waits for the payload (``--kv-timeout`` seconds at most), checks it carries this worker's
    model version id, weights sha256 and the prompt's token count, writes it into its own paged cache
-   and continues decoding in the normal batch.
+   and continues decoding in the normal batch. The request reports the prefill worker's
+   ``num_cached_tokens`` as its ``cached_tokens`` (and ``X-Ferry-Cached-Tokens``): the prompt tokens not
+   computed for it; an answer without the field (an older prefill worker) counts as 0.
 
 Any failure (bad checksum, truncated, wrong key, another version's KV, timeout, late, prefill worker
 unreachable or dead) is counted under its reason on ``ferry_kv_transfer_total`` by the side that saw
@@ -93,6 +96,21 @@ class KVHandoffFailed(Exception):
         self.reason = reason
 
 
+def prefill_cached_tokens(answer: dict, num_prompt_tokens: int) -> int:
+    """The prefill worker's prefix-cache hit in its ``/internal/prefill`` answer: ``num_cached_tokens``, 0 when
+    absent (a prefill worker older than the field).
+
+    Raises:
+        KVHandoffFailed: reason ``protocol``: the value is not an integer in ``[0, num_prompt_tokens)`` (the
+            last prompt token is always computed).
+    """
+    value = answer.get("num_cached_tokens", 0)
+    if type(value) is not int or not 0 <= value < num_prompt_tokens:
+        raise KVHandoffFailed("protocol", f"num_cached_tokens {value!r} is not an integer in [0, {num_prompt_tokens}) "
+                              f"for a prompt of {num_prompt_tokens} tokens")
+    return value
+
+
 class PDService:
     """The disaggregation state of one worker: KV receiver (decode) or senders (prefill).
 
@@ -171,7 +189,8 @@ class PDService:
             k: sampling[k] for k in ("temperature", "top_p", "top_k", "seed") if sampling.get(k) is not None})
         started = time.perf_counter()
         try:
-            first, num_tokens, kv = await model.engine_loop.prefill_export(f"prefill-{rid}", prompt, params)
+            first, num_tokens, kv, num_cached = await model.engine_loop.prefill_export(f"prefill-{rid}", prompt,
+                                                                                     params)
         except ValueError as exc:
             raise OpenAIError(400, str(exc), code="invalid_prompt") from None
         prefill_s = time.perf_counter() - started
@@ -200,7 +219,7 @@ class PDService:
         self.metrics.observe_latency(ttft_s=prefill_s, e2e_s=prefill_s + transfer_s, num_output_tokens=1)
         return {"request_id": rid, "first_token_id": first, "num_tokens": num_tokens, "prefill_seconds": prefill_s,
                 "transfer_seconds": transfer_s, "raw_bytes": frame.raw_bytes, "wire_bytes": frame.wire_bytes,
-                "layer_groups": frame.header["layer_groups"]}
+                "layer_groups": frame.header["layer_groups"], "num_cached_tokens": num_cached}
 
     def _sender(self, host: str, port: int) -> KVSender:
         key = (host, port)
@@ -225,7 +244,7 @@ class PDService:
     async def _continue_remote(self, engine_loop, prefill_url: str, fault: str | None, request_id: str,
                                prompt: list[int], params, sampling: dict, updates: asyncio.Queue) -> None:
         try:
-            first, payload = await self._fetch(prefill_url, fault, request_id, prompt, sampling)
+            first, payload, num_cached = await self._fetch(prefill_url, fault, request_id, prompt, sampling)
         except KVHandoffFailed as exc:
             logger.warning("KV hand-off for %s failed (%s): %s", request_id, exc.reason, exc)
             if not self.settings.recompute_on_failure:
@@ -240,14 +259,18 @@ class PDService:
             updates.put_nowait(SeqUpdate(request_id, (), "", len(prompt), True, "abort"))
             raise
         engine_loop.submit_prefilled(request_id, prompt, params, first, payload.layers, payload.first_positions,
-                                     updates)
+                                     updates, num_cached_tokens=num_cached)
 
     async def _fetch(self, prefill_url: str, fault: str | None, request_id: str, prompt: list[int],
                      sampling: dict):
-        """Ask the prefill worker for ``request_id``'s KV; return ``(first_token_id, KVPayload)``.
+        """Ask the prefill worker for ``request_id``'s KV; return ``(first_token_id, KVPayload, num_cached_tokens)``.
+
+        ``num_cached_tokens``: the prefill worker's prefix-cache hit for the prompt (0 when its answer has
+        no such field, as from a worker older than the field).
 
         Raises:
-            KVHandoffFailed: with the failure reason; the receiver has given the request id up.
+            KVHandoffFailed: with the failure reason (``protocol`` for a ``num_cached_tokens`` that is not an
+                integer in ``[0, len(prompt))``); the receiver has given the request id up.
         """
         receiver, timeout_s = self.receiver, self.settings.timeout_s
         if receiver is None:
@@ -274,7 +297,8 @@ class PDService:
                     raise KVHandoffFailed(getattr(exc, "reason", "timeout"), str(exc))
                 if http in done:
                     self._check_prefill_answer(http, prefill_url)
-            payload, first = wait.result(), int(http.result().json()["first_token_id"])
+            answer = http.result().json()
+            payload, first = wait.result(), int(answer["first_token_id"])
             ok = True
         finally:
             for task in (http, wait):
@@ -285,7 +309,12 @@ class PDService:
         if payload.num_tokens != len(prompt):
             self.recorder.failure(RECEIVE, ProtocolVersionMismatch.reason)
             raise KVHandoffFailed("protocol", f"KV for {payload.num_tokens} tokens, the prompt has {len(prompt)}")
-        return first, payload
+        try:
+            num_cached = prefill_cached_tokens(answer, len(prompt))
+        except KVHandoffFailed:
+            self.recorder.failure(RECEIVE, ProtocolVersionMismatch.reason)
+            raise
+        return first, payload, num_cached
 
     def _check_prefill_answer(self, http: asyncio.Future, prefill_url: str) -> None:
         """Raise KVHandoffFailed unless the prefill worker's answer is a 200."""

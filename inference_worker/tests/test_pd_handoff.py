@@ -106,6 +106,29 @@ def test_first_token_that_ends_the_request_allocates_nothing(loaded):
     assert all_free(decode) and not decode.has_unfinished_requests()
 
 
+def test_an_import_reports_the_prefill_engines_cache_hit_as_its_own(loaded):
+    # regression: an import reported num_cached_tokens 0 although its prefill reused the prefill engine's cache
+    prompt, export = list(range(1, 20)), SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+    prefill, decode = engine(loaded), engine(loaded)
+    prefill_and_export(prefill, "a", prompt)
+    prefill.add_request("b", prompt, export, kv_export=True)
+    finished = [out for _ in range(4) for out in prefill.step() if out.finished]
+    assert [(out.request_id, out.num_cached_tokens) for out in finished] == [("b", 16)]  # 4 whole blocks of 19
+    first, kv = finished[0].outputs[0].token_ids[0], prefill.pop_exported_kv("b")[1]
+    firsts = [len(prompt) - k.shape[0] for k, _ in kv]
+    for bad in (-1, 19):
+        with pytest.raises(ValueError, match=rf"num_cached_tokens must be in \[0, 19\) .* got {bad}"):
+            decode.add_prefilled_request("x", prompt, GREEDY, first, kv, firsts, num_cached_tokens=bad)
+    admitted = {}
+    decode.set_admission_listener(admitted.update)
+    output = decode.add_prefilled_request("b", prompt, GREEDY, first, kv, firsts, num_cached_tokens=16)
+    assert output.num_cached_tokens == 16
+    decode.step()  # admission: the decode engine's own lookup adds nothing to what the prefill spared
+    assert admitted == {"b": 16}
+    assert run_to_end(decode, output)["b"] == engine(loaded).generate([prompt], GREEDY)[0].outputs[0].token_ids
+    assert all_free(decode)
+
+
 def test_an_import_without_room_waits_its_turn_and_bad_kv_is_refused(loaded):
     prompt = list(range(1, 12))
     prefill, decode = engine(loaded), engine(loaded, max_num_seqs=1)

@@ -23,6 +23,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from inference_worker import http_headers
 from inference_worker.kv_transfer.layout import KVLayout, transfer_tokens
 from inference_worker.kv_transfer.receiver import KVReceiver
+from inference_worker.server.engine_stats import STATS_INTERVAL_S
+from inference_worker.server.kv_cache_routes import RESET_PATH
 from inference_worker.server.pd_faults import TEST_HEADER_ENV
 from inference_worker.tests.support.worker import REPO_ROOT, WorkerProcess, free_port, gemma_tokenizer_dir
 from inference_worker.tokenization import load_tokenizer
@@ -83,6 +85,18 @@ def recomputes(url: str, reason: str) -> float:
     return metrics(url).get(("ferry_kv_recompute_total", frozenset({("reason", reason)})), 0.0)
 
 
+PREFIX_HITS = ("ferry_prefix_cache_hits_total", frozenset())
+
+
+def wait_metric(url: str, key: tuple, value: float, timeout_s: float = 10.0) -> float:
+    """A worker's metric ``key`` once it equals ``value`` (engine counters are published periodically), or its
+    last reading after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while (got := metrics(url).get(key, 0.0)) != value and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return got
+
+
 def complete(url: str, prompt, *, max_tokens: int = 6, prefill_url: str | None = None, fault: str | None = None,
              expect: int = 200) -> dict:
     headers = {}
@@ -135,6 +149,7 @@ def test_prefill_decode_output_equals_colocated(prefill, decode, tokens, num_tok
     prefills_before = outcomes(prefill.base_url, "success")
     prompt_tokens = ("ferry_prompt_tokens_total", frozenset())
     prefill_tokens_before = metrics(prefill.base_url).get(prompt_tokens, 0.0)
+    prefill_hits_before = metrics(prefill.base_url).get(PREFIX_HITS, 0.0)
     reference = complete(decode.base_url, prompt, max_tokens=8)
     decode_tokens_before = metrics(decode.base_url)[prompt_tokens]
     disaggregated = complete(decode.base_url, prompt, max_tokens=8, prefill_url=prefill.base_url)
@@ -148,8 +163,11 @@ def test_prefill_decode_output_equals_colocated(prefill, decode, tokens, num_tok
     raw_key = ("ferry_kv_transfer_raw_bytes_total", frozenset({("direction", "receive")}))
     assert received_after[raw_key] - received_before.get(raw_key, 0.0) == layout.transfer_bytes(num_tokens)
     ref_text, got_text = reference["choices"][0]["text"], disaggregated["choices"][0]["text"]
-    # the colocated run may reuse the previous case's prefix (prefix caching); the hand-off ships the whole prompt
-    assert disaggregated["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+    # the hand-off ships the whole prompt; cached_tokens is what the prefill worker's prefix cache spared it (the
+    # previous cases' prefixes), whole 16-token blocks, the last prompt token computed
+    cached = disaggregated["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert wait_metric(prefill.base_url, PREFIX_HITS, prefill_hits_before + cached) == prefill_hits_before + cached
+    assert cached % 16 == 0 and cached < num_tokens
     assert {k: v for k, v in disaggregated["usage"].items() if k != "prompt_tokens_details"} == {
         k: v for k, v in reference["usage"].items() if k != "prompt_tokens_details"}
     if got_text != ref_text:  # allowed only where the reference's top-2 gap is below 1e-2
@@ -160,6 +178,38 @@ def test_prefill_decode_output_equals_colocated(prefill, decode, tokens, num_tok
         gap = top2_gap(prompt, ref_ids, step)
         print(f"N={num_tokens}: diverged at step {step} with reference top-2 gap {gap:.2e}")
         assert gap < 1e-2, (num_tokens, step, gap, ref_text, got_text)
+    wait_kv_free(prefill, decode)
+
+
+def test_remote_prefill_reports_the_prefill_workers_cache_hit(prefill, decode, tokens):
+    """Regression: a remotely prefilled request reported ``cached_tokens`` 0 (and header 0) although the prefill
+    worker reused its prefix cache. A 462-token prompt twice on a reset prefill worker: 0, then 448 (28 whole
+    16-token blocks), in usage and header, streamed too; the decode worker computes and looks up nothing."""
+    reset = b"{}"
+    signature = hmac.new(SECRET.encode(), reset, hashlib.sha256).hexdigest()
+    answer = httpx.post(prefill.base_url + RESET_PATH, content=reset, headers={http_headers.KV_SIGNATURE: signature})
+    assert answer.status_code == 200, answer.text
+    prompt, headers = tokens[:462], {http_headers.PREFILL_ENDPOINT: prefill.base_url}
+    time.sleep(2 * STATS_INTERVAL_S)  # the counters of earlier requests are published by now
+    decode_before, hits_before = metrics(decode.base_url), metrics(prefill.base_url).get(PREFIX_HITS, 0.0)
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 2, "temperature": 0.0, "ignore_eos": True}
+    first = httpx.post(decode.base_url + "/v1/completions", json=body, headers=headers, timeout=600)
+    assert first.status_code == 200, first.text
+    assert first.headers[http_headers.CACHED_TOKENS] == "0"
+    assert first.json()["usage"] == {"prompt_tokens": 462, "completion_tokens": 2, "total_tokens": 464,
+                                     "prompt_tokens_details": {"cached_tokens": 0}}
+    streamed = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    with httpx.stream("POST", decode.base_url + "/v1/completions", json=streamed, headers=headers,
+                      timeout=600) as second:
+        assert second.status_code == 200 and second.headers[http_headers.CACHED_TOKENS] == "448"
+        chunks = [json.loads(line[6:]) for line in second.iter_lines() if line.startswith("data: {")]
+    assert chunks[-1]["usage"] == {"prompt_tokens": 462, "completion_tokens": 2, "total_tokens": 464,
+                                   "prompt_tokens_details": {"cached_tokens": 448}}
+    assert wait_metric(prefill.base_url, PREFIX_HITS, hits_before + 448) == hits_before + 448
+    decode_after = metrics(decode.base_url)
+    for key in (PREFIX_HITS, ("ferry_prefix_cache_queries_total", frozenset()),
+                ("ferry_prompt_tokens_total", frozenset())):
+        assert decode_after.get(key, 0.0) == decode_before.get(key, 0.0), key
     wait_kv_free(prefill, decode)
 
 

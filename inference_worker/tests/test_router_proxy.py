@@ -30,7 +30,7 @@ ECHO_APP = textwrap.dedent('''
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
-    name, port, mode = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    name, port, mode, cached_header = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
     app = FastAPI()
 
     @app.post("/v1/completions")
@@ -43,13 +43,16 @@ ECHO_APP = textwrap.dedent('''
             await asyncio.sleep(30)
         body = await request.json()
         seen = {k: v for k, v in request.headers.items() if k.startswith("x-")}
+        # a token-id prompt answers as if its whole 16-token blocks were cached; a text prompt sends no header
+        prompt = body.get("prompt")
+        cached = {cached_header: str(len(prompt) // 16 * 16)} if isinstance(prompt, list) else {}
         if body.get("stream"):
             async def events():
                 for i in range(3):
                     yield f"data: {json.dumps({'replica': name, 'i': i})}\\n\\n".encode()
                 yield b"data: [DONE]\\n\\n"
-            return StreamingResponse(events(), media_type="text/event-stream")
-        return {"replica": name, "headers": seen, "path": request.url.path, "body": body}
+            return StreamingResponse(events(), media_type="text/event-stream", headers=cached)
+        return JSONResponse({"replica": name, "headers": seen, "path": request.url.path, "body": body}, headers=cached)
 
     @app.get("/v1/models")
     async def models():
@@ -94,7 +97,8 @@ class Fleet:
 
     def upstream(self, name, mode="ok"):
         port = free_port()
-        proc = subprocess.Popen([sys.executable, str(self.tmp / "echo.py"), name, str(port), mode])
+        proc = subprocess.Popen([sys.executable, str(self.tmp / "echo.py"), name, str(port), mode,
+                                 http_headers.CACHED_TOKENS])
         self.procs.append(proc)
         self.upstreams[name] = (proc, f"http://127.0.0.1:{port}")
         self.modes[name] = mode
@@ -207,6 +211,23 @@ def test_streaming_is_passed_through(fleet):
     replica = r.headers[http_headers.REPLICA]
     assert text == "".join(f"data: {json.dumps({'replica': replica, 'i': i})}\n\n" for i in range(3)) + \
         "data: [DONE]\n\n"
+
+
+def test_cached_tokens_header_is_passed_through_streamed_and_not(fleet):
+    # regression: the router dropped the worker's cached-tokens header (it passed only content-type and
+    # cache-control); the echo upstream answers a token-id prompt with its whole 16-token blocks as cached
+    rid = stable_id()
+    r = httpx.post(fleet.url + "/v1/completions", headers={**GOOD, "X-Request-Id": rid},
+                   json={"prompt": list(range(99)), "max_tokens": 4})
+    assert r.status_code == 200 and r.headers[http_headers.CACHED_TOKENS] == "96"
+    with httpx.stream("POST", fleet.url + "/v1/completions", headers={**GOOD, "X-Request-Id": rid},
+                      json={"prompt": list(range(462)), "max_tokens": 4, "stream": True}) as r:
+        assert r.status_code == 200 and r.headers[http_headers.CACHED_TOKENS] == "448"
+        assert r.read().decode().endswith("data: [DONE]\n\n")
+    assert r.headers[http_headers.DECISION] == "remote_prefill"
+    # no header from the worker, none from the router
+    r = httpx.post(fleet.url + "/v1/completions", headers={**GOOD, "X-Request-Id": rid}, json={"prompt": "hi"})
+    assert r.status_code == 200 and http_headers.CACHED_TOKENS not in r.headers
 
 
 def test_wrong_key_gets_401_and_a_key_over_its_rate_gets_429(fleet):
