@@ -130,9 +130,13 @@ class RoutingTable:
                 raise RoutingTableError(f"version must be an integer >= 0, got {version!r}")
             tracks = tuple(Track(str(t["name"]), str(t["model_version"]), float(t["weight"]))
                            for t in data["tracks"])
-            by_track = {t.name: t for t in tracks}
-            if not tracks or len(by_track) != len(tracks):
-                raise RoutingTableError("tracks must be a non-empty list with unique names")
+            raw_models = data.get("models") or {}
+            by_track: dict[str, Track] = {}
+            for t in tracks:
+                by_track.setdefault(t.name, t)
+            served = {(str((raw_models.get(t.model_version) or {}).get("model", "")), t.name) for t in tracks}
+            if not tracks or len(served) != len(tracks):
+                raise RoutingTableError("tracks must be a non-empty list with unique names (per served model)")
             _check_weights(tracks, data.get("models") or {})
             replicas = []
             for pool in data["pools"]:
@@ -154,7 +158,6 @@ class RoutingTable:
             length = data.get("length_routing") or {}
             threshold = length.get("threshold_tokens")
             speed = length.get("decode_prefill_tokens_per_s")
-            raw_models = data.get("models") or {}
             models = {str(k): KVLayout.from_dict(v) for k, v in raw_models.items()}
             versions = {t.model_version for t in tracks} | {r.model_version for r in replicas} | set(models)
             info = {v: _model_info(v, raw_models.get(v) or {}) for v in versions}
