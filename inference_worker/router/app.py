@@ -13,8 +13,9 @@ decision and admission. The plan's decode replica gets the request with headers 
 A connection error, timeout or 5xx *before the first byte of the answer* re-plans without the failed
 replica and tries again (up to ``max_attempts``); once bytes have reached the client the stream is not
 retried. The response carries ``X-Ferry-Replica``, ``X-Ferry-Track``, ``X-Ferry-Decision`` and
-``X-Ferry-Decision-Reason``. The session (``X-Session-Id`` or the OpenAI ``user`` field) breaks score ties
-and, without ``X-Ferry-Sticky-Key``, is the sticky key of the track split.
+``X-Ferry-Decision-Reason``. The session (``X-Session-Id``, else the OpenAI ``user`` field, else
+``X-Ferry-Sticky-Key``, which ``bench/workloads.py`` sends per session) breaks score ties and, without
+``X-Ferry-Sticky-Key``, is the sticky key of the track split, so a session's turns stay on one model version.
 """
 
 from __future__ import annotations
@@ -173,9 +174,10 @@ class Router:
         if table is None:
             return _error(503, "no routing table loaded yet", "unavailable")
         request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
-        session = request.headers.get("x-session-id") or body.get("user")
+        sticky = request.headers.get(http_headers.STICKY_KEY)
+        session = request.headers.get("x-session-id") or body.get("user") or sticky
         session = session if isinstance(session, str) and session else None
-        key = request.headers.get(http_headers.STICKY_KEY) or session or request_id
+        key = sticky or session or request_id
         model = body.get("model") if isinstance(body.get("model"), str) else None
         try:
             eligible = eligibility(table, model=model, sticky_key=key)
