@@ -141,3 +141,34 @@ def test_the_subscriber_re_syncs_after_a_gap_and_a_restart_over_http():
     assert ScriptedEvents.seen[:5] == [None, "7", None, "9", None]
     assert resyncs == ["r0", "r0"] and index.replicas["r0"].worker_id == "w2"
     assert hit(index) == (2, 2.0)
+
+
+def test_the_feed_follows_the_table_and_drops_replicas_that_leave_it():
+    from types import SimpleNamespace
+
+    from inference_worker.router.prefix_index import KVIndexFeed
+    from inference_worker.router.table import RoutingTable
+
+    def table(*names):
+        return RoutingTable.from_dict({"version": 1, "tracks": [{"name": "stable", "model_version": "v1", "weight": 100}],
+                                       "pools": [{"name": "d", "role": "decode", "replicas": [
+                                           {"name": n, "url": "http://127.0.0.1:9", "track": "stable"} for n in names]}]})
+
+    async def scenario():
+        source = SimpleNamespace(table=table("r0", "r1"))
+        index = PrefixIndex()
+        async with httpx.AsyncClient() as client:
+            feed = KVIndexFeed(index, source, client=client)
+            feed.sync()
+            assert set(index.replicas) == set(feed.tasks) == {"r0", "r1"}
+            index.apply("r1", snapshot("w", 3, [0]))
+            source.table = table("r1", "r2")
+            feed.sync()
+            await asyncio.sleep(0)
+            assert set(index.replicas) == set(feed.tasks) == {"r1", "r2"}
+            assert index.after("r1") == 3  # kept: still in the table
+            for _, task in feed.tasks.values():
+                task.cancel()
+            await asyncio.gather(*(t for _, t in feed.tasks.values()), return_exceptions=True)
+
+    asyncio.run(scenario())

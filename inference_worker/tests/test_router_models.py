@@ -97,6 +97,10 @@ def test_each_request_reaches_a_replica_of_its_model_and_unknown_models_are_404(
     r = ask(fleet, "llama-70b", prompt="x")
     assert r.status_code == 404 and "'llama-70b' is not served here" in r.json()["error"]["message"]
     assert [m["id"] for m in httpx.get(fleet + "/v1/models").json()["data"]] == [GEMMA, SMOLLM2]
+    metrics = httpx.get(fleet + "/metrics").text  # decisions by reason: no prefill pool, cache scoring on
+    for pool in ("gemma", "smol"):
+        assert (f'ferry_router_decision_reasons_total{{cache="on",decision="local_prefill",pool="{pool}",'
+                f'reason="no_prefill_replica"}} 1.0') in metrics
 
 
 @pytest.mark.parametrize("model, pool", [(GEMMA, "gemma"), (SMOLLM2, "smol")])
