@@ -40,9 +40,10 @@ threshold with no same-version prefill replica (prefilled locally instead)."""
 REASONS = ("cost", "threshold", "no_prefill_replica", "no_profile")
 """``reason`` values: the cost function decided; the fixed threshold did; no same-version prefill replica;
 the cost function lacks an input (KV layout, link or prefill speed) so the prompt stays local."""
-CACHE_STATES = ("on", "no_tokenizer", "no_digest_salt", "policy")
+CACHE_STATES = ("on", "no_tokenizer", "no_digest_salt", "policy", "unhashable")
 """``cache`` values: cache scoring on; off because the model version has no tokenizer reference (or it did
-not load); off because the digest salt (weights sha256, KV dtype) is missing; off by router policy."""
+not load); off because the digest salt (weights sha256, KV dtype) is missing; off by router policy; off
+because the prompt's token ids are not valid (outside uint32: the worker refuses it)."""
 POLICIES = ("cache_aware", "least_loaded", "round_robin")
 
 

@@ -139,4 +139,7 @@ class PromptHasher:
         if not hashing:
             return PromptInfo(len(ids), (), "policy")
         root = prefix_root(info.weights_sha256, info.kv_dtype, info.block_size)
-        return PromptInfo(len(ids), tuple(block_digests(root, ids, info.block_size)), "on")
+        try:
+            return PromptInfo(len(ids), tuple(block_digests(root, ids, info.block_size)), "on")
+        except ValueError:  # token ids outside uint32: the worker answers 400; nothing to look up
+            return PromptInfo(len(ids), (), "unhashable")

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from inference_worker.kv_transfer.layout import KVLayout
 from inference_worker.router.pd_cost import PDProfile
 from inference_worker.router.pd_cost import derived_threshold as _derived_threshold
+from inference_worker.router.scoring import ScoringWeights
 
 ROLES = ("decode", "colocated", "prefill")
 DECODE_ROLES = ("decode", "colocated")
@@ -163,6 +164,11 @@ class RoutingTable:
             info = {v: _model_info(v, raw_models.get(v) or {}) for v in versions}
             pool_weights = {str(p["name"]): {str(k): float(x) for k, x in p["routing_weights"].items()}
                             for p in data["pools"] if p.get("routing_weights")}
+            for name, weights in pool_weights.items():
+                try:
+                    ScoringWeights.with_overrides(weights)
+                except ValueError as exc:
+                    raise RoutingTableError(f"pool {name!r}: routing_weights: {exc}") from None
             prefill_speed = length.get("prefill_tokens_per_s")
             return cls(version, tracks, tuple(replicas), links,
                        None if threshold is None else int(threshold), None if speed is None else float(speed),

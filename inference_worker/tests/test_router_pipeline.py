@@ -158,3 +158,24 @@ def test_derived_threshold_is_the_cost_functions_cold_crossover():
     # local N/2000 > N/8000 + bytes(N)/1.25e8 + 0.02 with bytes = 18 * 1024 * N below W:
     # N * (5e-4 - 1.25e-4 - 1.47456e-4) > 0.02  <=>  N > 87.9
     assert threshold == 87
+
+
+def test_bad_routing_weights_are_refused_at_parse_time_and_bad_token_ids_turn_cache_scoring_off():
+    from inference_worker.router.prompt import PromptHasher
+    from inference_worker.router.table import ModelInfo, RoutingTableError
+
+    data = {"version": 1, "tracks": [{"name": "stable", "model_version": "v1", "weight": 100}],
+            "pools": [{"name": "d", "role": "decode", "routing_weights": {"hits": 2},
+                       "replicas": [{"name": "d0", "url": "http://d0", "track": "stable"}]}]}
+    with pytest.raises(RoutingTableError, match="pool 'd': routing_weights: unknown routing weights \\['hits'\\]"):
+        RoutingTable.from_dict(data)
+    data["pools"][0]["routing_weights"] = {"waiting": 256}
+    assert RoutingTable.from_dict(data).pool_weights == {"d": {"waiting": 256.0}}
+    hasher = PromptHasher()
+    info = ModelInfo("gemma", "gemma-3-270m", SHA, "float32", 4)
+    got = hasher.info("v1", info, "/v1/completions", {"prompt": [2, 5, 7, 9, 11]})
+    assert (got.num_tokens, got.cache, len(got.digests)) == (5, "on", 1)
+    got = hasher.info("v1", info, "/v1/completions", {"prompt": [2, -5, 7, 9, 11]})
+    assert (got.num_tokens, got.cache, got.digests) == (5, "unhashable", ())
+    got = hasher.info("v1", ModelInfo("gemma"), "/v1/completions", {"prompt": "x" * 41})
+    assert (got.num_tokens, got.cache) == (11, "no_tokenizer")
