@@ -11,9 +11,9 @@ Default weights (:class:`ScoringWeights`), and why:
 
 - ``hit = 1.0``: a cached token is a token not prefilled; the unit of the score.
 - ``waiting = 512``: a request queued ahead of us delays our first token by about one prefill; 512
-  tokens is the order of ``bench/serve_load.py``'s median prompt, so one queued request outweighs a
-  hit of less than 512 tokens and a long shared prefix still pulls a session to a slightly busier
-  replica (llm-d's default weights the prefix scorer and the queue scorer alike for the same reason).
+  tokens is the order of a first-turn prompt of ``bench/multi_turn.py``'s default sessions (300-token
+  system prompt + 100..300 user tokens), so one queued request outweighs a hit of less than 512 tokens
+  while a long shared history still pulls a session to a slightly busier replica.
 - ``running = 32``: a running request slows every decode step a little (batched) but does not delay
   our prefill start; a small cost that spreads decode load among equally cached replicas.
 - ``kv_usage = 1024``: a nearly full KV cache preempts or evicts; at usage 1.0 the replica is
