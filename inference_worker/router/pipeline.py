@@ -10,8 +10,9 @@
    already tried. An unknown model raises :class:`UnknownModel` (404); nothing left raises
    :class:`.decisions.NoReplicaAvailable` (503).
 2. **Scoring** (:mod:`.scoring`): per candidate, expected cached tokens from the prefix index
-   (:class:`.prefix_index.PrefixIndex`, the hybrid hit rule) against load. ``least_loaded`` and
-   ``round_robin`` policies (benchmark references) skip the index.
+   (:class:`.prefix_index.PrefixIndex`, the hybrid hit rule) against load; the session breaks ties.
+   ``least_loaded`` (load only, ties to the replica given the fewest requests) and ``round_robin``
+   (benchmark references) use neither the index nor the session.
 3. **PD decision**: the best-scoring prefill replica of the same model version (KV is only valid for the
    weights that produced it), then the one cost function (:mod:`.pd_cost`) with each replica's hits:
    remote iff cheaper. A fixed ``threshold_tokens`` in the table overrides it on the *uncached* tokens.
@@ -136,7 +137,7 @@ def _best(candidates: tuple[Replica, ...], table: RoutingTable, prompt: PromptIn
         hit, expected = (index.hit_tokens(r.name, prompt.digests, prompt.num_tokens, groups, info.block_size)
                          if use_index else (0, 0.0))
         weights = ScoringWeights.with_overrides(table.pool_weights.get(r.pool))
-        tie = session_rank(session, r.name) if session else 0
+        tie = session_rank(session, r.name) if session and policy == "cache_aware" else 0
         ranked.append(((score(expected, loads.signals(r), weights), tie, -loads.assigned[r.name]), r, hit))
     best = max(ranked, key=lambda item: item[0])
     return best[1], best[2]

@@ -179,3 +179,17 @@ def test_bad_routing_weights_are_refused_at_parse_time_and_bad_token_ids_turn_ca
     assert (got.num_tokens, got.cache, got.digests) == (5, "unhashable", ())
     got = hasher.info("v1", ModelInfo("gemma"), "/v1/completions", {"prompt": "x" * 41})
     assert (got.num_tokens, got.cache) == (11, "no_tokenizer")
+
+
+def test_least_loaded_ignores_the_session_and_the_index():
+    t, index = table(), index_with({"d1": 125})
+    loads = LoadTracker()
+    names = []
+    for _ in range(4):
+        eligible = eligibility(t, model="gemma", sticky_key="s")
+        p = plan_route(t, eligible=eligible, prompt=prompt(), loads=loads, index=index, session="user-0",
+                       policy="least_loaded")
+        admit(p, loads)
+        loads.end(p.decode)
+        names.append(p.decode.name)
+    assert names == ["d0", "d1", "d0", "d1"] and p.cache == "policy"
