@@ -172,7 +172,7 @@ def test_bad_routing_weights_are_refused_at_parse_time_and_bad_token_ids_turn_ca
     data["pools"][0]["routing_weights"] = {"waiting": 256}
     assert RoutingTable.from_dict(data).pool_weights == {"d": {"waiting": 256.0}}
     hasher = PromptHasher()
-    info = ModelInfo("gemma", "gemma-3-270m", SHA, "float32", 4)
+    info = ModelInfo("smol", "smollm2-135m-instruct", SHA, "float32", 4)  # its tokenizer.json is small
     got = hasher.info("v1", info, "/v1/completions", {"prompt": [2, 5, 7, 9, 11]})
     assert (got.num_tokens, got.cache, len(got.digests)) == (5, "on", 1)
     got = hasher.info("v1", info, "/v1/completions", {"prompt": [2, -5, 7, 9, 11]})
