@@ -15,6 +15,7 @@ is called through ``asyncio.to_thread``: tokenizing and hashing never run on the
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 from pathlib import Path
@@ -22,6 +23,8 @@ from pathlib import Path
 from inference_worker.engine.block_hash import block_digests, prefix_root
 from inference_worker.router.pipeline import PromptInfo
 from inference_worker.router.table import ModelInfo
+
+log = logging.getLogger(__name__)
 
 
 class PromptCounter:
@@ -123,7 +126,14 @@ class PromptHasher:
         with self._lock:
             if key not in self._counters:
                 directory = resolve_tokenizer(info.tokenizer)
-                self._counters[key] = PromptCounter(directory) if directory is not None else None
+                counter = None
+                if directory is not None:
+                    try:
+                        counter = PromptCounter(directory)
+                    except Exception as exc:  # noqa: BLE001 - tokenizers raises plain Exception on a bad file
+                        log.warning("tokenizer of %s at %s does not load (cache scoring off): %s", version, directory,
+                                    exc)
+                self._counters[key] = counter
             return self._counters[key]
 
     def info(self, version: str, info: ModelInfo, path: str, body: dict, *, hashing: bool = True) -> PromptInfo:

@@ -193,3 +193,13 @@ def test_least_loaded_ignores_the_session_and_the_index():
         loads.end(p.decode)
         names.append(p.decode.name)
     assert names == ["d0", "d1", "d0", "d1"] and p.cache == "policy"
+
+
+def test_a_tokenizer_that_does_not_load_turns_cache_scoring_off(tmp_path):
+    from inference_worker.router.prompt import PromptHasher
+    from inference_worker.router.table import ModelInfo
+
+    (tmp_path / "tokenizer.json").write_text("{not json")
+    got = PromptHasher().info("v1", ModelInfo("m", str(tmp_path), SHA, "float32", 4), "/v1/completions",
+                              {"prompt": "x" * 8})
+    assert (got.num_tokens, got.cache) == (2, "no_tokenizer")
