@@ -19,6 +19,12 @@ TTFT p50/p90 (client side), throughput (output tokens per wall second), remote-p
 decisions) and the router's predicted vs reported cached tokens; ratios least-loaded / cache-aware and
 cache-aware hit tokens / single. Prints a table and writes ``bench/results/routing.json``.
 
+Seen (2026-12-01, a 2-core host shared with other jobs): a session's turns follow each other without think
+time, so under least-loaded the replica that just answered a session has one request fewer in flight and
+usually gets its next turn too; with two decode replicas a miss also costs only the turns served elsewhere.
+Least-loaded then computes only 1.04x (3 turns) to 1.11x (6 turns) more prefill tokens than cache-aware, far
+from acceptance 1's 1.5x; round-robin shows what scattering costs.
+
     .venv/bin/python bench/routing.py [--num-sessions 16] [--num-turns 3] [--session-rate 2]
 """
 
