@@ -7,7 +7,7 @@ a client may send ``X-Ferry-Sticky-Key`` and the router reads it as :data:`STICK
 
 Router -> decode worker (request): :data:`TRACK`, :data:`MODEL_VERSION`, :data:`DECISION` and, when the
 router chose remote prefill, :data:`PREFILL_ENDPOINT` (the prefill replica's URL).
-Router -> client (response): :data:`REPLICA`, :data:`TRACK`, :data:`DECISION`; worker -> client: :data:`CACHED_TOKENS`.
+Router -> client (response): :data:`REPLICA`, :data:`TRACK`, :data:`DECISION`, :data:`DECISION_REASON`; worker -> client: :data:`CACHED_TOKENS`.
 Client -> router (request): :data:`STICKY_KEY` (the key hashed to pick a track; default the request id).
 Decode worker -> prefill worker (``POST /internal/prefill``): :data:`KV_SIGNATURE` (hex HMAC-SHA256 of
 the body under the per-link secret) and, only in test runs, :data:`FAULT_KV` (see
@@ -25,6 +25,8 @@ MODEL_VERSION = "x-ferry-model-version"
 """Router -> decode worker: the model version of the chosen track."""
 DECISION = "x-ferry-decision"
 """Router -> decode worker and client: ``local_prefill`` or ``remote_prefill``."""
+DECISION_REASON = "x-ferry-decision-reason"
+"""Router -> client: what decided the PD placement (``cost``, ``threshold``, ``no_prefill_replica``, ``no_profile``)."""
 REPLICA = "x-ferry-replica"
 """Router -> client: name of the decode replica that answered."""
 PREFILL_ENDPOINT = "x-ferry-prefill-endpoint"
@@ -37,5 +39,5 @@ FAULT_KV = "x-ferry-fault-kv"
 """TEST ONLY, decode -> prefill worker: a KV hand-off fault for this request (honoured only when the
 workers run with the test hook enabled, see :mod:`inference_worker.server.pd_faults`)."""
 
-ALL = (STICKY_KEY, TRACK, MODEL_VERSION, DECISION, REPLICA, PREFILL_ENDPOINT, KV_SIGNATURE, CACHED_TOKENS, FAULT_KV)
+ALL = (STICKY_KEY, TRACK, MODEL_VERSION, DECISION, DECISION_REASON, REPLICA, PREFILL_ENDPOINT, KV_SIGNATURE, CACHED_TOKENS, FAULT_KV)
 """Every header name above."""

@@ -3,13 +3,15 @@
 The shape is the router's (``inference_worker.router.table``, module docstring); this module builds it
 without the ``version`` (the publish service numbers it). Rules:
 
-* ``tracks`` (the traffic split): the tracks of the first decode/colocated pool (lowest id), each with
-  its model version and its weight (0 when a blue-green track is not active). Weights that do not
-  sum to 100 are rescaled by the largest remainder method; all zero gives ``stable`` (or the first
-  track) 100. With no pools: ``stable`` at 100 with an empty model version.
+* ``tracks`` (the traffic split, per served model): for each model name, the tracks of its first
+  decode/colocated pool (lowest id), each with its model version and its weight (0 when a blue-green
+  track is not active). Weights that do not sum to 100 are rescaled by the largest remainder method;
+  all zero gives ``stable`` (or the first track) 100. With no pools: ``stable`` at 100 with an empty
+  model version.
 * ``pools``: every pool with its role, its cluster's datacenter (or the cluster name) and its
   replicas that are alive, ready and have an endpoint (the router must not pick a starting one).
-* ``links``: cluster links by datacenter; ``models``: the KV layout of each model version in use;
+* ``links``: cluster links by datacenter; ``models``: per model version in use, its KV layout and what the
+  router needs to route by ``model`` and hash prompts like the workers (:func:`model_entry`);
   ``length_routing``: ``FERRY_REMOTE_PREFILL_THRESHOLD_TOKENS`` when set.
 """
 
@@ -66,7 +68,25 @@ def kv_layout(version: ModelVersion) -> dict:
     }
 
 
-def _traffic_tracks(pools: Sequence[Pool]) -> list[dict]:
+DEFAULT_BLOCK_SIZE = 16
+"""The worker's default ``--block-size``."""
+
+
+def model_entry(version: ModelVersion) -> dict:
+    """The routing table's ``models`` entry of a version: :func:`kv_layout` plus the OpenAI model name, the
+    tokenizer reference (the built-in model name, which the router finds in its model cache) and the digest
+    salt inputs (``block_hash.prefix_root``): the version's weights sha256, its KV dtype and the block size.
+
+    The salt is what the control plane knows: a worker that loads other bytes (a re-prepared artifact) or
+    another dtype hashes differently; the router's ``ferry_router_predicted_cached_tokens_total`` against the
+    reported total shows it.
+    """
+    layout = kv_layout(version)
+    return {**layout, "model": version.name, "tokenizer": version.name, "weights_sha256": version.sha256,
+            "kv_dtype": layout["dtype"], "block_size": DEFAULT_BLOCK_SIZE}
+
+
+def _model_tracks(pools: Sequence[Pool]) -> list[dict]:
     reference = next((p for p in pools if p.role in ROUTING_ROLES and p.tracks.all()), None)
     if reference is None:
         reference = next((p for p in pools if p.tracks.all()), None)
@@ -75,6 +95,17 @@ def _traffic_tracks(pools: Sequence[Pool]) -> list[dict]:
     tracks = list(reference.tracks.all())
     weights = normalize_weights([(t.name, t.weight if t.active else 0) for t in tracks])
     return [{"name": t.name, "model_version": t.model_version.version, "weight": weights[t.name]} for t in tracks]
+
+
+def _traffic_tracks(pools: Sequence[Pool]) -> list[dict]:
+    """Tracks of every served model (pools grouped by their tracks' model name, in pool order)."""
+    by_model: dict[str, list[Pool]] = {}
+    for pool in pools:
+        names = {t.model_version.name for t in pool.tracks.all()}
+        for name in sorted(names) or [""]:
+            by_model.setdefault(name, []).append(pool)
+    tracks = [t for group in by_model.values() for t in _model_tracks(group)]
+    return tracks or _model_tracks([])
 
 
 def routing_table_content(pools: Sequence[Pool], links: Iterable[ClusterLink], *,
@@ -89,7 +120,7 @@ def routing_table_content(pools: Sequence[Pool], links: Iterable[ClusterLink], *
         track_versions = {}
         for track in pool.tracks.all():
             track_versions[track.name] = track.model_version.version
-            models.setdefault(track.model_version.version, kv_layout(track.model_version))
+            models.setdefault(track.model_version.version, model_entry(track.model_version))
         replicas = [
             {"name": r.name, "url": r.endpoint.rstrip("/"), "track": r.track,
              "model_version": r.version or track_versions.get(r.track, "")}

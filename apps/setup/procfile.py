@@ -13,7 +13,8 @@ Pure functions (no processes started here), so the process list and the environm
   ``telemetry`` (the poller), ``agent`` (the local agent; it owns the model workers, which reconcile
   starts through the local backend), ``router`` (pulls the routing table from ``web`` with the service
   token) and, with ``load``, ``load`` (bench/serve_load.py against the router, bounded, in a loop, from the moment the launcher
-  reports ready: ``<var>/ready``).
+  reports ready: ``<var>/ready``; multi-turn sessions from ``bench/workloads.py``, so prefix-cache hits and
+  cache-aware routing show under load).
 """
 
 from __future__ import annotations
@@ -157,7 +158,8 @@ def procfile(config: LaunchConfig, *, python: str, tokenizer_dir: Path | None = 
         ready = shlex.quote(str(var / "ready"))  # written by the launcher once every worker is ready
         lines["load"] = (
             f"until [ -e {ready} ]; do sleep 2; done; while :; do {py} bench/serve_load.py --base-url {config.router_url} --model gemma-3-270m "
-            f"--concurrency 2 --num-prompts 8 --request-rate 0.5 --input-words 8:400 --output-tokens 8:32 "
+            f"--concurrency 2 --sessions 4 --turns 4 --system-tokens 200 --user-tokens 50:150 "
+            f"--turn-output-tokens 16 --request-rate 0.5 "
             f"--timeout-s 120 --out {out}; sleep 3; done"
         )
     return "".join(f"{name}: {command}\n" for name, command in lines.items())

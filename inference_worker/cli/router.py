@@ -40,6 +40,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--connect-timeout", type=float, default=2.0, metavar="S")
     parser.add_argument("--request-timeout", type=float, default=300.0, metavar="S")
     parser.add_argument("--max-attempts", type=int, default=3, help="replicas tried before the first byte")
+    parser.add_argument("--policy", default="cache_aware", choices=("cache_aware", "least_loaded", "round_robin"),
+                        help="replica choice (least_loaded and round_robin are benchmark references)")
+    parser.add_argument("--no-kv-index", action="store_true",
+                        help="do not follow the replicas' KV events (no prefix index, no cache scoring)")
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
 
 
@@ -65,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
         service_token=args.service_token or os.environ.get("FERRY_SERVICE_TOKEN"),
         tokenizer_dir=args.tokenizer, table_interval_s=args.table_interval, scrape_interval_s=args.scrape_interval,
         connect_timeout_s=args.connect_timeout, request_timeout_s=args.request_timeout,
-        max_attempts=args.max_attempts,
+        max_attempts=args.max_attempts, policy=args.policy, kv_index=not args.no_kv_index,
     )
     router = Router(config)
     uvicorn.run(router.app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=30)

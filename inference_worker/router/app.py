@@ -3,15 +3,19 @@
 Routes: ``POST /v1/completions`` and ``/v1/chat/completions`` (streamed SSE passed through as it
 arrives), ``GET /v1/models``, ``/health``, ``/ready`` (a routing table is loaded) and ``/metrics``.
 
-Per request: API key (401) and its rate limit (429 + ``Retry-After``); prompt tokens counted
-(:mod:`.prompt`); :func:`~.decisions.plan_route` picks track, decode replica and prefill placement;
-the request is forwarded to the least-loaded decode replica with headers ``X-Request-Id``,
+Per request: API key (401) and its rate limit (429 + ``Retry-After``); then the pipeline of
+:mod:`.pipeline`: eligibility by the request's ``model`` (unknown: 404) and sticky key, the prompt
+tokenized and hashed with that model version's tokenizer *off the event loop* (:class:`.prompt.PromptHasher`),
+scoring against the prefix index (:mod:`.prefix_index`, fed by every replica's KV events), the PD
+decision and admission. The plan's decode replica gets the request with headers ``X-Request-Id``,
 ``X-Ferry-Track``, ``X-Ferry-Model-Version``, ``X-Ferry-Decision`` and, for ``remote_prefill``,
-``X-Ferry-Prefill-Endpoint`` (the chosen prefill replica's URL; the decode worker performs the
-hand-off). A connection error, timeout or 5xx *before the first byte of the answer* is retried on
-another replica (up to ``max_attempts``); once bytes have reached the client the stream is not
-retried. The response carries ``X-Ferry-Replica``, ``X-Ferry-Track`` and ``X-Ferry-Decision``, and the
-worker's ``X-Ferry-Cached-Tokens`` (streamed or not).
+``X-Ferry-Prefill-Endpoint`` (the plan's prefill replica; the decode worker performs the hand-off).
+A connection error, timeout or 5xx *before the first byte of the answer* re-plans without the failed
+replica and tries again (up to ``max_attempts``); once bytes have reached the client the stream is not
+retried. The response carries ``X-Ferry-Replica``, ``X-Ferry-Track``, ``X-Ferry-Decision``,
+``X-Ferry-Decision-Reason`` and the worker's ``X-Ferry-Cached-Tokens`` (streamed or not). The session (``X-Session-Id``, else the OpenAI ``user`` field, else
+``X-Ferry-Sticky-Key``, which ``bench/workloads.py`` sends per session) breaks score ties and, without
+``X-Ferry-Sticky-Key``, is the sticky key of the track split, so a session's turns stay on one model version.
 """
 
 from __future__ import annotations
@@ -31,11 +35,23 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from inference_worker import http_headers
 from inference_worker.router.auth import ApiKeys
-from inference_worker.router.decisions import LoadTracker, NoReplicaAvailable, RoutePlan, plan_route
+from inference_worker.router.decisions import LoadTracker, NoReplicaAvailable
 from inference_worker.router.metrics import RouterMetrics
-from inference_worker.router.prompt import PromptCounter
+from inference_worker.router.pipeline import (
+    POLICIES,
+    Eligible,
+    PromptInfo,
+    RoutePlan,
+    UnknownModel,
+    admit,
+    eligibility,
+    models_served,
+    plan_route,
+)
+from inference_worker.router.prefix_index import KVIndexFeed, PrefixIndex
+from inference_worker.router.prompt import PromptHasher
 from inference_worker.router.source import QueueDepthScraper, TableSource
-from inference_worker.router.table import DECODE_ROLES, Replica
+from inference_worker.router.table import DECODE_ROLES, Replica, RoutingTable
 
 log = logging.getLogger(__name__)
 PASS_HEADERS = ("content-type", "cache-control", http_headers.CACHED_TOKENS)
@@ -58,6 +74,14 @@ class RouterConfig:
     request_timeout_s: float = 300.0
     """Bound on a whole non-streamed request, and on each read of a streamed one."""
     max_attempts: int = 3
+    policy: str = "cache_aware"
+    """Replica choice: cache_aware (prefix index + load), least_loaded or round_robin (benchmark references)."""
+    kv_index: bool = True
+    """Subscribe to the replicas' KV events and keep the prefix index (False: index off, for overhead runs)."""
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
 
 
 def _error(status: int, message: str, kind: str, headers: dict | None = None) -> JSONResponse:
@@ -71,7 +95,8 @@ class Router:
         self.config = config
         self.metrics = metrics or RouterMetrics()
         self.loads = LoadTracker()
-        self.counter = PromptCounter(config.tokenizer_dir)
+        self.hasher = PromptHasher(config.tokenizer_dir)
+        self.index = PrefixIndex()
         self.client: httpx.AsyncClient | None = None
         self.source: TableSource | None = None
         self.app = FastAPI(title="Ferry router", lifespan=self._lifespan)
@@ -95,6 +120,10 @@ class Router:
         if c.scrape_interval_s > 0:
             scraper = QueueDepthScraper(self.source, self.loads, client=self.client, interval_s=c.scrape_interval_s)
             tasks.append(asyncio.create_task(scraper.run()))
+        if c.kv_index and c.policy == "cache_aware":
+            feed = KVIndexFeed(self.index, self.source, client=self.client, interval_s=c.table_interval_s,
+                               on_resync=lambda name: self.metrics.index_resyncs.labels(replica=name).inc())
+            tasks.append(asyncio.create_task(feed.run()))
         try:
             yield
         finally:
@@ -145,19 +174,25 @@ class Router:
         if table is None:
             return _error(503, "no routing table loaded yet", "unavailable")
         request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
-        key = request.headers.get(http_headers.STICKY_KEY) or request_id
-        num_tokens = self.counter.count(request.url.path, body)
+        sticky = request.headers.get(http_headers.STICKY_KEY)
+        session = request.headers.get("x-session-id") or body.get("user") or sticky
+        session = session if isinstance(session, str) and session else None
+        key = sticky or session or request_id
+        model = body.get("model") if isinstance(body.get("model"), str) else None
         try:
-            plan = plan_route(table, key=key, num_prompt_tokens=num_tokens, loads=self.loads)
+            eligible = eligibility(table, model=model, sticky_key=key)
+        except UnknownModel as exc:
+            return _error(404, str(exc), "invalid_request_error")
         except NoReplicaAvailable as exc:
             return _error(503, str(exc), "unavailable")
+        version = eligible.track.model_version
+        hashing = self.config.policy == "cache_aware" and self.config.kv_index
+        prompt = await asyncio.to_thread(self.hasher.info, version, table.model_info[version], request.url.path, body,
+                                         hashing=hashing)
         headers = {"content-type": "application/json", "x-request-id": request_id,
-                   http_headers.TRACK: plan.track.name, http_headers.MODEL_VERSION: plan.track.model_version,
-                   http_headers.DECISION: plan.decision}
-        if plan.prefill is not None:
-            headers[http_headers.PREFILL_ENDPOINT] = plan.prefill.url
-            self.loads.assign(plan.prefill)
-        return await self._forward("POST", request.url.path, raw, headers, plan, stream=bool(body.get("stream")))
+                   http_headers.TRACK: eligible.track.name, http_headers.MODEL_VERSION: version}
+        return await self._forward(request.url.path, raw, headers, table, eligible, prompt, session=session,
+                                   model=model, key=key, stream=bool(body.get("stream")))
 
     async def models(self, request: Request) -> Response:
         refused = self._check_key(request)
@@ -166,12 +201,26 @@ class Router:
         table = self.source.table if self.source else None
         if table is None:
             return _error(503, "no routing table loaded yet", "unavailable")
-        candidates = [r for r in table.replicas if r.role in DECODE_ROLES]
-        plan = RoutePlan(table.tracks[0], "", candidates, None, None)
-        return await self._forward("GET", "/v1/models", None, {}, plan, stream=False)
+        names = models_served(table)
+        if names:
+            return JSONResponse({"object": "list", "data": [{"id": n, "object": "model", "created": 0,
+                                                             "owned_by": "ferry"} for n in names]})
+        for replica in (r for r in table.replicas if r.role in DECODE_ROLES):
+            outcome = await self._attempt("GET", "/v1/models", None, {}, replica, None, False,
+                                          httpx.Timeout(self.config.request_timeout_s,
+                                                        connect=self.config.connect_timeout_s))
+            if isinstance(outcome, Response):
+                return outcome
+        return _error(502, "no replica answered /v1/models", "upstream_error")
 
-    async def _forward(self, method: str, path: str, content: bytes | None, headers: dict, plan: RoutePlan,
-                       *, stream: bool) -> Response:
+    def _plan(self, table: RoutingTable, eligible: Eligible, prompt: PromptInfo, session: str | None) -> RoutePlan:
+        return plan_route(table, eligible=eligible, prompt=prompt, loads=self.loads,
+                          index=self.index if self.config.kv_index else None, session=session,
+                          policy=self.config.policy)
+
+    async def _forward(self, path: str, content: bytes, headers: dict, table: RoutingTable, eligible: Eligible,
+                       prompt: PromptInfo, *, session: str | None, model: str | None, key: str,
+                       stream: bool) -> Response:
         tried: set[str] = set()
         last_error, status = "no replica available", 502
         c = self.config
@@ -181,21 +230,32 @@ class Router:
             # an upstream timeout); this outer bound is a backstop for non-streamed requests.
             async with asyncio.timeout(None if stream else c.request_timeout_s + 1.0):
                 while len(tried) < self.config.max_attempts:
-                    replica = self.loads.pick(plan.decode_candidates, exclude=tried)
-                    if replica is None:
-                        break
+                    if tried:  # re-plan without the replicas that failed
+                        try:
+                            eligible = eligibility(table, model=model, sticky_key=key, exclude=frozenset(tried))
+                        except NoReplicaAvailable:
+                            break
+                    plan = self._plan(table, eligible, prompt, session)
+                    replica = plan.decode
                     if tried:
                         self.metrics.retries.labels(pool=replica.pool).inc()
-                    elif plan.decision:
+                    else:
                         self.metrics.decisions.labels(pool=replica.pool, decision=plan.decision,
                                                       track=plan.track.name).inc()
+                    self.metrics.decision_reasons.labels(pool=replica.pool, decision=plan.decision,
+                                                         reason=plan.reason, cache=plan.cache).inc()
                     tried.add(replica.name)
                     remaining = deadline - asyncio.get_running_loop().time()
                     if remaining <= 0 and not stream:
                         raise TimeoutError
                     timeout = httpx.Timeout(c.request_timeout_s if stream else remaining,
                                             connect=min(c.connect_timeout_s, max(remaining, 0.001)))
-                    outcome = await self._attempt(method, path, content, headers, replica, plan, stream, timeout)
+                    attempt_headers = {**headers, http_headers.DECISION: plan.decision}
+                    if plan.prefill is not None:
+                        attempt_headers[http_headers.PREFILL_ENDPOINT] = plan.prefill.url
+                    admit(plan, self.loads)
+                    outcome = await self._attempt("POST", path, content, attempt_headers, replica, plan, stream,
+                                                  timeout, admitted=True)
                     if isinstance(outcome, Response):
                         return outcome
                     last_error, status = outcome
@@ -204,13 +264,25 @@ class Router:
         kind = "timeout" if status == 504 else "upstream_error"
         return _error(status, f"no replica answered ({len(tried)} tried): {last_error}", kind)
 
+    def _observe_cached(self, plan: RoutePlan, response: httpx.Response) -> None:
+        """Index accuracy: the plan's prediction against the worker's ``X-Ferry-Cached-Tokens``."""
+        reported = response.headers.get(http_headers.CACHED_TOKENS)
+        if plan.cache != "on" or reported is None or not reported.isdigit():
+            return
+        pool = plan.decode.pool
+        self.metrics.predicted_cached.labels(pool=pool).inc(plan.predicted_cached_tokens)
+        self.metrics.reported_cached.labels(pool=pool).inc(int(reported))
+        self.metrics.cached_error.labels(pool=pool).observe(plan.predicted_cached_tokens - int(reported))
+
     async def _attempt(self, method: str, path: str, content: bytes | None, headers: dict, replica: Replica,
-                       plan: RoutePlan, stream: bool, timeout: httpx.Timeout) -> Response | tuple[str, int]:
+                       plan: RoutePlan | None, stream: bool, timeout: httpx.Timeout,
+                       admitted: bool = False) -> Response | tuple[str, int]:
         """One try on ``replica``: a Response to return, or (failure description, status to report if it is
-        the last failure: 504 for a timeout, else 502)."""
+        the last failure: 504 for a timeout, else 502). ``admitted``: :func:`admit` already booked it."""
         if self.client is None:
             raise RuntimeError("the router's HTTP client is created by the app lifespan; start the app first")
-        self.loads.begin(replica)
+        if not admitted:
+            self.loads.begin(replica)
         released = False
         response = None
         try:
@@ -223,8 +295,14 @@ class Router:
             chunks = response.aiter_raw()
             first = await anext(chunks, b"")
             out_headers = {k: v for k, v in response.headers.items() if k.lower() in PASS_HEADERS}
-            out_headers.update({http_headers.REPLICA: replica.name, http_headers.TRACK: plan.track.name,
-                                http_headers.DECISION: plan.decision, "x-request-id": headers.get("x-request-id", "")})
+            out_headers[http_headers.REPLICA] = replica.name
+            if http_headers.CACHED_TOKENS in response.headers:
+                out_headers[http_headers.CACHED_TOKENS] = response.headers[http_headers.CACHED_TOKENS]
+            if plan is not None:
+                self._observe_cached(plan, response)
+                out_headers.update({http_headers.TRACK: plan.track.name, http_headers.DECISION: plan.decision,
+                                    http_headers.DECISION_REASON: plan.reason,
+                                    "x-request-id": headers.get("x-request-id", "")})
             if not stream:
                 body = first + b"".join([c async for c in chunks])
                 return Response(body, response.status_code, headers=out_headers)

@@ -1,26 +1,18 @@
-"""Pure routing decisions (torch-free): track split, length-aware prefill placement, version pairing, load.
+"""Routing building blocks (torch-free): the track split and per-replica load; the pipeline is :mod:`.pipeline`.
 
-A request is routed in four steps (see :func:`plan_route`):
-
-1. **Track**: :func:`track_bucket` hashes the sticky key (the request id unless the client sends
-   ``X-Ferry-Sticky-Key``) to a bucket ``0..9999``; tracks own consecutive bucket ranges in table
-   order, ``round(cumulative_weight_percent * 100)`` wide, so a 90/10 split sends buckets 0..8999 to
-   the first track. The same key always lands on the same track.
-2. **Decode replica**: decode or colocated replicas of that track and its model version, least loaded
-   first (:class:`LoadTracker`).
-3. **Prefill placement**: prefill replicas of the *same model version* only (KV is only valid for the
-   weights that produced it). The prompt goes to remote prefill iff it has more tokens than the
-   threshold (:meth:`RoutingTable.threshold_for`); otherwise the decode replica prefills it itself.
-4. **Retry**: the caller asks :meth:`LoadTracker.pick` again with the replicas already tried excluded.
+**Track**: :func:`track_bucket` hashes the sticky key (``X-Ferry-Sticky-Key``, else the session, else the
+request id) to a bucket ``0..9999``; tracks own consecutive bucket ranges in table order,
+``round(cumulative_weight_percent * 100)`` wide (weights rescaled to the tracks of the requested model),
+so a 90/10 split sends buckets 0..8999 to the first track. The same key always lands on the same track.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections import Counter
-from dataclasses import dataclass
 
-from inference_worker.router.table import DECODE_ROLES, Replica, RoutingTable, Track
+from inference_worker.router.scoring import ReplicaLoad
+from inference_worker.router.table import Replica, Track
 
 NUM_BUCKETS = 10_000
 LOCAL_PREFILL, REMOTE_PREFILL, LOCAL_PREFILL_FALLBACK = "local_prefill", "remote_prefill", "local_prefill_fallback"
@@ -39,19 +31,20 @@ def track_bucket(key: str) -> int:
 
 
 def choose_track(tracks: tuple[Track, ...], key: str) -> Track:
-    """The track owning ``track_bucket(key)`` (see the module docstring)."""
+    """The track owning ``track_bucket(key)`` (see the module docstring; weights rescaled to their sum)."""
     bucket = track_bucket(key)
+    total = sum(t.weight for t in tracks) or 100.0
     cumulative = 0.0
     for track in tracks:
         cumulative += track.weight
-        if bucket < round(cumulative * NUM_BUCKETS / 100):
+        if bucket < round(cumulative * NUM_BUCKETS / total):
             return track
     return tracks[-1]
 
 
 class LoadTracker:
-    """Per-replica load: requests this router has in flight plus the queue depth scraped from the
-    replica's ``/metrics`` (``ferry_num_requests_waiting``).
+    """Per-replica load: requests this router has in flight plus what is scraped from the replica's
+    ``/metrics`` (``ferry_num_requests_waiting``, ``ferry_num_requests_running``, ``ferry_kv_cache_usage_ratio``).
 
     :meth:`pick` does not change state; ties go to the replica assigned the fewest requests so far
     (then table order), which spreads sequential traffic evenly over idle replicas.
@@ -61,10 +54,22 @@ class LoadTracker:
         self.in_flight: Counter[str] = Counter()
         self.assigned: Counter[str] = Counter()
         self.queue_depth: dict[str, float] = {}
+        self.running: dict[str, float] = {}
+        self.kv_usage: dict[str, float] = {}
 
     def load(self, replica: Replica) -> float:
         """In-flight requests plus the last scraped queue depth."""
         return self.in_flight[replica.name] + self.queue_depth.get(replica.name, 0.0)
+
+    def signals(self, replica: Replica) -> ReplicaLoad:
+        """Scoring input: waiting = :meth:`load`, running and KV usage as last scraped (0 when unknown)."""
+        return ReplicaLoad(self.load(replica), self.running.get(replica.name, 0.0),
+                           self.kv_usage.get(replica.name, 0.0))
+
+    def forget(self, name: str) -> None:
+        """Drop the scraped signals of a replica (unreachable)."""
+        for signals in (self.queue_depth, self.running, self.kv_usage):
+            signals.pop(name, None)
 
     def pick(self, candidates: list[Replica], exclude: set[str] = frozenset()) -> Replica | None:
         """The least-loaded candidate not in ``exclude`` (None if none is left)."""
@@ -85,42 +90,3 @@ class LoadTracker:
     def end(self, replica: Replica) -> None:
         """A request to ``replica`` finished (successfully or not)."""
         self.in_flight[replica.name] -= 1
-
-
-@dataclass(frozen=True)
-class RoutePlan:
-    """Where one request goes."""
-
-    track: Track
-    decision: str
-    decode_candidates: list[Replica]
-    """Decode/colocated replicas of the track's version; the proxy picks among them (and retries)."""
-    prefill: Replica | None
-    """The prefill replica for ``remote_prefill``, else None."""
-    threshold_tokens: int | None
-
-
-def plan_route(table: RoutingTable, *, key: str, num_prompt_tokens: int, loads: LoadTracker) -> RoutePlan:
-    """Decide track, decode candidates and prefill placement (see the module docstring).
-
-    Raises:
-        NoReplicaAvailable: the chosen track's model version has no decode or colocated replica.
-    """
-    track = choose_track(table.tracks, key)
-    version = track.model_version
-    decode = [r for r in table.replicas if r.role in DECODE_ROLES and r.model_version == version]
-    same_track = [r for r in decode if r.track == track.name]
-    decode = same_track or decode
-    if not decode:
-        raise NoReplicaAvailable(f"no decode replica serves model version {version!r} (track {track.name!r})")
-    prefill_pool = [r for r in table.replicas if r.role == "prefill" and r.model_version == version]
-    prefill = loads.pick(prefill_pool) if prefill_pool else None
-    if prefill is None:
-        threshold = table.threshold_tokens
-        long_prompt = threshold is not None and num_prompt_tokens > threshold
-        return RoutePlan(track, LOCAL_PREFILL_FALLBACK if long_prompt else LOCAL_PREFILL, decode, None, threshold)
-    # The threshold depends on the link between datacenters: taken for the decode replica picked now.
-    threshold = table.threshold_for(prefill, loads.pick(decode))
-    if threshold is not None and num_prompt_tokens > threshold:
-        return RoutePlan(track, REMOTE_PREFILL, decode, prefill, threshold)
-    return RoutePlan(track, LOCAL_PREFILL, decode, None, threshold)

@@ -1,13 +1,16 @@
 """Prometheus metrics of the router (DESIGN, "Metrics contract": ``ferry_`` prefix, labels pool, decision).
 
-``decision`` values are :data:`inference_worker.router.decisions.DECISIONS`; ``track`` is the routing
+``decision`` values are :data:`inference_worker.router.pipeline.DECISIONS` (``reason`` and ``cache``:
+``pipeline.REASONS`` and ``pipeline.CACHE_STATES``); ``track`` is the routing
 table track the request was split to (``stable``, ``canary``, ``blue``, ``green``), so a rollout can
 see traffic follow each weight step. Readers that want totals per pool and decision sum over ``track``.
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+ERROR_BUCKETS = (-1024, -256, -64, -16, -1, 0, 16, 64, 256, 1024)
 
 
 class RouterMetrics:
@@ -15,6 +18,13 @@ class RouterMetrics:
 
     - ``ferry_router_decisions_total{pool, decision, track}``: requests routed, by decode pool, prefill
       placement and traffic track (first attempts only; retries are counted in ``retries``).
+    - ``ferry_router_decision_reasons_total{pool, decision, reason, cache}``: every plan (retries too), by
+      PD decision, what decided it and whether cache scoring was on.
+    - ``ferry_router_predicted_cached_tokens_total{pool}`` and ``ferry_router_reported_cached_tokens_total{pool}``:
+      the index's prediction for the chosen decode replica and the worker's ``X-Ferry-Cached-Tokens`` for the
+      same answered requests (their ratio is the index accuracy); ``ferry_router_cached_tokens_error``
+      (histogram, tokens): predicted minus reported per request.
+    - ``ferry_router_kv_index_resyncs_total{replica}``: gaps or restarts that re-synced a replica's index.
     - ``ferry_router_requests_total{status}``: client requests answered, by HTTP status code.
     - ``ferry_router_upstream_errors_total{pool, replica, kind}``: failed upstream attempts
       (``kind`` connect | timeout | status | stream).
@@ -30,6 +40,20 @@ class RouterMetrics:
         self.decisions = Counter("ferry_router_decisions",
                                  "Requests routed, by decode pool, prefill placement and traffic track.",
                                  ["pool", "decision", "track"], registry=r)
+        self.decision_reasons = Counter("ferry_router_decision_reasons",
+                                        "Plans by decode pool, PD decision, deciding rule and cache scoring state.",
+                                        ["pool", "decision", "reason", "cache"], registry=r)
+        self.predicted_cached = Counter("ferry_router_predicted_cached_tokens",
+                                        "Cached prompt tokens the prefix index predicted on the chosen replica.",
+                                        ["pool"], registry=r)
+        self.reported_cached = Counter("ferry_router_reported_cached_tokens",
+                                       "Cached prompt tokens the workers reported in their cached-tokens header.",
+                                       ["pool"], registry=r)
+        self.cached_error = Histogram("ferry_router_cached_tokens_error",
+                                      "Predicted minus reported cached prompt tokens per answered request.",
+                                      ["pool"], buckets=ERROR_BUCKETS, registry=r)
+        self.index_resyncs = Counter("ferry_router_kv_index_resyncs", "KV index re-syncs after a gap or restart.",
+                                     ["replica"], registry=r)
         self.requests = Counter("ferry_router_requests", "Client requests answered, by HTTP status.", ["status"],
                                 registry=r)
         self.upstream_errors = Counter("ferry_router_upstream_errors", "Failed upstream attempts.",

@@ -6,8 +6,9 @@ and ``If-None-Match: <last ETag>``; 304 keeps the current table) every ``interva
 A pull or parse failure keeps the last good table and is counted. The version applied is exported as
 ``ferry_router_routing_table_version`` so a rollout can wait until traffic really moved.
 
-:class:`QueueDepthScraper` reads each replica's ``/metrics`` and records the sum of
-``ferry_num_requests_waiting`` for least-loaded routing.
+:class:`QueueDepthScraper` reads each replica's ``/metrics`` and records the sums of
+``ferry_num_requests_waiting`` and ``ferry_num_requests_running`` and the largest
+``ferry_kv_cache_usage_ratio`` (scoring's load signals).
 """
 
 from __future__ import annotations
@@ -86,8 +87,11 @@ class TableSource:
             await self.refresh()
 
 
+SCRAPED = ("ferry_num_requests_waiting", "ferry_num_requests_running", "ferry_kv_cache_usage_ratio")
+
+
 class QueueDepthScraper:
-    """Scrapes ``ferry_num_requests_waiting`` from every replica in the current table."""
+    """Scrapes the load signals (:data:`SCRAPED`) from every replica in the current table."""
 
     def __init__(self, source: TableSource, loads: LoadTracker, *, client: httpx.AsyncClient,
                  interval_s: float = 1.0):
@@ -98,19 +102,26 @@ class QueueDepthScraper:
         table = self.source.table
         if table is None:
             return
-        results = await asyncio.gather(*(self._waiting(r.url) for r in table.replicas))
-        for replica, waiting in zip(table.replicas, results, strict=True):
-            if waiting is None:
-                self.loads.queue_depth.pop(replica.name, None)
+        results = await asyncio.gather(*(self._signals(r.url) for r in table.replicas))
+        for replica, signals in zip(table.replicas, results, strict=True):
+            if signals is None:
+                self.loads.forget(replica.name)
             else:
+                waiting, running, usage = signals
                 self.loads.queue_depth[replica.name] = waiting
+                self.loads.running[replica.name] = running
+                self.loads.kv_usage[replica.name] = usage
 
-    async def _waiting(self, url: str) -> float | None:
+    async def _signals(self, url: str) -> tuple[float, float, float] | None:
         try:
             response = await self.client.get(url + "/metrics", timeout=2.0)
             response.raise_for_status()
-            return sum(sample.value for family in text_string_to_metric_families(response.text)
-                       if family.name == "ferry_num_requests_waiting" for sample in family.samples)
+            values: dict[str, list[float]] = {name: [] for name in SCRAPED}
+            for family in text_string_to_metric_families(response.text):
+                if family.name in values:
+                    values[family.name].extend(sample.value for sample in family.samples)
+            waiting, running, usage = values.values()
+            return sum(waiting), sum(running), max(usage, default=0.0)
         except (httpx.HTTPError, ValueError):
             return None
 

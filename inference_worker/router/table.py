@@ -18,11 +18,18 @@ JSON shape (served by the control plane at ``GET /api/v1/routing-table/`` or kep
       "length_routing": {"threshold_tokens": 2048},    # fixed threshold, or derived:
       # "length_routing": {"decode_prefill_tokens_per_s": 4000, "max_tokens": 131072},
       "models": {"v1": {"layer_types": [...], "sliding_window": 512, "num_kv_heads": 1, "head_dim": 256,
-                        "dtype": "bfloat16"}}           # KV layout per model version (derived threshold)
+                        "dtype": "bfloat16",            # KV layout per model version (PD cost function)
+                        # optional, for many models and cache-aware routing (absent in older tables):
+                        "model": "gemma-3-270m",        # the OpenAI ``model`` clients send for this version
+                        "tokenizer": "gemma-3-270m",    # tokenizer reference: a directory, file:// URI or
+                                                        # built-in model name (in the router's model cache)
+                        "weights_sha256": "<64 hex>", "kv_dtype": "float32", "block_size": 16}}  # digest salt
     }
 
-Prompts with more than the threshold's tokens prefill on the remote prefill pool; the others on
-the decode pool. :func:`derived_threshold` documents the formula of the derived threshold.
+Pools may also carry ``"routing_weights": {"hit": 1.0, "waiting": 512, ...}`` (scoring weights, see
+:mod:`.scoring`) and ``length_routing`` may carry ``prefill_tokens_per_s`` (the prefill pool's speed).
+The PD decision (local or remote prefill) is :mod:`.pd_cost`'s cost function; ``threshold_tokens`` is an
+operator override applied to the prompt's *uncached* tokens.
 """
 
 from __future__ import annotations
@@ -31,6 +38,9 @@ import math
 from dataclasses import dataclass, field
 
 from inference_worker.kv_transfer.layout import KVLayout
+from inference_worker.router.pd_cost import PDProfile
+from inference_worker.router.pd_cost import derived_threshold as _derived_threshold
+from inference_worker.router.scoring import ScoringWeights
 
 ROLES = ("decode", "colocated", "prefill")
 DECODE_ROLES = ("decode", "colocated")
@@ -52,6 +62,25 @@ class Replica:
     track: str
     model_version: str
     datacenter: str = ""
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """Per model version: what the router needs to route by ``model`` and to hash prompts like the workers."""
+
+    model: str = ""
+    """The OpenAI ``model`` name of this version ("" in older tables: any request model matches)."""
+    tokenizer: str = ""
+    """Tokenizer reference (directory, ``file://`` URI or built-in model name); "" = none (no cache scoring)."""
+    weights_sha256: str = ""
+    kv_dtype: str = ""
+    block_size: int = 16
+    """Digest salt inputs (``block_hash.prefix_root``); cache scoring needs all three."""
+
+    @property
+    def can_hash(self) -> bool:
+        """True when prompts can be hashed exactly like the workers do."""
+        return bool(self.tokenizer and self.weights_sha256 and self.kv_dtype and self.block_size >= 1)
 
 
 @dataclass(frozen=True)
@@ -87,6 +116,11 @@ class RoutingTable:
     decode_prefill_tokens_per_s: float | None = None
     max_tokens: int = 131072
     models: dict[str, KVLayout] = field(default_factory=dict)
+    model_info: dict[str, ModelInfo] = field(default_factory=dict)
+    """Per model version (every version named by a track or replica has one; defaults when not in ``models``)."""
+    pool_weights: dict[str, dict[str, float]] = field(default_factory=dict)
+    """Per pool name: scoring weight overrides (``routing_weights``)."""
+    prefill_tokens_per_s: float | None = None
 
     @classmethod
     def from_dict(cls, data: dict) -> RoutingTable:
@@ -97,13 +131,14 @@ class RoutingTable:
                 raise RoutingTableError(f"version must be an integer >= 0, got {version!r}")
             tracks = tuple(Track(str(t["name"]), str(t["model_version"]), float(t["weight"]))
                            for t in data["tracks"])
-            by_track = {t.name: t for t in tracks}
-            if not tracks or len(by_track) != len(tracks):
-                raise RoutingTableError("tracks must be a non-empty list with unique names")
-            if any(t.weight < 0 for t in tracks) or not math.isclose(sum(t.weight for t in tracks), 100.0,
-                                                                   abs_tol=1e-6):
-                raise RoutingTableError(f"track weights must be >= 0 and sum to 100, got "
-                                        f"{[t.weight for t in tracks]}")
+            raw_models = data.get("models") or {}
+            by_track: dict[str, Track] = {}
+            for t in tracks:
+                by_track.setdefault(t.name, t)
+            served = {(str((raw_models.get(t.model_version) or {}).get("model", "")), t.name) for t in tracks}
+            if not tracks or len(served) != len(tracks):
+                raise RoutingTableError("tracks must be a non-empty list with unique names (per served model)")
+            _check_weights(tracks, data.get("models") or {})
             replicas = []
             for pool in data["pools"]:
                 role = pool["role"]
@@ -124,10 +159,21 @@ class RoutingTable:
             length = data.get("length_routing") or {}
             threshold = length.get("threshold_tokens")
             speed = length.get("decode_prefill_tokens_per_s")
-            models = {str(k): KVLayout.from_dict(v) for k, v in (data.get("models") or {}).items()}
+            models = {str(k): KVLayout.from_dict(v) for k, v in raw_models.items()}
+            versions = {t.model_version for t in tracks} | {r.model_version for r in replicas} | set(models)
+            info = {v: _model_info(v, raw_models.get(v) or {}) for v in versions}
+            pool_weights = {str(p["name"]): {str(k): float(x) for k, x in p["routing_weights"].items()}
+                            for p in data["pools"] if p.get("routing_weights")}
+            for name, weights in pool_weights.items():
+                try:
+                    ScoringWeights.with_overrides(weights)
+                except ValueError as exc:
+                    raise RoutingTableError(f"pool {name!r}: routing_weights: {exc}") from None
+            prefill_speed = length.get("prefill_tokens_per_s")
             return cls(version, tracks, tuple(replicas), links,
                        None if threshold is None else int(threshold), None if speed is None else float(speed),
-                       int(length.get("max_tokens", 131072)), models)
+                       int(length.get("max_tokens", 131072)), models, info, pool_weights,
+                       None if prefill_speed is None else float(prefill_speed))
         except RoutingTableError:
             raise
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
@@ -140,61 +186,53 @@ class RoutingTable:
                 return x
         return None
 
-    def threshold_for(self, prefill: Replica, decode: Replica) -> int | None:
-        """Remote-prefill threshold in prompt tokens for this pair: prompts with more tokens go remote.
-
-        The fixed ``threshold_tokens`` when set; else :func:`derived_threshold` from the link between
-        the two datacenters, the model version's KV layout and ``decode_prefill_tokens_per_s``; None
-        (never remote) when any of those is missing.
-        """
-        if self.threshold_tokens is not None:
-            return self.threshold_tokens
+    def profile_for(self, prefill: Replica, decode: Replica) -> PDProfile | None:
+        """The PD cost function's inputs for this pair, or None when the model version's KV layout, the link
+        between the two datacenters or ``decode_prefill_tokens_per_s`` is missing."""
         layout = self.models.get(decode.model_version)
         link = self.link(prefill.datacenter, decode.datacenter)
         if layout is None or link is None or not self.decode_prefill_tokens_per_s:
             return None
-        return derived_threshold(layout, bandwidth_gbps=link.bandwidth_gbps, rtt_s=link.rtt_ms / 1000,
-                                 decode_prefill_tokens_per_s=self.decode_prefill_tokens_per_s,
-                                 max_tokens=self.max_tokens)
+        return PDProfile(layout, self.decode_prefill_tokens_per_s, link.bandwidth_gbps, link.rtt_ms / 1000,
+                         self.prefill_tokens_per_s)
+
+    def threshold_for(self, prefill: Replica, decode: Replica) -> int | None:
+        """Cold-fleet remote-prefill threshold for this pair (reporting): the fixed ``threshold_tokens`` when
+        set, else :func:`.pd_cost.derived_threshold` of :meth:`profile_for`; None when it cannot be derived."""
+        if self.threshold_tokens is not None:
+            return self.threshold_tokens
+        profile = self.profile_for(prefill, decode)
+        return None if profile is None else _derived_threshold(profile, self.max_tokens)
+
+
+def _check_weights(tracks: tuple[Track, ...], raw_models: dict) -> None:
+    """Weights are >= 0 and sum to 100 per served model (all tracks together in tables that name no models)."""
+    by_model: dict[str, list[float]] = {}
+    for t in tracks:
+        by_model.setdefault(str((raw_models.get(t.model_version) or {}).get("model", "")), []).append(t.weight)
+    for model, weights in by_model.items():
+        if any(w < 0 for w in weights) or not math.isclose(sum(weights), 100.0, abs_tol=1e-6):
+            where = f" of model {model!r}" if model else ""
+            raise RoutingTableError(f"track weights{where} must be >= 0 and sum to 100, got {weights}")
+
+
+def _model_info(version: str, raw: dict) -> ModelInfo:
+    block_size = int(raw.get("block_size", 16))
+    if block_size < 1:
+        raise RoutingTableError(f"models[{version!r}].block_size must be >= 1, got {block_size}")
+    return ModelInfo(str(raw.get("model", "")), str(raw.get("tokenizer", "")), str(raw.get("weights_sha256", "")),
+                     str(raw.get("kv_dtype", "")), block_size)
 
 
 def derived_threshold(layout: KVLayout, *, bandwidth_gbps: float, rtt_s: float, decode_prefill_tokens_per_s: float,
-                      max_tokens: int = 131072) -> int | None:
-    """Largest prompt length that should still prefill locally on the decode pool.
-
-    Remote prefill of ``N`` tokens pays off when the prefill time it saves the decode pool exceeds
-    the cost of moving the KV::
-
-        N / s  >  bytes(N) / B + RTT
-
-    with ``s`` the decode pool's measured prefill speed (tokens/s), ``bytes(N)`` the KV sent after a
-    prefill of ``N`` tokens (:meth:`KVLayout.transfer_bytes`: ``N`` tokens per full layer,
-    ``min(N, W-1)`` per sliding layer), ``B = bandwidth_gbps * 1e9 / 8`` bytes/s and ``RTT`` seconds.
-    ``f(N) = N/s - bytes(N)/B - RTT`` is piecewise linear with a slope that only grows (sliding layers
-    stop adding bytes at ``W-1``), so it is convex with ``f(0) < 0``: it is positive exactly for
-    ``N > T``. ``T`` is found by bisection over ``1..max_tokens``.
+                      max_tokens: int = 131072, prefill_tokens_per_s: float | None = None) -> int | None:
+    """Cold-fleet threshold of the one PD cost function (:func:`.pd_cost.derived_threshold`), keyword form.
 
     Returns:
-        ``T`` (route to remote prefill iff ``num_prompt_tokens > T``), or None if remote prefill never
-        pays off up to ``max_tokens``.
+        ``T``: with no cache hits, remote prefill iff ``num_prompt_tokens > T``; None if never up to ``max_tokens``.
 
     Raises:
         ValueError: non-positive bandwidth or speed, negative RTT.
     """
-    if bandwidth_gbps <= 0 or decode_prefill_tokens_per_s <= 0 or rtt_s < 0:
-        raise ValueError("bandwidth_gbps and decode_prefill_tokens_per_s must be positive, rtt_s >= 0")
-    bytes_per_s = bandwidth_gbps * 1e9 / 8
-
-    def pays_off(n: int) -> bool:
-        return n / decode_prefill_tokens_per_s > layout.transfer_bytes(n) / bytes_per_s + rtt_s
-
-    if not pays_off(max_tokens):
-        return None
-    lo, hi = 0, max_tokens  # invariant: not pays_off(lo) (f(0) = -RTT <= 0), pays_off(hi)
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if pays_off(mid):
-            hi = mid
-        else:
-            lo = mid
-    return lo
+    profile = PDProfile(layout, decode_prefill_tokens_per_s, bandwidth_gbps, rtt_s, prefill_tokens_per_s)
+    return _derived_threshold(profile, max_tokens)

@@ -8,15 +8,15 @@ import pytest
 from inference_worker.kv_transfer.bucket import TokenBucket
 from inference_worker.kv_transfer.layout import KVLayout
 from inference_worker.router.auth import ApiKey, ApiKeys
-from inference_worker.router.decisions import (
+from inference_worker.router.decisions import LoadTracker, NoReplicaAvailable, choose_track
+from inference_worker.router.pipeline import (
     LOCAL_PREFILL,
     LOCAL_PREFILL_FALLBACK,
     REMOTE_PREFILL,
-    LoadTracker,
-    NoReplicaAvailable,
-    choose_track,
-    plan_route,
+    PromptInfo,
+    eligibility,
 )
+from inference_worker.router.pipeline import plan_route as pipeline_plan
 from inference_worker.router.prompt import PromptCounter
 from inference_worker.router.table import RoutingTable, RoutingTableError, derived_threshold
 
@@ -39,6 +39,16 @@ def table_dict(threshold=1000, canary_prefill=False, **extra):
             "pools": pools, "length_routing": {"threshold_tokens": threshold}}
     data.update(extra)
     return data
+
+
+def plan_route(table, *, key, num_prompt_tokens, loads):
+    eligible = eligibility(table, model=None, sticky_key=key)
+    return pipeline_plan(table, eligible=eligible, prompt=PromptInfo(num_prompt_tokens, (), "no_tokenizer"),
+                         loads=loads)
+
+
+def candidates(table, key):
+    return [r.name for r in eligibility(table, model=None, sticky_key=key).decode]
 
 
 def independent_bucket(request_id):
@@ -74,15 +84,15 @@ def canary_key():
 def test_prompts_around_the_threshold(tokens, decision):
     table = RoutingTable.from_dict(table_dict(threshold=1000))
     plan = plan_route(table, key=stable_key(), num_prompt_tokens=tokens, loads=LoadTracker())
-    assert plan.decision == decision and plan.track.name == "stable"
-    assert [r.name for r in plan.decode_candidates] == ["d0", "d1"]
+    assert plan.decision == decision and plan.track.name == "stable" and plan.reason == "threshold"
+    assert candidates(table, stable_key()) == ["d0", "d1"] and plan.decode.name == "d0"
     assert (plan.prefill.name if plan.prefill else None) == ("p0" if decision == REMOTE_PREFILL else None)
 
 
 def test_new_version_prefill_pairs_only_with_same_version_decode():
     table = RoutingTable.from_dict(table_dict())
     plan = plan_route(table, key=canary_key(), num_prompt_tokens=5000, loads=LoadTracker())
-    assert plan.track.name == "canary" and [r.name for r in plan.decode_candidates] == ["d2"]
+    assert plan.track.name == "canary" and candidates(table, canary_key()) == ["d2"] and plan.decode.name == "d2"
     assert plan.decision == LOCAL_PREFILL_FALLBACK and plan.prefill is None  # p0 serves v1: never paired
     table = RoutingTable.from_dict(table_dict(canary_prefill=True))
     plan = plan_route(table, key=canary_key(), num_prompt_tokens=5000, loads=LoadTracker())
@@ -135,7 +145,8 @@ def test_derived_threshold_from_the_table_uses_the_link_between_the_datacenters(
     key = stable_key()
     assert plan_route(table, key=key, num_prompt_tokens=56, loads=LoadTracker()).decision == LOCAL_PREFILL
     plan = plan_route(table, key=key, num_prompt_tokens=57, loads=LoadTracker())
-    assert plan.decision == REMOTE_PREFILL and plan.threshold_tokens == 56
+    assert plan.decision == REMOTE_PREFILL and plan.reason == "cost"
+    assert table.threshold_for(plan.prefill, plan.decode) == 56
 
 
 @pytest.mark.parametrize("change, message", [

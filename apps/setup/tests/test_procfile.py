@@ -30,7 +30,8 @@ def test_load_adds_a_bounded_generator_loop_against_the_router_and_tokenizer_is_
     # the generator starts once the launcher reports ready (no 503s from a router without workers)
     assert processes["load"].startswith("until [ -e /v/ready ]; do sleep 2; done; "
                                         "while :; do py bench/serve_load.py --base-url http://127.0.0.1:9090 ")
-    assert "--num-prompts 8" in processes["load"] and processes["load"].endswith("; sleep 3; done")
+    # multi-turn sessions by default (bench/workloads.py): the router's prefix cache hits show on the pool page
+    assert "--sessions 4 --turns 4" in processes["load"] and processes["load"].endswith("; sleep 3; done")
 
 
 def test_child_env_keeps_user_values_but_not_their_redis_and_database_urls():

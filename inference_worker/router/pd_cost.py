@@ -1,0 +1,107 @@
+"""The one PD cost function: prefill locally on the decode replica, or remotely on a prefill replica (torch-free).
+
+A request of ``N`` prompt tokens of which the chosen decode replica already holds ``h_decode`` (its
+prefix cache, the hybrid hit rule) and the chosen prefill replica holds ``h_prefill`` costs, in
+seconds until its KV sits on the decode replica::
+
+    local  = (N - h_decode)  / s_decode
+    remote = (N - h_prefill) / s_prefill  +  bytes(N) / B  +  RTT
+
+``s_decode`` and ``s_prefill`` are the two pools' prefill speeds (tokens/s), ``bytes(N)`` the KV the
+hand-off ships (today the whole prompt's: :meth:`KVLayout.transfer_bytes`, ``N`` tokens per full layer
+and ``min(N, W-1)`` per sliding layer), ``B = bandwidth_gbps * 1e9 / 8`` bytes/s and ``RTT`` the link's
+round trip. Remote prefill is chosen iff ``remote < local``. Deciding on the *incremental* length
+(the part not already cached) follows the PrfaaS paper's remote-prefill rule (figures in the planner
+issue). ``s_prefill`` may be unknown (None): the prefill pool's time is then not charged, which is the
+decode pool's own view (what it saves versus what the transfer costs) and gives the threshold Ferry
+derived before cache hits were known (:func:`derived_threshold`). The capacity planner feeds measured
+profiles and live link load into :class:`PDProfile`; nothing else in Ferry computes a threshold.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from inference_worker.kv_transfer.layout import KVLayout
+
+
+@dataclass(frozen=True)
+class PDProfile:
+    """What the cost function knows about one (decode replica, prefill replica) pair."""
+
+    layout: KVLayout
+    """KV geometry of the model version (bytes shipped per token per layer)."""
+    decode_prefill_tokens_per_s: float
+    """Prefill speed of the decode replica, tokens/s (> 0)."""
+    bandwidth_gbps: float
+    """Link bandwidth between the two datacenters, Gbit/s (> 0)."""
+    rtt_s: float = 0.0
+    """Link round trip, seconds (>= 0)."""
+    prefill_tokens_per_s: float | None = None
+    """Prefill speed of the prefill replica, tokens/s; None: its time is not charged (see the module docstring)."""
+
+    def __post_init__(self) -> None:
+        if self.decode_prefill_tokens_per_s <= 0 or self.bandwidth_gbps <= 0 or self.rtt_s < 0:
+            raise ValueError("decode_prefill_tokens_per_s and bandwidth_gbps must be positive, rtt_s >= 0")
+        if self.prefill_tokens_per_s is not None and self.prefill_tokens_per_s <= 0:
+            raise ValueError("prefill_tokens_per_s must be positive (or None)")
+
+
+@dataclass(frozen=True)
+class PDCosts:
+    """Seconds until the prompt's KV is on the decode replica, both ways."""
+
+    local_s: float
+    remote_s: float
+
+    @property
+    def remote(self) -> bool:
+        """True iff remote prefill is strictly cheaper."""
+        return self.remote_s < self.local_s
+
+
+def pd_costs(profile: PDProfile, num_tokens: int, *, decode_hit_tokens: int = 0, prefill_hit_tokens: int = 0) -> PDCosts:
+    """Local and remote cost of a prompt of ``num_tokens`` tokens (formula in the module docstring).
+
+    Args:
+        num_tokens: prompt tokens N (>= 0).
+        decode_hit_tokens / prefill_hit_tokens: tokens of the prompt cached on each replica, clamped to [0, N].
+
+    Raises:
+        ValueError: negative ``num_tokens``.
+    """
+    if num_tokens < 0:
+        raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
+    h_decode = min(max(decode_hit_tokens, 0), num_tokens)
+    h_prefill = min(max(prefill_hit_tokens, 0), num_tokens)
+    local = (num_tokens - h_decode) / profile.decode_prefill_tokens_per_s
+    remote_compute = 0.0
+    if profile.prefill_tokens_per_s is not None:
+        remote_compute = (num_tokens - h_prefill) / profile.prefill_tokens_per_s
+    transfer = profile.layout.transfer_bytes(num_tokens) / (profile.bandwidth_gbps * 1e9 / 8)
+    return PDCosts(local, remote_compute + transfer + profile.rtt_s)
+
+
+def derived_threshold(profile: PDProfile, max_tokens: int = 131072) -> int | None:
+    """Largest prompt length that still prefills locally on a cold fleet (no hits on either replica).
+
+    ``f(N) = local(N) - remote(N)`` is piecewise linear with a slope that only grows (sliding layers stop
+    adding bytes at ``W-1``), so it is convex with ``f(0) = -RTT <= 0``: remote wins exactly for
+    ``N > T``. ``T`` is found by bisection over ``1..max_tokens``.
+
+    Returns:
+        ``T`` (remote iff ``num_tokens > T`` with no hits), or None if remote never wins up to ``max_tokens``.
+    """
+    def remote_wins(n: int) -> bool:
+        return pd_costs(profile, n).remote
+
+    if not remote_wins(max_tokens):
+        return None
+    lo, hi = 0, max_tokens  # invariant: not remote_wins(lo), remote_wins(hi)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if remote_wins(mid):
+            hi = mid
+        else:
+            lo = mid
+    return lo

@@ -1,0 +1,181 @@
+"""The router's request pipeline: one plan per attempt (torch-free).
+
+::
+
+    eligibility -> scoring -> PD decision -> admission
+
+1. **Eligibility** (:func:`eligibility`): the tracks of the requested ``model`` (every track in tables
+   that name no models), the track of the sticky key (:func:`.decisions.choose_track`), and the decode
+   or colocated replicas of its model version (same track first), minus ejected replicas and the ones
+   already tried. An unknown model raises :class:`UnknownModel` (404); nothing left raises
+   :class:`.decisions.NoReplicaAvailable` (503).
+2. **Scoring** (:mod:`.scoring`): per candidate, expected cached tokens from the prefix index
+   (:class:`.prefix_index.PrefixIndex`, the hybrid hit rule) against load; the session breaks ties.
+   ``least_loaded`` (load only, ties to the replica given the fewest requests) and ``round_robin``
+   (benchmark references) use neither the index nor the session.
+3. **PD decision**: the best-scoring prefill replica of the same model version (KV is only valid for the
+   weights that produced it), then the one cost function (:mod:`.pd_cost`) with each replica's hits:
+   remote iff cheaper. A fixed ``threshold_tokens`` in the table overrides it on the *uncached* tokens.
+4. **Admission**: :func:`admit` books the plan's replicas in the load tracker (admission limits plug in
+   here).
+
+The :class:`RoutePlan` fixes the decode replica and the prefill replica; the proxy executes exactly that.
+A retry runs the pipeline again with the failed replica excluded (:func:`plan_route` with ``exclude``):
+the next replica's hits may change the PD decision.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from inference_worker.router.decisions import LoadTracker, NoReplicaAvailable, choose_track
+from inference_worker.router.pd_cost import PDCosts, pd_costs
+from inference_worker.router.prefix_index import PrefixIndex, group_windows
+from inference_worker.router.scoring import ScoringWeights, score, session_rank
+from inference_worker.router.table import DECODE_ROLES, Replica, RoutingTable, Track
+
+LOCAL_PREFILL, REMOTE_PREFILL, LOCAL_PREFILL_FALLBACK = "local_prefill", "remote_prefill", "local_prefill_fallback"
+DECISIONS = (LOCAL_PREFILL, REMOTE_PREFILL, LOCAL_PREFILL_FALLBACK)
+"""``decision`` values: prefill on the decode replica; on a prefill replica; a prompt over the fixed
+threshold with no same-version prefill replica (prefilled locally instead)."""
+REASONS = ("cost", "threshold", "no_prefill_replica", "no_profile")
+"""``reason`` values: the cost function decided; the fixed threshold did; no same-version prefill replica;
+the cost function lacks an input (KV layout, link or prefill speed) so the prompt stays local."""
+CACHE_STATES = ("on", "no_tokenizer", "no_digest_salt", "policy", "unhashable")
+"""``cache`` values: cache scoring on; off because the model version has no tokenizer reference (or it did
+not load); off because the digest salt (weights sha256, KV dtype) is missing; off by router policy; off
+because the prompt's token ids are not valid (outside uint32: the worker refuses it)."""
+POLICIES = ("cache_aware", "least_loaded", "round_robin")
+
+
+class UnknownModel(LookupError):
+    """The request names a model no track serves (the router answers 404)."""
+
+
+@dataclass(frozen=True)
+class PromptInfo:
+    """The request's prompt as the router sees it (computed off the event loop)."""
+
+    num_tokens: int
+    digests: tuple[bytes, ...] = ()
+    """Block digests with the model version's root (empty when cache scoring is off)."""
+    cache: str = "on"
+    """One of :data:`CACHE_STATES`."""
+
+
+@dataclass(frozen=True)
+class Eligible:
+    """Step 1's result."""
+
+    track: Track
+    decode: tuple[Replica, ...]
+    prefill: tuple[Replica, ...]
+
+
+@dataclass(frozen=True)
+class RoutePlan:
+    """Where one attempt of a request goes."""
+
+    track: Track
+    decode: Replica
+    prefill: Replica | None
+    """The prefill replica for ``remote_prefill``, else None."""
+    decision: str
+    reason: str
+    cache: str
+    num_prompt_tokens: int
+    predicted_cached_tokens: int
+    """Tokens the index expects the decode replica to find cached (hybrid hit rule)."""
+    prefill_cached_tokens: int = 0
+    costs: PDCosts | None = None
+
+
+def models_served(table: RoutingTable) -> list[str]:
+    """OpenAI model names with a track, in table order (empty for tables that name no models)."""
+    names = [table.model_info[t.model_version].model for t in table.tracks]
+    return list(dict.fromkeys(n for n in names if n))
+
+
+def eligibility(table: RoutingTable, *, model: str | None, sticky_key: str, exclude: frozenset[str] = frozenset(),
+                ejected: frozenset[str] = frozenset()) -> Eligible:
+    """Step 1 (module docstring).
+
+    Raises:
+        UnknownModel: ``model`` is given, the table names models, and none is ``model``.
+        NoReplicaAvailable: the track's model version has no decode replica left.
+    """
+    tracks = table.tracks
+    if model and models_served(table):
+        tracks = tuple(t for t in tracks if table.model_info[t.model_version].model == model)
+        if not tracks:
+            raise UnknownModel(f"model {model!r} is not served here; available: {models_served(table)}")
+    track = choose_track(tracks, sticky_key)
+    version = track.model_version
+    skip = exclude | ejected
+    decode = [r for r in table.replicas if r.role in DECODE_ROLES and r.model_version == version]
+    decode = [r for r in decode if r.track == track.name] or decode
+    decode = [r for r in decode if r.name not in skip]
+    if not decode:
+        raise NoReplicaAvailable(f"no decode replica left for model version {version!r} (track {track.name!r}; "
+                                 f"{len(exclude)} tried, {len(ejected)} ejected)")
+    prefill = tuple(r for r in table.replicas if r.role == "prefill" and r.model_version == version
+                    and r.name not in skip)
+    return Eligible(track, tuple(decode), prefill)
+
+
+def _best(candidates: tuple[Replica, ...], table: RoutingTable, prompt: PromptInfo, loads: LoadTracker,
+          index: PrefixIndex | None, session: str | None, policy: str) -> tuple[Replica, int]:
+    """Step 2: the best candidate and its predicted hit tokens."""
+    if policy == "round_robin":
+        return min(candidates, key=lambda r: loads.assigned[r.name]), 0
+    info = table.model_info[candidates[0].model_version]
+    layout = table.models.get(candidates[0].model_version)
+    use_index = policy == "cache_aware" and index is not None and prompt.digests and layout is not None
+    groups = group_windows(layout) if use_index else {}
+    ranked = []
+    for r in candidates:
+        hit, expected = (index.hit_tokens(r.name, prompt.digests, prompt.num_tokens, groups, info.block_size)
+                         if use_index else (0, 0.0))
+        weights = ScoringWeights.with_overrides(table.pool_weights.get(r.pool))
+        tie = session_rank(session, r.name) if session and policy == "cache_aware" else 0
+        ranked.append(((score(expected, loads.signals(r), weights), tie, -loads.assigned[r.name]), r, hit))
+    best = max(ranked, key=lambda item: item[0])
+    return best[1], best[2]
+
+
+def plan_route(table: RoutingTable, *, eligible: Eligible, prompt: PromptInfo, loads: LoadTracker,
+               index: PrefixIndex | None = None, session: str | None = None, policy: str = "cache_aware") -> RoutePlan:
+    """Steps 2 and 3 for the replicas of ``eligible`` (module docstring); changes no state.
+
+    Raises:
+        ValueError: unknown ``policy``.
+    """
+    if policy not in POLICIES:
+        raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+    cache = prompt.cache if policy == "cache_aware" else "policy"
+    decode, h_decode = _best(eligible.decode, table, prompt, loads, index, session, policy)
+    n = prompt.num_tokens
+    base = dict(track=eligible.track, decode=decode, cache=cache, num_prompt_tokens=n, predicted_cached_tokens=h_decode)
+    fixed = table.threshold_tokens
+    if not eligible.prefill:
+        long_prompt = fixed is not None and n - h_decode > fixed
+        return RoutePlan(prefill=None, decision=LOCAL_PREFILL_FALLBACK if long_prompt else LOCAL_PREFILL,
+                         reason="no_prefill_replica", **base)
+    prefill, h_prefill = _best(eligible.prefill, table, prompt, loads, index, session, policy)
+    if fixed is not None:
+        remote = n - h_decode > fixed
+        return RoutePlan(prefill=prefill if remote else None, decision=REMOTE_PREFILL if remote else LOCAL_PREFILL,
+                         reason="threshold", prefill_cached_tokens=h_prefill, **base)
+    profile = table.profile_for(prefill, decode)
+    if profile is None:
+        return RoutePlan(prefill=None, decision=LOCAL_PREFILL, reason="no_profile", **base)
+    costs = pd_costs(profile, n, decode_hit_tokens=h_decode, prefill_hit_tokens=h_prefill)
+    return RoutePlan(prefill=prefill if costs.remote else None, decision=REMOTE_PREFILL if costs.remote else LOCAL_PREFILL,
+                     reason="cost", prefill_cached_tokens=h_prefill, costs=costs, **base)
+
+
+def admit(plan: RoutePlan, loads: LoadTracker) -> None:
+    """Step 4: book the plan's replicas (the decode replica's request is in flight until :meth:`LoadTracker.end`)."""
+    loads.begin(plan.decode)
+    if plan.prefill is not None:
+        loads.assign(plan.prefill)

@@ -1,0 +1,80 @@
+"""Scoring a replica for one request: expected cached tokens against load (torch-free).
+
+``score = hit * expected_cached_tokens - waiting * num_waiting - running * num_running - kv_usage * kv_usage_ratio``
+
+in prompt-token units (a point of score is one prompt token the replica will not have to prefill).
+The highest score wins; ties go to the session's rendezvous hash (:func:`session_rank`: the same
+session lands on the same replica while nothing else differs, which also makes its next turn a hit),
+then to the replica given the fewest requests so far.
+
+Default weights (:class:`ScoringWeights`), and why:
+
+- ``hit = 1.0``: a cached token is a token not prefilled; the unit of the score.
+- ``waiting = 512``: a request queued ahead of us delays our first token by about one prefill; 512
+  tokens is the order of a first-turn prompt of ``bench/multi_turn.py``'s default sessions (300-token
+  system prompt + 100..300 user tokens), so one queued request outweighs a hit of less than 512 tokens
+  while a long shared history still pulls a session to a slightly busier replica.
+- ``running = 32``: a running request slows every decode step a little (batched) but does not delay
+  our prefill start; a small cost that spreads decode load among equally cached replicas.
+- ``kv_usage = 1024``: a nearly full KV cache preempts or evicts; at usage 1.0 the replica is
+  charged two typical prompts, enough to move new sessions elsewhere before it thrashes.
+
+Pools override any weight in the routing table (``"routing_weights": {"waiting": 256}``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, fields, replace
+
+
+@dataclass(frozen=True)
+class ScoringWeights:
+    """Weights of the score (see the module docstring for the reasoning behind each default)."""
+
+    hit: float = 1.0
+    """Per expected cached prompt token (tier-weighted)."""
+    waiting: float = 512.0
+    """Per request waiting on the replica (scraped queue depth plus this router's in-flight requests)."""
+    running: float = 32.0
+    """Per request in the replica's running batch."""
+    kv_usage: float = 1024.0
+    """At KV cache usage ratio 1.0 (linear in the ratio)."""
+
+    @classmethod
+    def with_overrides(cls, overrides: dict[str, float] | None) -> ScoringWeights:
+        """Defaults with ``overrides`` applied.
+
+        Raises:
+            ValueError: an unknown weight name or a negative weight.
+        """
+        if not overrides:
+            return cls()
+        known = {f.name for f in fields(cls)}
+        unknown = set(overrides) - known
+        if unknown:
+            raise ValueError(f"unknown routing weights {sorted(unknown)}; known: {sorted(known)}")
+        if any(v < 0 for v in overrides.values()):
+            raise ValueError(f"routing weights must be >= 0, got {overrides}")
+        return replace(cls(), **{k: float(v) for k, v in overrides.items()})
+
+
+@dataclass(frozen=True)
+class ReplicaLoad:
+    """Load signals of one replica."""
+
+    waiting: float = 0.0
+    running: float = 0.0
+    kv_usage_ratio: float = 0.0
+
+
+def score(expected_cached_tokens: float, load: ReplicaLoad, weights: ScoringWeights) -> float:
+    """The score of the module docstring (higher is better), in prompt tokens."""
+    return (weights.hit * expected_cached_tokens - weights.waiting * load.waiting - weights.running * load.running
+            - weights.kv_usage * load.kv_usage_ratio)
+
+
+def session_rank(session: str, replica: str) -> int:
+    """Rendezvous (highest random weight) hash of a session on a replica: first 8 bytes of
+    ``sha256(session || 0x00 || replica)``, big-endian."""
+    return int.from_bytes(hashlib.sha256(session.encode() + b"\x00" + replica.encode()).digest()[:8], "big")
