@@ -34,6 +34,7 @@ import torch
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from inference_worker import http_headers
 from inference_worker.server.errors import OpenAIError, invalid
@@ -47,6 +48,7 @@ from inference_worker.server.protocol import (
     completion_sampling,
     parse_body,
 )
+from inference_worker.server.signing import read_body_capped
 from inference_worker.server.state import ServedModel, ServerState
 from inference_worker.server.streaming import SSE_DONE, ChoiceEvent, Generation, GenerationError, sse
 from inference_worker.tokenization import ChatTemplateError
@@ -64,6 +66,14 @@ def create_app(state: ServerState) -> FastAPI:
     @app.exception_handler(OpenAIError)
     async def _openai_error(_request: Request, exc: OpenAIError) -> JSONResponse:
         return exc.response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        """Routing's own answers (404 unknown path, 405 wrong method) in OpenAI's error shape."""
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+        response = OpenAIError(exc.status_code, str(exc.detail), code=code).response()
+        response.headers.update(exc.headers or {})
+        return response
 
     @app.exception_handler(Exception)
     async def _internal_error(_request: Request, exc: Exception) -> JSONResponse:
@@ -116,7 +126,7 @@ def create_app(state: ServerState) -> FastAPI:
         return await _serve(state, request, chat=True)
 
     if state.pd is not None and state.pd.settings.role == "prefill":
-        from inference_worker.server.pd import PREFILL_PATH
+        from inference_worker.server.pd import PREFILL_PATH, max_prefill_body_bytes
 
         @app.post(PREFILL_PATH)
         async def internal_prefill(request: Request) -> JSONResponse:
@@ -129,7 +139,8 @@ def create_app(state: ServerState) -> FastAPI:
                                   code="not_ready")
             state.request_started()
             try:
-                answer = await state.pd.handle_prefill(model, await request.body(), request.headers)
+                raw = await read_body_capped(request, max_prefill_body_bytes(model.max_model_len))
+                answer = await state.pd.handle_prefill(model, raw, request.headers)
             except Exception as exc:
                 _count_failure(state, exc)
                 raise
