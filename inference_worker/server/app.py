@@ -110,7 +110,8 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.get("/v1/models")
     async def models() -> JSONResponse:
-        max_len = state.model.max_model_len if state.model is not None else None
+        # the context one request can really use: a KV cache smaller than max_model_len caps it
+        max_len = state.model.context_len if state.model is not None else None
         card = {"id": state.served_model_name, "object": "model", "created": 0, "owned_by": "ferry",
                 "max_model_len": max_len}
         return JSONResponse({"object": "list", "data": [card]})
@@ -228,14 +229,16 @@ def _prepare(state: ServerState, model: ServedModel, raw: bytes, *, chat: bool,
     longest = max(len(p) for p in prompts)
     max_tokens = sampling.max_tokens
     if max_tokens is None:
-        max_tokens = model.max_model_len - longest
+        max_tokens = model.context_len - longest
         if max_tokens < 1:
-            raise invalid(f"the prompt has {longest} tokens, which fills the context of {model.max_model_len}",
+            raise invalid(f"the prompt has {longest} tokens, which fills the context of {model.context_len}"
+                          + ("" if model.context_len == model.max_model_len else " tokens that the KV cache holds"),
                           param="messages" if chat else "prompt", code="context_length_exceeded")
     elif longest + max_tokens > model.max_model_len:
         raise invalid(f"prompt ({longest} tokens) plus max_tokens ({max_tokens}) exceeds the model's context of "
                       f"{model.max_model_len} tokens; shorten the prompt or lower max_tokens",
                       param="max_tokens", code="context_length_exceeded")
+    model.check_kv_capacity(longest, max_tokens, param="max_tokens")
     if state.should_inject_fault():
         raise OpenAIError(500, "injected fault (--fault-error-rate): this request failed on purpose",
                           type="server_error", code="injected_fault")

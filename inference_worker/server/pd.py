@@ -186,6 +186,8 @@ class PDService:
                 fault = parse_fault(headers.get(http_headers.FAULT_KV))
             except ValueError as exc:
                 raise OpenAIError(400, str(exc), param=http_headers.FAULT_KV) from None
+        # a prompt this cache can never prefill is the caller's error (400), decided before the engine sees it
+        model.check_kv_capacity(len(prompt), 1, param="prompt_token_ids")
         params = model.make_sampling_params(max_tokens=1, ignore_eos=True, **{
             k: sampling[k] for k in ("temperature", "top_p", "top_k", "seed") if sampling.get(k) is not None})
         started = time.perf_counter()
