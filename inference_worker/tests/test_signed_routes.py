@@ -123,3 +123,53 @@ def test_routing_errors_use_openai_error_json(client):
     response = client.get("/v1/nothing")
     assert response.status_code == 404
     assert response.json()["error"]["code"] == "not_found"
+
+
+@pytest.fixture()
+def prefill_client():
+    from types import SimpleNamespace
+
+    from inference_worker.server.pd import PDService, PDSettings
+    from inference_worker.server.state import ServedModel
+
+    def capacity_error(num_prompt_tokens, max_tokens):  # a cache of 100 tokens, as the scheduler words it
+        need = num_prompt_tokens + max_tokens
+        return None if need <= 100 else f"needs up to {need} full_attention blocks but the KV cache has 100"
+
+    metrics = WorkerMetrics({"model": "m", "role": "prefill"}, CollectorRegistry())
+    model = ServedModel(engine_loop=SimpleNamespace(alive=True), tokenizer=None, chat_template=None, max_model_len=64,
+                        vocab_size=1000, make_sampling_params=dict, kv_capacity_error=capacity_error)
+    pd = PDService(PDSettings(role="prefill", link_secret=SECRET, model_version_id="v1"), metrics)
+    state = ServerState(served_model_name="m", metrics=metrics, link_secret=SECRET, pd=pd, model=model)
+    with TestClient(create_app(state), raise_server_exceptions=False) as c:
+        yield c
+
+
+@pytest.mark.parametrize("header", ["é" * 64, GOOD[:63], "z" * 64])
+def test_prefill_route_answers_401_for_non_ascii_or_malformed_signature(prefill_client, header):
+    from inference_worker.server.pd import PREFILL_PATH
+    response = prefill_client.post(PREFILL_PATH, content=BODY,
+                                   headers={http_headers.KV_SIGNATURE: header.encode("latin-1")})
+    assert (response.status_code, response.json()["error"]["code"]) == (401, "invalid_signature")
+
+
+def test_prefill_route_refuses_a_body_over_its_cap_with_413(prefill_client):
+    from inference_worker.server.pd import PREFILL_PATH
+    cap = max_prefill_body_bytes(64)
+    response = prefill_client.post(PREFILL_PATH, content=b" " * (cap + 1))
+    assert response.status_code == 413
+    assert response.json()["error"]["message"] == f"request body too large: this route accepts at most {cap} bytes"
+
+
+def test_prefill_of_a_prompt_the_cache_cannot_hold_is_400_before_the_engine(prefill_client):
+    import json
+
+    from inference_worker.server.pd import PREFILL_PATH
+    body = json.dumps({"request_id": "r", "prompt_token_ids": [1] * 100, "kv_host": "127.0.0.1", "kv_port": 1,
+                       "model_version_id": "v1"}).encode()
+    response = prefill_client.post(PREFILL_PATH, content=body, headers={http_headers.KV_SIGNATURE: sign(SECRET, body)})
+    assert response.status_code == 400
+    assert response.json()["error"] == {
+        "message": "prompt (100 tokens) plus max_tokens (1) needs up to 101 full_attention blocks but the KV cache "
+                   "has 100", "type": "invalid_request_error", "param": "prompt_token_ids",
+        "code": "context_length_exceeded"}
