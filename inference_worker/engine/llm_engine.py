@@ -103,6 +103,19 @@ class PagedLLMEngine:
         self._admission_listener: Callable[[dict[str, int]], None] | None = None
         self.core.admission_listener = self._on_admitted
 
+    def kv_capacity_error(self, num_prompt_tokens: int, max_tokens: int) -> str | None:
+        """Why a request of ``num_prompt_tokens`` + ``max_tokens`` could never fit in the KV cache, or None.
+
+        The check :meth:`add_request` makes, for callers that decide before queueing (the server answers
+        400); reads only the cache's fixed geometry, so any thread may call it.
+        """
+        return self.core.scheduler.capacity_error(num_prompt_tokens, max_tokens)
+
+    @property
+    def max_request_tokens(self) -> int:
+        """Most prompt + output tokens one request can hold: ``max_model_len`` capped by the KV cache."""
+        return self.core.scheduler.max_request_tokens()
+
     @classmethod
     def from_model(cls, name_or_path: str, *, dtype: str | None = None, device: str = "cpu",
                    sha256: str | None = None, **engine_kwargs: Any) -> PagedLLMEngine:

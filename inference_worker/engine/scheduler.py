@@ -83,18 +83,53 @@ class Scheduler:
         keys = [self._key(r) for r in queue]
         queue.insert(bisect.bisect(keys, self._key(request)), request)
 
-    def _max_blocks_needed(self, request: Request) -> list[int]:
-        """Blocks per group the request can hold at its peak (to refuse hopeless requests)."""
+    def max_blocks_needed(self, num_prompt_tokens: int, max_tokens: int) -> list[int]:
+        """Blocks per group (``kv_cache_manager.groups`` order) a request can hold at its peak.
+
+        Full attention holds every block of ``min(prompt + max_tokens, max_model_len)`` tokens; sliding
+        attention at most the blocks of its window plus one step's tokens (and never more than full).
+        """
         bs = self.kv_cache_manager.block_size
-        max_len = min(request.num_prompt_tokens + request.max_tokens, self.max_model_len)
+        max_len = min(num_prompt_tokens + max_tokens, self.max_model_len)
         needed = []
         for group in self.kv_cache_manager.groups:
             if group.attention_type == SLIDING_ATTENTION:
-                window_peak = cdiv(group.sliding_window - 1 + self.max_num_batched_tokens, bs) + 1
-                needed.append(min(cdiv(max_len, bs), window_peak))
+                needed.append(min(cdiv(max_len, bs), self._window_peak(group.sliding_window)))
             else:
                 needed.append(cdiv(max_len, bs))
         return needed
+
+    def _window_peak(self, sliding_window: int) -> int:
+        return cdiv(sliding_window - 1 + self.max_num_batched_tokens, self.kv_cache_manager.block_size) + 1
+
+    def capacity_error(self, num_prompt_tokens: int, max_tokens: int) -> str | None:
+        """Why a request of this size could never fit in the KV cache (even alone), or None when it can.
+
+        Reads only the cache's fixed geometry: safe to call from another thread.
+        """
+        usable = self.kv_cache_manager.get_num_usable_blocks()
+        needed = self.max_blocks_needed(num_prompt_tokens, max_tokens)
+        for group, need, have in zip(self.kv_cache_manager.groups, needed, usable, strict=True):
+            if need > have:
+                return (f"needs up to {need} {group.attention_type} blocks but the KV cache has {have}; "
+                        "raise --kv-cache-memory or lower max_tokens")
+        return None
+
+    def max_request_tokens(self) -> int:
+        """Most prompt + output tokens one request can hold: ``max_model_len`` capped by the KV cache.
+
+        A full group of ``n`` usable blocks holds ``n * block_size`` tokens; a sliding group bounds the
+        length only when its window peak (:meth:`max_blocks_needed`) exceeds its blocks. Consistent with
+        :meth:`capacity_error`: ``capacity_error(p, m) is None`` iff ``min(p + m, max_model_len) <=`` this.
+        """
+        limit = self.max_model_len
+        bs = self.kv_cache_manager.block_size
+        for group, have in zip(self.kv_cache_manager.groups, self.kv_cache_manager.get_num_usable_blocks(),
+                               strict=True):
+            if group.attention_type == SLIDING_ATTENTION and self._window_peak(group.sliding_window) <= have:
+                continue
+            limit = min(limit, have * bs)
+        return limit
 
     # ---- public API ----------------------------------------------------------------------
 
@@ -112,13 +147,9 @@ class Scheduler:
                 f"request {request.request_id!r}: prompt has {request.num_prompt_tokens} tokens, "
                 f"max_model_len is {self.max_model_len}; shorten the prompt"
             )
-        usable = self.kv_cache_manager.get_num_usable_blocks()
-        for group, need, have in zip(self.kv_cache_manager.groups, self._max_blocks_needed(request), usable, strict=True):
-            if need > have:
-                raise ValueError(
-                    f"request {request.request_id!r} needs up to {need} {group.attention_type} blocks but the "
-                    f"KV cache has {have}; raise --kv-cache-memory or lower max_tokens"
-                )
+        error = self.capacity_error(request.num_prompt_tokens, request.max_tokens)
+        if error is not None:
+            raise ValueError(f"request {request.request_id!r} {error}")
         self.requests[request.request_id] = request
         self._order[request.request_id] = (request.arrival_time, next(self._counter))
         request.status = RequestStatus.WAITING

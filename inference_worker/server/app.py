@@ -34,6 +34,7 @@ import torch
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from inference_worker import http_headers
 from inference_worker.server.errors import OpenAIError, invalid
@@ -47,6 +48,7 @@ from inference_worker.server.protocol import (
     completion_sampling,
     parse_body,
 )
+from inference_worker.server.signing import read_body_capped
 from inference_worker.server.state import ServedModel, ServerState
 from inference_worker.server.streaming import SSE_DONE, ChoiceEvent, Generation, GenerationError, sse
 from inference_worker.tokenization import ChatTemplateError
@@ -64,6 +66,14 @@ def create_app(state: ServerState) -> FastAPI:
     @app.exception_handler(OpenAIError)
     async def _openai_error(_request: Request, exc: OpenAIError) -> JSONResponse:
         return exc.response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        """Routing's own answers (404 unknown path, 405 wrong method) in OpenAI's error shape."""
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+        response = OpenAIError(exc.status_code, str(exc.detail), code=code).response()
+        response.headers.update(exc.headers or {})
+        return response
 
     @app.exception_handler(Exception)
     async def _internal_error(_request: Request, exc: Exception) -> JSONResponse:
@@ -100,7 +110,8 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.get("/v1/models")
     async def models() -> JSONResponse:
-        max_len = state.model.max_model_len if state.model is not None else None
+        # the context one request can really use: a KV cache smaller than max_model_len caps it
+        max_len = state.model.context_len if state.model is not None else None
         card = {"id": state.served_model_name, "object": "model", "created": 0, "owned_by": "ferry",
                 "max_model_len": max_len}
         return JSONResponse({"object": "list", "data": [card]})
@@ -116,7 +127,7 @@ def create_app(state: ServerState) -> FastAPI:
         return await _serve(state, request, chat=True)
 
     if state.pd is not None and state.pd.settings.role == "prefill":
-        from inference_worker.server.pd import PREFILL_PATH
+        from inference_worker.server.pd import PREFILL_PATH, max_prefill_body_bytes
 
         @app.post(PREFILL_PATH)
         async def internal_prefill(request: Request) -> JSONResponse:
@@ -129,7 +140,8 @@ def create_app(state: ServerState) -> FastAPI:
                                   code="not_ready")
             state.request_started()
             try:
-                answer = await state.pd.handle_prefill(model, await request.body(), request.headers)
+                raw = await read_body_capped(request, max_prefill_body_bytes(model.max_model_len))
+                answer = await state.pd.handle_prefill(model, raw, request.headers)
             except Exception as exc:
                 _count_failure(state, exc)
                 raise
@@ -217,14 +229,16 @@ def _prepare(state: ServerState, model: ServedModel, raw: bytes, *, chat: bool,
     longest = max(len(p) for p in prompts)
     max_tokens = sampling.max_tokens
     if max_tokens is None:
-        max_tokens = model.max_model_len - longest
+        max_tokens = model.context_len - longest
         if max_tokens < 1:
-            raise invalid(f"the prompt has {longest} tokens, which fills the context of {model.max_model_len}",
+            raise invalid(f"the prompt has {longest} tokens, which fills the context of {model.context_len}"
+                          + ("" if model.context_len == model.max_model_len else " tokens that the KV cache holds"),
                           param="messages" if chat else "prompt", code="context_length_exceeded")
     elif longest + max_tokens > model.max_model_len:
         raise invalid(f"prompt ({longest} tokens) plus max_tokens ({max_tokens}) exceeds the model's context of "
                       f"{model.max_model_len} tokens; shorten the prompt or lower max_tokens",
                       param="max_tokens", code="context_length_exceeded")
+    model.check_kv_capacity(longest, max_tokens, param="max_tokens")
     if state.should_inject_fault():
         raise OpenAIError(500, "injected fault (--fault-error-rate): this request failed on purpose",
                           type="server_error", code="injected_fault")

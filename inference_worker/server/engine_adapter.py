@@ -64,6 +64,8 @@ def build_served_model(model: str, *, metrics: WorkerMetrics | None = None, max_
         tokenizer=tokenizer,
         chat_template=chat_template,
         max_model_len=engine.max_model_len,
+        max_request_tokens=engine.max_request_tokens,
+        kv_capacity_error=engine.kv_capacity_error,
         vocab_size=loaded.config.vocab_size,
         make_sampling_params=make_sampling_params,
     )

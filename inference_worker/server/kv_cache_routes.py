@@ -4,12 +4,13 @@
 gaps in :mod:`inference_worker.server.kv_events`). ``POST /admin/kv-cache/reset``: forget every
 cached KV block; authenticated like ``/internal/prefill`` (HMAC-SHA256 of the raw body under the KV
 link secret in ``X-Ferry-KV-Signature``) until workers get their own credential; answers
-``{"cleared_blocks": n}``, 401 without a valid signature, 403 when the worker has no link secret.
+``{"cleared_blocks": n}``, 401 without a valid signature (:mod:`.signing`), 403 when the worker has no
+link secret, 413 for a body over :data:`MAX_RESET_BODY_BYTES` (refused before it is read).
 """
 
 from __future__ import annotations
 
-import hmac
+import re
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -17,11 +18,31 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from inference_worker import http_headers
 from inference_worker.server.errors import OpenAIError, invalid
 from inference_worker.server.kv_events import NDJSON, stream_kv_events
-from inference_worker.server.pd import sign
+from inference_worker.server.signing import read_body_capped, verify_signature
 from inference_worker.server.state import ServerState
 
 KV_EVENTS_PATH = "/v1/kv-events"
 RESET_PATH = "/admin/kv-cache/reset"
+MAX_RESET_BODY_BYTES = 4096
+"""The reset's body is only signed, not read (the README example signs ``{}``): 4 KiB is plenty."""
+MAX_AFTER_DIGITS = 20
+"""``after`` is a sequence number: 20 digits hold any 64-bit count."""
+_DIGITS = re.compile(r"[0-9]+", re.ASCII)
+
+
+def parse_after(raw: str | None) -> int | None:
+    """The ``after`` query parameter: None when absent, else ASCII digits only (no sign, ``_`` or spaces).
+
+    Raises:
+        OpenAIError: 400 ``invalid_value`` (the value is quoted truncated to 32 characters).
+    """
+    if raw is None:
+        return None
+    if len(raw) > MAX_AFTER_DIGITS or _DIGITS.fullmatch(raw) is None:
+        shown = raw if len(raw) <= 32 else raw[:32] + f"... ({len(raw)} chars)"
+        raise invalid(f"after must be a sequence number of at most {MAX_AFTER_DIGITS} digits 0-9, got {shown!r}",
+                      param="after")
+    return int(raw)
 
 
 def _engine_loop(state: ServerState):
@@ -37,13 +58,7 @@ def add_kv_cache_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.get(KV_EVENTS_PATH)
     async def kv_events(request: Request) -> StreamingResponse:
-        raw = request.query_params.get("after")
-        try:
-            after = None if raw is None else int(raw)
-        except ValueError:
-            raise invalid(f"after must be an integer sequence number, got {raw!r}", param="after") from None
-        if after is not None and after < 0:
-            raise invalid(f"after must be >= 0, got {after}", param="after")
+        after = parse_after(request.query_params.get("after"))
         loop = _engine_loop(state)
         body = stream_kv_events(loop.kv_events, after, loop.kv_events_snapshot, request.is_disconnected)
         return StreamingResponse(body, media_type=NDJSON, headers={"Cache-Control": "no-cache"})
@@ -54,9 +69,7 @@ def add_kv_cache_routes(app: FastAPI, state: ServerState) -> None:
         if secret is None:
             raise OpenAIError(403, "this worker has no KV link secret (--kv-link-secret or FERRY_KV_LINK_SECRET); "
                               "the cache reset is signed with it", type="permission_error", code="no_link_secret")
-        raw = await request.body()
-        if not hmac.compare_digest(sign(secret, raw), request.headers.get(http_headers.KV_SIGNATURE, "")):
-            raise OpenAIError(401, f"invalid or missing {http_headers.KV_SIGNATURE} (HMAC-SHA256 of the body under the link "
-                              "secret)", type="authentication_error", code="invalid_signature")
+        raw = await read_body_capped(request, MAX_RESET_BODY_BYTES)
+        verify_signature(secret, raw, request.headers.get(http_headers.KV_SIGNATURE))
         cleared = await _engine_loop(state).reset_prefix_cache()
         return JSONResponse({"cleared_blocks": cleared})

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import itertools
 import json
 import secrets
 import threading
@@ -88,8 +89,10 @@ class KVEventLog:
                 return []
             if not self._events or self._events[0][0] > after + 1:
                 return None
-            start = after + 1 - self._events[0][0]
-            return [event for _, event in list(self._events)[start:]]
+            # numbers are contiguous, so the wanted events are the last seq-after ones: walk them from the
+            # tail (O(events returned); a streaming client asks for the few newest, not a copy of 65536)
+            tail = itertools.islice(reversed(self._events), self._seq - after)
+            return [event for _, event in tail][::-1]
 
     def batch(self, seq: int, events: list[dict], *, snapshot: bool = False) -> bytes:
         """One NDJSON line (counted in ``num_events`` / ``num_bytes``)."""

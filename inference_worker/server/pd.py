@@ -34,8 +34,6 @@ colocated path. Each of ``n`` choices is handed off separately.
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import hmac
 import json
 import logging
 import time
@@ -53,6 +51,7 @@ from inference_worker.kv_transfer.wire import encode_kv
 from inference_worker.server.engine_loop import SeqUpdate
 from inference_worker.server.errors import OpenAIError
 from inference_worker.server.pd_faults import RAW_MODES, TEST_HEADER_ENV, parse_fault, send_faulty_frame
+from inference_worker.server.signing import sign, verify_signature
 
 logger = logging.getLogger(__name__)
 
@@ -83,9 +82,13 @@ class PDSettings:
     header``). Set from ``FERRY_TEST_KV_FAULT_HEADER=1``; off by default (see :mod:`.pd_faults`)."""
 
 
-def sign(secret: bytes, body: bytes) -> str:
-    """Hex HMAC-SHA256 of ``body`` under ``secret``."""
-    return hmac.new(secret, body, hashlib.sha256).hexdigest()
+def max_prefill_body_bytes(max_model_len: int) -> int:
+    """Largest ``/internal/prefill`` body accepted: a ``max_model_len`` prompt of token ids plus the fields.
+
+    The decode side sends ``json.dumps`` of the token ids: at most 10 digits (ids below 2**32) plus ``", "``
+    per token, 12 bytes; 64 KiB covers the request id, KV host/port, model version id and sampling options.
+    """
+    return 12 * max_model_len + 65_536
 
 
 class KVHandoffFailed(Exception):
@@ -167,9 +170,7 @@ class PDService:
                 ``FAULT_KV`` header), 409 another model version, 502 the KV
                 could not be delivered (``error.reason`` is the transfer failure reason).
         """
-        if not hmac.compare_digest(sign(self.settings.link_secret, raw), headers.get(http_headers.KV_SIGNATURE, "")):
-            raise OpenAIError(401, "invalid or missing KV link signature", type="authentication_error",
-                              code="invalid_signature")
+        verify_signature(self.settings.link_secret, raw, headers.get(http_headers.KV_SIGNATURE))
         try:
             body = json.loads(raw)
             rid, prompt = str(body["request_id"]), [int(t) for t in body["prompt_token_ids"]]
@@ -185,6 +186,8 @@ class PDService:
                 fault = parse_fault(headers.get(http_headers.FAULT_KV))
             except ValueError as exc:
                 raise OpenAIError(400, str(exc), param=http_headers.FAULT_KV) from None
+        # a prompt this cache can never prefill is the caller's error (400), decided before the engine sees it
+        model.check_kv_capacity(len(prompt), 1, param="prompt_token_ids")
         params = model.make_sampling_params(max_tokens=1, ignore_eos=True, **{
             k: sampling[k] for k in ("temperature", "top_p", "top_k", "seed") if sampling.get(k) is not None})
         started = time.perf_counter()

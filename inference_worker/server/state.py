@@ -18,6 +18,7 @@ from tokenizers import Tokenizer
 
 from inference_worker.metrics import WorkerMetrics
 from inference_worker.server.engine_loop import EngineLoop
+from inference_worker.server.errors import invalid
 from inference_worker.tokenization import ChatTemplate
 
 
@@ -49,6 +50,30 @@ class ServedModel:
     """The engine's KV transfer layout (:class:`~inference_worker.kv_transfer.layout.KVLayout`)."""
     weights_sha256: str | None = None
     """sha256 of the served weights (KV is only valid for these)."""
+    max_request_tokens: int | None = None
+    """Most prompt + output tokens the KV cache can hold for one request (the engine's
+    ``max_request_tokens``, <= ``max_model_len``); None: not bounded below ``max_model_len``."""
+    kv_capacity_error: Callable[[int, int], str | None] | None = None
+    """``(num_prompt_tokens, max_tokens) ->`` why the request can never fit in the KV cache, or None
+    (the engine's ``kv_capacity_error``); None: no such check."""
+
+    @property
+    def context_len(self) -> int:
+        """The context a request can really use: ``max_model_len`` capped by the KV cache (``/v1/models``)."""
+        if self.max_request_tokens is None:
+            return self.max_model_len
+        return min(self.max_model_len, self.max_request_tokens)
+
+    def check_kv_capacity(self, num_prompt_tokens: int, max_tokens: int, *, param: str | None) -> None:
+        """Refuse, before it reaches the engine, a request that could never fit in the KV cache even alone.
+
+        Raises:
+            OpenAIError: 400 ``context_length_exceeded`` with the engine's reason (blocks needed and held).
+        """
+        error = self.kv_capacity_error(num_prompt_tokens, max_tokens) if self.kv_capacity_error else None
+        if error is not None:
+            raise invalid(f"prompt ({num_prompt_tokens} tokens) plus max_tokens ({max_tokens}) {error}", param=param,
+                          code="context_length_exceeded")
 
 
 @dataclass

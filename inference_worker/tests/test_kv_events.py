@@ -30,6 +30,18 @@ def test_log_numbers_events_and_detects_gaps_and_foreign_numbering():
         + [{"type": "cleared"}]
 
 
+def test_since_indexes_the_retained_window_exactly_at_its_boundaries():
+    log = KVEventLog(max_retained=5)
+    log.extend([stored(i % 8) for i in range(12)])  # events 1..12, retained 8..12
+    want = {n: stored((n - 1) % 8).as_dict() for n in range(8, 13)}
+    assert log.since(6) is None  # event 7 dropped: a gap
+    assert log.since(7) == [want[n] for n in range(8, 13)]  # exactly from the first retained
+    assert log.since(8) == [want[n] for n in range(9, 13)]
+    assert log.since(11) == [want[12]]  # only the last
+    assert log.since(12) == []  # caught up
+    assert log.since(13) is None  # ahead
+
+
 def test_batch_line_format_and_counters():
     log = KVEventLog()
     line = log.batch(7, [{"type": "cleared"}], snapshot=True)

@@ -217,6 +217,21 @@ def test_add_request_refuses_hopeless_requests(num_prompt, max_tokens, message):
         add(scheduler, "a", num_prompt, max_tokens, arrival=0.0)
 
 
+def test_max_request_tokens_agrees_with_capacity_error_for_full_and_sliding_groups():
+    scheduler = make_scheduler(num_full_blocks=20)  # 20 full blocks of BS=2: 40 tokens under max_model_len 64
+    assert scheduler.max_request_tokens() == 40
+    assert scheduler.capacity_error(20, 20) is None
+    assert scheduler.capacity_error(20, 21) == ("needs up to 21 full_attention blocks but the KV cache has 20; "
+                                                "raise --kv-cache-memory or lower max_tokens")
+    # sliding window peak cdiv(4 - 1 + 64, 2) + 1 = 35 blocks > 10: the sliding group bounds a request to 20 tokens
+    scheduler = make_scheduler(num_full_blocks=40, num_sliding_blocks=10)
+    assert scheduler.max_request_tokens() == 20
+    assert scheduler.capacity_error(10, 10) is None
+    assert scheduler.capacity_error(10, 11).startswith("needs up to 11 sliding_attention blocks but the KV cache has 10")
+    # a sliding group that holds its peak does not bound the length: max_model_len does
+    assert make_scheduler(num_full_blocks=40, num_sliding_blocks=35).max_request_tokens() == 64
+
+
 def test_duplicate_request_id_is_refused():
     scheduler = make_scheduler()
     add(scheduler, "a", 2, 2, arrival=0.0)
