@@ -8,8 +8,8 @@ decode step time vs batch: roofline from public specs, or fitted from measuremen
 same system as a discrete-event model with ``simpy``) and ``policies`` (the router policies the
 simulator compares). Nothing here imports torch: the control plane and the router import it.
 
-The router's ``derived_threshold`` (``inference_worker/router/table.py``) is the link-only special case
-of :func:`inference_worker.planning.planner.latency_threshold` (remote prefill free, no queues, the whole
-link); a test keeps them equal until the router's one PD cost function calls the planner's instead.
+The remote-prefill threshold comes from the router's one PD cost function
+(:mod:`inference_worker.router.pd_cost`): :func:`inference_worker.planning.planner.latency_threshold` feeds it
+the planner's speeds, queue waits and link share; with none of those it is the router's cold-fleet threshold.
 Benchmark: ``bench/planner_prfaas.py``.
 """

@@ -26,8 +26,9 @@ Formulas (``lambda`` the arrival rate, expectations over the prompt distribution
 - Goodput (DistServe, Zhong et al., OSDI 2024): the highest rate at which at least ``slo_attainment``
   of requests meet both TTFT and TPOT objectives.
 
-The link-only special case (remote prefill free, no queues, the whole link) is the router's
-``derived_threshold``: :func:`latency_threshold` with the defaults reproduces it.
+:func:`latency_threshold` is the router's one PD cost function (:mod:`inference_worker.router.pd_cost`) fed
+with the planner's inputs; with the defaults (remote prefill free, no queues, the whole link) it is the
+router's cold-fleet ``derived_threshold``.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ import numpy as np
 
 from inference_worker.planning.geometry import KVGeometry
 from inference_worker.planning.scenario import Scenario
+from inference_worker.router.pd_cost import PDProfile, derived_threshold
 
 MAX_DECODE_UTILISATION = 0.9
 NEVER = None  # threshold meaning "never remote"
@@ -48,33 +50,31 @@ def latency_threshold(geometry: KVGeometry, *, local_prefill_tokens_per_s: float
                       rtt_s: float, remote_prefill_tokens_per_s: float = math.inf, local_wait_s: float = 0.0,
                       remote_wait_s: float = 0.0, link_share_used: float = 0.0,
                       max_tokens: int = 131072) -> int | None:
-    """Largest prompt length that still prefills locally, by comparing finish times.
+    """Largest prompt length that still prefills locally, by the router's one PD cost function.
 
-    Remote prefill of ``N`` tokens pays off when
+    This is :func:`inference_worker.router.pd_cost.derived_threshold` fed with the planner's inputs (a
+    profile's speeds, the pools' queue waits, the link share already in use): remote prefill of ``N``
+    tokens pays off when
     ``local_wait + N / s_local > remote_wait + N / s_remote + bytes(N) / (B * (1 - link_share_used)) + RTT``,
     ``bytes(N)`` the KV shipped (``KVLayout.transfer_bytes``), ``B = bandwidth_gbps * 1e9 / 8`` bytes/s.
-    With the defaults (remote prefill free, no waits, the whole link) this is the router's
-    ``derived_threshold``. The difference is convex in ``N`` when ``s_remote >= s_local`` (the byte
-    count is concave), so it is positive exactly above the returned ``T``.
+    ``remote_prefill_tokens_per_s = inf`` (the default) charges no remote prefill time, which with no waits
+    and the whole link is the router's cold-fleet threshold.
 
     Returns:
-        ``T`` (remote iff ``num_prompt_tokens > T``) or None when remote never pays off up to ``max_tokens``.
+        ``T`` (remote for every ``num_prompt_tokens > T``; -1: always remote) or None when remote never pays
+        off up to ``max_tokens``.
 
     Raises:
         ValueError: non-positive speeds or bandwidth, negative RTT or waits, a link share outside [0, 1).
     """
-    if local_prefill_tokens_per_s <= 0 or remote_prefill_tokens_per_s <= 0 or bandwidth_gbps <= 0:
+    if remote_prefill_tokens_per_s <= 0:
         raise ValueError("prefill speeds and bandwidth_gbps must be positive")
-    if rtt_s < 0 or local_wait_s < 0 or remote_wait_s < 0 or not 0 <= link_share_used < 1:
-        raise ValueError("rtt_s and waits must be >= 0 and link_share_used in [0, 1)")
-    n = np.arange(max_tokens + 1)
-    bytes_per_s = bandwidth_gbps * 1e9 / 8 * (1 - link_share_used)
-    gain = (local_wait_s + n / local_prefill_tokens_per_s
-            - (remote_wait_s + n / remote_prefill_tokens_per_s + geometry.transfer_bytes_array(n, max_tokens)
-               / bytes_per_s + rtt_s))
-    not_paying = np.flatnonzero(gain <= 0)
-    last = int(not_paying[-1]) if len(not_paying) else -1
-    return None if last >= max_tokens else last
+    profile = PDProfile(layout=geometry.layout, decode_prefill_tokens_per_s=local_prefill_tokens_per_s,
+                        bandwidth_gbps=bandwidth_gbps, rtt_s=rtt_s,
+                        prefill_tokens_per_s=None if math.isinf(remote_prefill_tokens_per_s)
+                        else remote_prefill_tokens_per_s,
+                        decode_wait_s=local_wait_s, prefill_wait_s=remote_wait_s, link_share_used=link_share_used)
+    return derived_threshold(profile, max_tokens)
 
 
 def erlang_c(servers: int, offered_load: float) -> float:

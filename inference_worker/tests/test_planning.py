@@ -23,6 +23,7 @@ from inference_worker.planning.policies import (
 from inference_worker.planning.scenario import ScenarioError, load_scenario, scenario_from_dict
 from inference_worker.planning.simulator import Link, Simulation, simulated_goodput
 from inference_worker.planning.workload import LengthDistribution
+from inference_worker.router.pd_cost import PDProfile, pd_costs
 from inference_worker.router.table import derived_threshold
 
 GEMMA = {"layer_types": (["sliding_attention"] * 5 + ["full_attention"]) * 3, "sliding_window": 512,
@@ -279,3 +280,20 @@ def test_fitted_profile_recovers_exact_curves_and_rejects_bad_points():
         FittedProfile.fit(prefill_points=prefill[:2], decode_points=decode, kv_capacity_bytes=1e9)
     with pytest.raises(ValueError, match="positive"):
         FittedProfile.fit(prefill_points=prefill + [(1, -1.0)], decode_points=decode, kv_capacity_bytes=1e9)
+
+
+@pytest.mark.parametrize(("local_wait_s", "remote_wait_s", "share", "remote_speed"), [
+    (0.0, 0.0, 0.0, math.inf), (0.0, 0.5, 0.5, 4000.0), (0.3, 0.0, 0.0, 4000.0), (2.0, 0.0, 0.9, 1000.0),
+    (0.05, 0.0, 0.0, 1500.0), (0.021, 0.0, 0.0, 2040.8)])
+def test_latency_threshold_is_the_pd_cost_functions_last_local_length(local_wait_s, remote_wait_s, share,
+                                                                        remote_speed):
+    # Brute force over every N with the router's one cost function: T is the last N where local is no worse.
+    geo = KVGeometry(ModelConfig.from_hf_config(_gemma_hf()))
+    profile = PDProfile(layout=geo.layout, decode_prefill_tokens_per_s=2000, bandwidth_gbps=10, rtt_s=0.02,
+                        prefill_tokens_per_s=None if math.isinf(remote_speed) else remote_speed,
+                        decode_wait_s=local_wait_s, prefill_wait_s=remote_wait_s, link_share_used=share)
+    local = [n for n in range(4097) if not pd_costs(profile, n).remote]
+    expected = None if local and local[-1] == 4096 else (local[-1] if local else -1)
+    assert latency_threshold(geo, local_prefill_tokens_per_s=2000, remote_prefill_tokens_per_s=remote_speed,
+                             bandwidth_gbps=10, rtt_s=0.02, local_wait_s=local_wait_s, remote_wait_s=remote_wait_s,
+                             link_share_used=share, max_tokens=4096) == expected
