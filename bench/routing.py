@@ -38,8 +38,6 @@ import json
 import os
 import platform
 import re
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -56,7 +54,8 @@ from inference_worker import http_headers  # noqa: E402
 from inference_worker.model.prepare import read_manifest  # noqa: E402
 from inference_worker.registry import model_cache_dir  # noqa: E402
 from inference_worker.server.pd import sign  # noqa: E402
-from inference_worker.tests.support.worker import WorkerProcess, free_port, start_together  # noqa: E402
+from inference_worker.tests.support.router import RouterProcess  # noqa: E402
+from inference_worker.tests.support.worker import WorkerProcess, start_together  # noqa: E402
 from inference_worker.tokenization import load_tokenizer  # noqa: E402
 
 SECRET = "bench-routing-link-secret-0123456789"
@@ -125,19 +124,9 @@ def run_policy(name: str, policy: str, table: dict, args: argparse.Namespace, wo
     reset_caches(workers)
     path = tmp / f"table-{name}.json"
     path.write_text(json.dumps(table))
-    port = free_port()
-    router = subprocess.Popen([sys.executable, "-m", "inference_worker", "router", "--port", str(port),
-                               "--routing-table", str(path), "--policy", policy, "--scrape-interval", "0.5",
-                               "--log-level", "warning"], cwd=ROOT, env=dict(os.environ))
-    url = f"http://127.0.0.1:{port}"
+    router = RouterProcess(path, "--policy", policy, "--scrape-interval", "0.5")
+    url = router.url
     try:
-        for _ in range(150):
-            try:
-                if httpx.get(url + "/ready", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
         time.sleep(1.0)  # the index subscribes to every replica's KV events (snapshots of the empty caches)
         tokenizer = load_tokenizer(model_cache_dir() / args.model)
         before = worker_tokens(workers)
@@ -147,8 +136,7 @@ def run_policy(name: str, policy: str, table: dict, args: argparse.Namespace, wo
         metrics = router_metrics(url)
         after = worker_tokens(workers)
     finally:
-        router.send_signal(signal.SIGTERM)
-        router.wait(30)
+        router.stop()
     failed = [t for t in turns if not t.result.ok]
     if failed:
         raise RuntimeError(f"{name}: {len(failed)} turns failed, first: {failed[0].result.error}")

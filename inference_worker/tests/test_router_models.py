@@ -8,11 +8,7 @@ cached tokens each worker then reports, within one block.
 """
 
 import json
-import os
 import re
-import signal
-import subprocess
-import sys
 import time
 
 import httpx
@@ -21,7 +17,8 @@ import pytest
 from inference_worker import http_headers
 from inference_worker.model.prepare import read_manifest
 from inference_worker.tests.support.models import GEMMA, SMOLLM2, prepared_model_dir
-from inference_worker.tests.support.worker import REPO_ROOT, WorkerProcess, free_port, start_together
+from inference_worker.tests.support.router import RouterProcess
+from inference_worker.tests.support.worker import WorkerProcess, start_together
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 BLOCK = 4
@@ -54,23 +51,12 @@ def fleet(tmp_path_factory):
              "models": {"g1": model_entry(GEMMA), "s1": model_entry(SMOLLM2)}}
     path = tmp_path_factory.mktemp("router-models") / "table.json"
     path.write_text(json.dumps(table))
-    port = free_port()
-    router = subprocess.Popen([sys.executable, "-m", "inference_worker", "router", "--port", str(port),
-                               "--routing-table", str(path), "--table-interval", "0.2", "--scrape-interval", "0.5",
-                               "--log-level", "warning"], cwd=REPO_ROOT, env=dict(os.environ))
-    url = f"http://127.0.0.1:{port}"
+    router = RouterProcess(path, "--table-interval", "0.2", "--scrape-interval", "0.5")
+    url = router.url
     try:
-        for _ in range(100):
-            try:
-                if httpx.get(url + "/ready", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
         yield url
     finally:
-        router.send_signal(signal.SIGTERM)
-        router.wait(30)
+        router.stop()
         for w in workers.values():
             w.stop()
 

@@ -4,8 +4,6 @@
 from __future__ import annotations
 
 import logging
-import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -15,8 +13,7 @@ from django.db import close_old_connections, connection
 from prometheus_client.parser import text_string_to_metric_families
 
 from inference_worker import http_headers
-from inference_worker.tests.support.agent import wait_for
-from inference_worker.tests.support.worker import REPO_ROOT, free_port
+from inference_worker.tests.support.router import RouterProcess as BaseRouterProcess
 
 logger = logging.getLogger(__name__)
 
@@ -81,26 +78,12 @@ class Load(threading.Thread):
         self.join(90)
 
 
-class RouterProcess:
+class RouterProcess(BaseRouterProcess):
     """``python -m inference_worker router`` pulling the table from the control plane every 0.5 s."""
 
     def __init__(self, table_url: str, log_dir) -> None:  # noqa: ANN001 - a path
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = log_dir / "router.log"
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "inference_worker", "router", "--port", str(self.port), "--routing-table",
-                 table_url, "--service-token", SERVICE_TOKEN, "--table-interval", "0.5", "--log-level", "warning"],
-                cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT)
-        if not wait_for(self.ready_version, 60, 0.2):
-            raise RuntimeError(f"router not ready:\n{self.log_path.read_text()[-3000:]}")
-
-    def ready_version(self) -> int | None:
-        try:
-            return httpx.get(self.url + "/ready", timeout=2).json().get("routing_table_version")
-        except (httpx.HTTPError, ValueError):
-            return None
+        super().__init__(table_url, "--service-token", SERVICE_TOKEN, "--table-interval", "0.5",
+                         log_path=log_dir / "router.log")
 
     def decisions(self) -> Counter:
         """``ferry_router_decisions_total`` summed by track."""
@@ -111,9 +94,3 @@ class RouterProcess:
                     out[sample.labels["track"]] += int(sample.value)
         return out
 
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()

@@ -1,0 +1,65 @@
+"""A real ``python -m inference_worker router`` process for tests and benches (started, awaited, stopped).
+
+Used by the router tests with real workers, ``bench/routing.py`` and the control plane's rollout
+end-to-end tests (which add their own metric readers on top).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+
+from inference_worker.tests.support.agent import wait_for
+from inference_worker.tests.support.worker import REPO_ROOT, free_port
+
+
+class RouterProcess:
+    """A router on a free loopback port, reading ``routing_table`` (a file path or a control-plane URL).
+
+    Args:
+        routing_table: ``--routing-table`` value.
+        *args: further router options (``--policy``, ``--service-token``, ``--table-interval`` ...).
+        log_path: file for the router's output (stdout and stderr); None: inherited.
+        ready_timeout_s: seconds to wait for ``/ready`` to report a routing table.
+
+    Raises:
+        RuntimeError: the router did not report a routing table within ``ready_timeout_s`` (the message
+            carries the end of its log when there is one).
+    """
+
+    def __init__(self, routing_table: str | Path, *args: str, log_path: Path | None = None,
+                 ready_timeout_s: float = 60.0) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        command = [sys.executable, "-m", "inference_worker", "router", "--port", str(self.port),
+                   "--routing-table", str(routing_table), "--log-level", "warning", *args]
+        if log_path is None:
+            self.proc = subprocess.Popen(command, cwd=REPO_ROOT)
+        else:
+            with open(log_path, "wb") as log:
+                self.proc = subprocess.Popen(command, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT)
+        if not wait_for(lambda: self.ready_version() is not None, ready_timeout_s, 0.2):
+            self.stop()
+            tail = log_path.read_text()[-3000:] if log_path is not None else ""
+            raise RuntimeError(f"router not ready within {ready_timeout_s} s:\n{tail}")
+
+    def ready_version(self) -> int | None:
+        """The routing-table version ``/ready`` reports, or None while the router is not ready."""
+        try:
+            response = httpx.get(self.url + "/ready", timeout=2)
+            return response.json().get("routing_table_version") if response.status_code == 200 else None
+        except (httpx.HTTPError, ValueError):
+            return None
+
+    def stop(self) -> None:
+        """SIGTERM (the router drains), then SIGKILL after 30 s."""
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
