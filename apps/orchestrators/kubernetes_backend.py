@@ -93,6 +93,8 @@ class KubernetesBackend(OrchestratorBackend):
         self.apps = client.AppsV1Api(api_client)
         self.core = client.CoreV1Api(api_client)
         self.policy = client.PolicyV1Api(api_client)
+        self.networking = client.NetworkingV1Api(api_client)
+        self.custom = client.CustomObjectsApi(api_client)
         self.max_attempts = max_attempts
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s
@@ -191,6 +193,8 @@ class KubernetesBackend(OrchestratorBackend):
             "Service": (self.core.create_namespaced_service, self.core.patch_namespaced_service),
             "PodDisruptionBudget": (self.policy.create_namespaced_pod_disruption_budget,
                                     self.policy.patch_namespaced_pod_disruption_budget),
+            "NetworkPolicy": (self.networking.create_namespaced_network_policy,
+                              self.networking.patch_namespaced_network_policy),
         }[kind]
         try:
             self._call(create, namespace, manifest)
@@ -250,7 +254,8 @@ class KubernetesBackend(OrchestratorBackend):
         name = f"{pool.pool_name}-{track}"
         body = client.V1DeleteOptions(propagation_policy="Foreground")
         for delete in (self.apps.delete_namespaced_deployment, self.core.delete_namespaced_service,
-                       self.policy.delete_namespaced_pod_disruption_budget):
+                       self.policy.delete_namespaced_pod_disruption_budget,
+                       self.networking.delete_namespaced_network_policy):
             try:
                 self._call(delete, name, pool.namespace, body=body)
             except NotFound:

@@ -16,6 +16,8 @@ from urllib.parse import urlparse
 from apps.orchestrators.base import (
     LABEL_COMPONENT,
     LABEL_MANAGED_BY,
+    LABEL_NAME,
+    LABEL_PART_OF,
     LABEL_POOL,
     LABEL_ROLE,
     LABEL_TRACK,
@@ -89,8 +91,11 @@ def worker_container(spec: PoolTrackSpec) -> dict:
         "command": ["python", "-m", "inference_worker"],
         # $(FERRY_REPLICA) is expanded by the kubelet from the env var below (the pod name).
         "args": [*spec.worker_args(), "--replica", "$(FERRY_REPLICA)",
-                 "--host", "0.0.0.0", "--port", str(spec.port)],  # noqa: S104 (listens on the pod IP)
-        "ports": [{"name": "http", "containerPort": spec.port, "protocol": "TCP"}],
+                 "--host", "0.0.0.0", "--port", str(spec.port),  # noqa: S104 (listens on the pod IP)
+                 *(["--kv-port", str(spec.kv_port)] if spec.kv_port is not None else [])],
+        "ports": [{"name": "http", "containerPort": spec.port, "protocol": "TCP"},
+                  *([{"name": "kv", "containerPort": spec.kv_port, "protocol": "TCP"}]
+                    if spec.kv_port is not None else [])],
         "env": env,
         "resources": {"requests": requests, "limits": limits},
         "readinessProbe": {
@@ -221,9 +226,49 @@ def pool_service_manifest(pool: PoolRef, role: str, active_track: str, port: int
     }
 
 
+# Who may reach a worker's HTTP port besides peers: Ferry's routers and control plane (any namespace,
+# by label) and Prometheus (the prometheus-operator's pod label), which scrapes /metrics.
+ROUTER_PEER = {"namespaceSelector": {}, "podSelector": {"matchLabels": {LABEL_COMPONENT: "router",
+                                                                        LABEL_MANAGED_BY: "ferry"}}}
+CONTROL_PLANE_PEER = {"namespaceSelector": {}, "podSelector": {"matchLabels": {LABEL_PART_OF: "ferry"}}}
+PROMETHEUS_PEER = {"namespaceSelector": {}, "podSelector": {"matchLabels": {LABEL_NAME: "prometheus"}}}
+
+
+def network_policy_manifest(spec: PoolTrackSpec) -> dict:
+    """networking.k8s.io/v1 NetworkPolicy ``<pool>-<track>``: ingress to the track's pods, nothing else.
+
+    * the HTTP port from Ferry's routers and control plane and from Prometheus;
+    * prefill pools: the HTTP port also from decode workers — in this namespace and at ``kv_peer_cidrs``
+      (a decode worker calls ``/internal/prefill``);
+    * decode pools with a ``kv_port``: the KV port from prefill workers in this namespace and from
+      ``kv_peer_cidrs`` (the linked clusters; KV crosses datacenters by design).
+    """
+    def workers(role: str) -> dict:
+        return {"podSelector": {"matchLabels": {LABEL_ROLE: role, LABEL_COMPONENT: "inference-worker"}}}
+
+    peers = [{"ipBlock": {"cidr": cidr}} for cidr in spec.kv_peer_cidrs]
+    http_from = [ROUTER_PEER, CONTROL_PLANE_PEER, PROMETHEUS_PEER]
+    if spec.role == "prefill":
+        http_from += [workers("decode"), *peers]
+    ingress = [{"from": http_from, "ports": [{"protocol": "TCP", "port": spec.port}]}]
+    if spec.kv_port is not None and spec.role == "decode":
+        ingress.append({"from": [workers("prefill"), *peers], "ports": [{"protocol": "TCP", "port": spec.kv_port}]})
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": spec.object_name, "namespace": spec.pool.namespace, "labels": track_labels(spec)},
+        "spec": {
+            "podSelector": {"matchLabels": selector_labels(spec.pool.pool_name, spec.track)},
+            "policyTypes": ["Ingress"],
+            "ingress": ingress,
+        },
+    }
+
+
 def track_manifests(spec: PoolTrackSpec) -> list[dict]:
     """Everything ``apply_pool_track`` creates, in apply order."""
-    return [deployment_manifest(spec), headless_service_manifest(spec), pod_disruption_budget_manifest(spec)]
+    return [deployment_manifest(spec), headless_service_manifest(spec), pod_disruption_budget_manifest(spec),
+            network_policy_manifest(spec)]
 
 
 @dataclass(frozen=True)

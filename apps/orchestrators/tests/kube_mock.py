@@ -32,6 +32,8 @@ DEPLOYMENTS = kmock.resource("apps/v1/deployments")
 SERVICES = kmock.resource("v1/services")
 PODS = kmock.resource("v1/pods")
 PDBS = kmock.resource("policy/v1/poddisruptionbudgets")
+NETWORK_POLICIES = kmock.resource("networking.k8s.io/v1/networkpolicies")
+HTTPROUTES = kmock.resource("gateway.networking.k8s.io/v1/httproutes")
 
 
 def parse_selector(selector: str | None) -> dict[str, str]:
@@ -50,7 +52,8 @@ def matches(obj: dict[str, Any], selector: dict[str, str]) -> bool:
 class FerryEmulator(kmock.KubernetesEmulator):
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
-        for resource in ("apps/v1/deployments", "v1/pods", "v1/services", "policy/v1/poddisruptionbudgets"):
+        for resource in ("apps/v1/deployments", "v1/pods", "v1/services", "policy/v1/poddisruptionbudgets",
+                         "networking.k8s.io/v1/networkpolicies", "gateway.networking.k8s.io/v1/httproutes"):
             self.resources[resource] = {}  # a real API server knows these even with no objects
         # Above the emulator's own list fallback (sub-priority 1 within the fallback level).
         (self.fallback ** 1)[{"watch": "True"}] << self._serve_python_watch
