@@ -10,6 +10,7 @@ Nothing here talks to a cluster; the functions are unit-tested as data.
 from __future__ import annotations
 
 import posixpath
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urlparse
 
@@ -285,6 +286,8 @@ class RouterSpec:
     cpu: str | None = "1"
     memory: str | None = "1Gi"
     extra_args: tuple[str, ...] = field(default_factory=tuple)
+    track: str | None = None
+    """Pin the router to one track (``--track``): Gateway API traffic splitting, one router per track."""
 
     def __post_init__(self) -> None:
         validate_dns_label(self.name, "router name")
@@ -297,7 +300,10 @@ class RouterSpec:
 
 
 def _router_labels(router: RouterSpec) -> dict[str, str]:
-    return {"app.kubernetes.io/name": router.name, LABEL_COMPONENT: "router", LABEL_MANAGED_BY: "ferry"}
+    labels = {"app.kubernetes.io/name": router.name, LABEL_COMPONENT: "router", LABEL_MANAGED_BY: "ferry"}
+    if router.track:
+        labels[LABEL_TRACK] = router.track
+    return labels
 
 
 def router_deployment_manifest(router: RouterSpec) -> dict:
@@ -310,7 +316,7 @@ def router_deployment_manifest(router: RouterSpec) -> dict:
         "command": ["python", "-m", "inference_worker"],
         "args": [
             "router", "--routing-table", router.routing_table_url,
-            *router.extra_args, "--host", "0.0.0.0", "--port", str(router.port),  # noqa: S104 (pod IP)
+            *(["--track", router.track] if router.track else []), *router.extra_args, "--host", "0.0.0.0", "--port", str(router.port),  # noqa: S104 (pod IP)
         ],
         "ports": [{"name": "http", "containerPort": router.port, "protocol": "TCP"}],
         "env": [{
@@ -354,3 +360,23 @@ def router_service_manifest(router: RouterSpec) -> dict:
             "ports": [{"name": "http", "port": router.port, "targetPort": "http", "protocol": "TCP"}],
         },
     }
+
+
+GATEWAY_API_GROUP = "gateway.networking.k8s.io"
+GATEWAY_API_VERSION = "v1"
+HTTPROUTES = "httproutes"
+
+
+def track_router(router: RouterSpec, track: str) -> RouterSpec:
+    """The router pinned to ``track``: Deployment and ClusterIP Service ``<router>-<track>`` (``--track``)."""
+    return RouterSpec(namespace=router.namespace, image=router.image, routing_table_url=router.routing_table_url,
+                      token_secret_name=router.token_secret_name, name=f"{router.name}-{track}",
+                      replicas=router.replicas, port=router.port, cpu=router.cpu, memory=router.memory,
+                      extra_args=router.extra_args, track=track)
+
+
+def http_route_backend_refs(router_name: str, port: int, weights: Mapping[str, int]) -> list[dict]:
+    """HTTPRoute ``backendRefs``: the Service ``<router_name>-<track>`` of each track with its weight (percent),
+    in ``weights`` order. Fields written (Gateway API v1 HTTPBackendRef): group, kind, name, port, weight."""
+    return [{"group": "", "kind": "Service", "name": f"{router_name}-{track}", "port": port, "weight": weight}
+            for track, weight in weights.items()]

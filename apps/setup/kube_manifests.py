@@ -28,7 +28,11 @@ from pathlib import Path
 import yaml
 
 from apps.orchestrators.base import LABEL_COMPONENT, LABEL_NAME, LABEL_PART_OF
-from apps.orchestrators.kubernetes_manifests import RouterSpec, router_deployment_manifest, router_service_manifest
+from apps.orchestrators.kubernetes_manifests import (
+    RouterSpec,
+    router_deployment_manifest,
+    router_service_manifest,
+)
 from apps.setup.procfile import BASE_DIR, LaunchConfig, procfile
 
 DEPLOY_DIR = BASE_DIR / "deploy" / "kubernetes"

@@ -58,6 +58,18 @@ class FerryEmulator(kmock.KubernetesEmulator):
         # Above the emulator's own list fallback (sub-priority 1 within the fallback level).
         (self.fallback ** 1)[{"watch": "True"}] << self._serve_python_watch
 
+    async def _handle(self, request: Any) -> Any:
+        """Bump ``metadata.generation`` as the API server does: 1 on create, +1 on a spec change (no status)."""
+        if request.resource is not None and request.subresource is None and isinstance(request.data, dict):
+            meta = request.data.setdefault("metadata", {})
+            if request.action == kmock.action.CREATE:
+                meta["generation"] = 1
+            elif request.action == kmock.action.UPDATE and "spec" in request.data:
+                key = (request.resource, request.namespace, request.name)
+                if key in self._objects and not self._objects[key].deleted:
+                    meta["generation"] = int(self._objects[key].get("metadata", {}).get("generation") or 0) + 1
+        return await super()._handle(request)
+
     async def _serve_list(self, request: Any) -> Any:
         listing = await super()._serve_list(request)
         selector = parse_selector(request.params.get("labelSelector"))
