@@ -251,6 +251,21 @@ class KubernetesBackend(OrchestratorBackend):
 
         return self._retry_conflicts(write_once)
 
+    def route_weights(self, namespace: str, route: str, router_name: str) -> tuple[dict[str, int], int]:
+        """The HTTPRoute's per-track weights (from backendRefs ``<router_name>-<track>`` of its rules; every
+        rule must agree, else ``{}``) and its ``metadata.generation``.
+
+        Raises:
+            NotFound: no such HTTPRoute.
+        """
+        current = self._read_route(namespace, route)
+        prefix = f"{router_name}-"
+        splits = [{ref["name"][len(prefix):]: int(ref.get("weight", 1))
+                   for ref in rule.get("backendRefs") or [] if str(ref.get("name", "")).startswith(prefix)}
+                  for rule in (current.get("spec") or {}).get("rules") or []]
+        weights = splits[0] if splits and all(split == splits[0] for split in splits) else {}
+        return weights, int((current.get("metadata") or {}).get("generation") or 0)
+
     def route_accepted(self, namespace: str, route: str, generation: int) -> bool:
         """True when every parent (Gateway) in the route's status reports ``Accepted=True`` for
         ``generation`` or later (``observedGeneration``), and there is at least one parent.

@@ -362,6 +362,9 @@ def router_service_manifest(router: RouterSpec) -> dict:
     }
 
 
+ROUTER_NAME = "ferry-router"
+"""The router Deployment/Service of Ferry's own manifests; per-track routers are ``ferry-router-<track>``."""
+ROUTER_PORT = 8080
 GATEWAY_API_GROUP = "gateway.networking.k8s.io"
 GATEWAY_API_VERSION = "v1"
 HTTPROUTES = "httproutes"

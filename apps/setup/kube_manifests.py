@@ -29,9 +29,12 @@ import yaml
 
 from apps.orchestrators.base import LABEL_COMPONENT, LABEL_NAME, LABEL_PART_OF
 from apps.orchestrators.kubernetes_manifests import (
+    ROUTER_NAME,
+    ROUTER_PORT,
     RouterSpec,
     router_deployment_manifest,
     router_service_manifest,
+    track_router,
 )
 from apps.setup.procfile import BASE_DIR, LaunchConfig, procfile
 
@@ -39,7 +42,6 @@ DEPLOY_DIR = BASE_DIR / "deploy" / "kubernetes"
 NAMESPACE = "ferry"
 IMAGE = "ferry:latest"
 WEB_PORT = 8000
-ROUTER_PORT = 8080
 VAR_DIR = Path("/var/lib/ferry")
 CONFIG_MAP = "ferry-config"
 SECRETS = "ferry-secrets"
@@ -54,7 +56,7 @@ MANAGED_ACCOUNT = "ferry-manager"
 
 ROUTER = RouterSpec(
     namespace=NAMESPACE, image=IMAGE, routing_table_url=f"http://ferry-web:{WEB_PORT}/api/v1/routing-table/",
-    token_secret_name=SERVICE_TOKEN_SECRET, name="ferry-router", replicas=2, port=ROUTER_PORT,
+    token_secret_name=SERVICE_TOKEN_SECRET, name=ROUTER_NAME, replicas=2, port=ROUTER_PORT,
     extra_args=("--log-level", "warning"),
 )
 
@@ -235,6 +237,19 @@ def router_objects() -> list[dict]:
             pod_disruption_budget(ROUTER.name, dict(match), dict(deployment["metadata"]["labels"]))]
 
 
+GATEWAY_TRACKS = ("stable", "canary")
+
+
+def gateway_router_objects() -> list[dict]:
+    """The ``gateway`` component: one router per track (``ferry-router-<track>``, ``--track``) behind its own
+    ClusterIP Service, for a cluster whose HTTPRoute splits traffic (``Cluster.gateway_httproute``)."""
+    objects: list[dict] = []
+    for track in GATEWAY_TRACKS:
+        router = track_router(ROUTER, track)
+        objects += [router_deployment_manifest(router), router_service_manifest(router)]
+    return objects
+
+
 def rbac_objects() -> list[dict]:
     """Service accounts, the orchestrator Role and its RoleBinding (pools in Ferry's own namespace)."""
     meta = {"namespace": NAMESPACE, "labels": {LABEL_PART_OF: "ferry"}}
@@ -284,6 +299,8 @@ def generated_files() -> dict[Path, str]:
         DEPLOY_DIR / "base" / "control-plane.yaml": _yaml(control_plane_objects(), "apps/setup/procfile.py"),
         DEPLOY_DIR / "base" / "router.yaml": _yaml(router_objects(), "the Kubernetes backend's router manifests"),
         DEPLOY_DIR / "base" / "rbac.yaml": _yaml(rbac_objects(), "ORCHESTRATOR_RULES"),
+        DEPLOY_DIR / "components" / "gateway" / "routers.yaml": _yaml(
+            gateway_router_objects(), "the Kubernetes backend's router manifests (one per track)"),
         DEPLOY_DIR / "managed-cluster" / "rbac.yaml": _yaml(managed_cluster_objects(), "ORCHESTRATOR_RULES"),
     }
 

@@ -233,3 +233,35 @@ class FakeController(threading.Thread):
         }
         self._created_at[name] = time.monotonic()
         return self.core.create_namespaced_pod(self.namespace, body)
+
+
+class FakeGateway(threading.Thread):
+    """A Gateway controller stand-in: accepts each new generation of HTTPRoute ``route`` after ``delay_s``,
+    writing ``status.parents[0].conditions`` (``Accepted=True``, ``observedGeneration``) as a real one does."""
+
+    def __init__(self, url: str, namespace: str, route: str, *, delay_s: float = 0.1) -> None:
+        super().__init__(daemon=True)
+        self.custom = client.CustomObjectsApi(api_client(url))
+        self.namespace = namespace
+        self.route = route
+        self.delay_s = delay_s
+        self.accepted: list[list[int]] = []  # the backendRefs weights of every generation it accepted
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        group, ns = "gateway.networking.k8s.io", self.namespace
+        while not self._stop_event.wait(self.delay_s):
+            route = self.custom.get_namespaced_custom_object(group, "v1", ns, "httproutes", self.route)
+            generation = route["metadata"]["generation"]
+            parents = (route.get("status") or {}).get("parents") or []
+            if parents and parents[0]["conditions"][0]["observedGeneration"] == generation:
+                continue
+            self.accepted.append([ref.get("weight", 1) for ref in route["spec"]["rules"][0]["backendRefs"]])
+            self.custom.patch_namespaced_custom_object_status(group, "v1", ns, "httproutes", self.route, {
+                "status": {"parents": [{"parentRef": {"name": "public"}, "controllerName": "example.com/gateway",
+                                        "conditions": [{"type": "Accepted", "status": "True", "reason": "Accepted",
+                                                        "observedGeneration": generation}]}]}})
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self.join(5)

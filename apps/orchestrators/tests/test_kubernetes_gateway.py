@@ -1,14 +1,13 @@
 """Per-pool NetworkPolicies and Gateway API traffic splitting, against the Kubernetes emulator.
 
-The emulator runs no Gateway controller: :class:`FakeGateway` plays one through the official client, setting
-the HTTPRoute's ``status.parents[].conditions`` (``Accepted``) for the generation it saw.
+The emulator runs no Gateway controller: ``kube_mock.FakeGateway`` plays one through the official client,
+setting the HTTPRoute's ``status.parents[].conditions`` (``Accepted``) for the generation it saw.
 HTTPRoute has no core schema in ``kubernetes-validate``: the fields the backend writes (``backendRefs``:
 group, kind, name, port, weight) are checked structurally against Gateway API v1's HTTPBackendRef rules
 (:func:`check_backend_refs`).
 """
 
 import re
-import threading
 
 import pytest
 from kubernetes import client
@@ -23,7 +22,7 @@ from apps.orchestrators.kubernetes_manifests import (
     track_router,
 )
 from apps.orchestrators.tests.kube_mock import HTTPROUTES as ROUTES
-from apps.orchestrators.tests.kube_mock import NETWORK_POLICIES, KubeMock, api_client
+from apps.orchestrators.tests.kube_mock import NETWORK_POLICIES, FakeGateway, KubeMock, api_client
 from inference_worker.tests.support.agent import wait_for
 
 NS = "ferry"
@@ -117,35 +116,6 @@ def check_backend_refs(refs: list[dict]) -> None:
         assert 1 <= ref["port"] <= 65535 and 0 <= ref["weight"] <= 1_000_000
 
 
-class FakeGateway(threading.Thread):
-    """A Gateway controller stand-in: accepts each new generation of the route after ``delay_s``."""
-
-    def __init__(self, url: str, *, delay_s: float = 0.2) -> None:
-        super().__init__(daemon=True)
-        self.custom = client.CustomObjectsApi(api_client(url))
-        self.delay_s = delay_s
-        self.accepted: list[list[int]] = []  # the weights of every generation it accepted
-        self._stop_event = threading.Event()
-
-    def run(self) -> None:
-        while not self._stop_event.wait(self.delay_s):
-            route = self.custom.get_namespaced_custom_object(GATEWAY_API_GROUP, "v1", NS, HTTPROUTES, ROUTE)
-            generation = route["metadata"]["generation"]
-            parents = (route.get("status") or {}).get("parents") or []
-            seen = parents[0]["conditions"][0]["observedGeneration"] if parents else 0
-            if seen == generation:
-                continue
-            self.accepted.append([ref["weight"] for ref in route["spec"]["rules"][0]["backendRefs"]])
-            self.custom.patch_namespaced_custom_object_status(GATEWAY_API_GROUP, "v1", NS, HTTPROUTES, ROUTE, {
-                "status": {"parents": [{"parentRef": {"name": "public"}, "controllerName": "example.com/gateway",
-                                        "conditions": [{"type": "Accepted", "status": "True", "reason": "Accepted",
-                                                        "observedGeneration": generation}]}]}})
-
-    def stop(self) -> None:
-        self._stop_event.set()
-        self.join(5)
-
-
 def test_canary_steps_move_the_httproute_weights_and_abort_moves_them_back(mock, backend):
     custom = client.CustomObjectsApi(api_client(mock.url))
     custom.create_namespaced_custom_object(GATEWAY_API_GROUP, "v1", NS, HTTPROUTES, {
@@ -154,8 +124,9 @@ def test_canary_steps_move_the_httproute_weights_and_abort_moves_them_back(mock,
         "spec": {"parentRefs": [{"name": "public"}],
                  "rules": [{"matches": [{"path": {"type": "PathPrefix", "value": "/v1"}}],
                             "backendRefs": [{"name": "ferry-router", "port": 8080}]}]}})
-    gateway = FakeGateway(mock.url)
+    gateway = FakeGateway(mock.url, NS, ROUTE)
     gateway.start()
+    assert wait_for(lambda: gateway.accepted == [[1]], timeout_s=10, interval_s=0.05)  # generation 1 (default weight)
     try:
         applied = []
         for canary in (10, 50, 100, 0):  # three steps, then an abort back to stable
@@ -176,7 +147,7 @@ def test_canary_steps_move_the_httproute_weights_and_abort_moves_them_back(mock,
         [("ferry-router-stable", 0), ("ferry-router-canary", 100)],
         [("ferry-router-stable", 100), ("ferry-router-canary", 0)],
     ]
-    assert gateway.accepted == [[90, 10], [50, 50], [0, 100], [100, 0]]  # each step accepted once, in order
+    assert gateway.accepted == [[1], [90, 10], [50, 50], [0, 100], [100, 0]]  # each step accepted once, in order
     assert mock.obj(ROUTES, NS, ROUTE)["metadata"]["generation"] == 5
 
 
