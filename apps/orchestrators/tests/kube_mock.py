@@ -43,6 +43,19 @@ def parse_selector(selector: str | None) -> dict[str, str]:
     return {key.strip(): value.strip() for key, value in pairs}
 
 
+def merge_patch(target: Any, patch: Any) -> Any:
+    """JSON merge patch (RFC 7386): objects merge key by key, ``null`` deletes, anything else replaces."""
+    if not isinstance(patch, dict):
+        return patch
+    result = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(result.get(key), value)
+    return result
+
+
 def matches(obj: dict[str, Any], selector: dict[str, str]) -> bool:
     labels = (obj.get("metadata") or {}).get("labels") or {}
     return all(labels.get(key) == value for key, value in selector.items())
@@ -59,15 +72,18 @@ class FerryEmulator(kmock.KubernetesEmulator):
         (self.fallback ** 1)[{"watch": "True"}] << self._serve_python_watch
 
     async def _handle(self, request: Any) -> Any:
-        """Bump ``metadata.generation`` as the API server does: 1 on create, +1 on a spec change (no status)."""
+        """Set ``metadata.generation`` as the API server does: 1 on create, +1 when a patch changes the spec
+        (a patch that leaves the spec as it was, or a status write, keeps it)."""
         if request.resource is not None and request.subresource is None and isinstance(request.data, dict):
-            meta = request.data.setdefault("metadata", {})
             if request.action == kmock.action.CREATE:
-                meta["generation"] = 1
+                request.data.setdefault("metadata", {})["generation"] = 1
             elif request.action == kmock.action.UPDATE and "spec" in request.data:
                 key = (request.resource, request.namespace, request.name)
                 if key in self._objects and not self._objects[key].deleted:
-                    meta["generation"] = int(self._objects[key].get("metadata", {}).get("generation") or 0) + 1
+                    current = json.loads(json.dumps(self._objects[key].raw))
+                    if merge_patch(current.get("spec"), request.data["spec"]) != current.get("spec"):
+                        generation = int(current.get("metadata", {}).get("generation") or 0) + 1
+                        request.data.setdefault("metadata", {})["generation"] = generation
         return await super()._handle(request)
 
     async def _serve_list(self, request: Any) -> Any:
