@@ -9,6 +9,8 @@ scale goes through the Deployment's scale subresource; readiness comes from the 
   ``max_backoff_s``) for at most ``max_attempts`` attempts, then ``BackendUnavailable``;
 * 404 -> ``NotFound``; 400/422 -> ``InvalidSpec``; anything else -> ``BackendError``.
 
+Gateway API traffic splitting (HTTPRoute backendRefs weights, Accepted status): :mod:`.kubernetes_gateway`.
+
 Watches (``watch_deployments``) run with a server-side timeout and a client read timeout, and on
 410 Gone (the resourceVersion expired) they re-list and resume from the list's resourceVersion.
 """
@@ -45,6 +47,7 @@ from apps.orchestrators.base import (
     PoolTrackSpec,
     validate_weights,
 )
+from apps.orchestrators.kubernetes_gateway import HTTPRouteWeights
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +76,7 @@ class KubeconfigRef:
 _TRANSPORT_ERRORS = (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError)
 
 
-class KubernetesBackend(OrchestratorBackend):
+class KubernetesBackend(HTTPRouteWeights, OrchestratorBackend):
     """OrchestratorBackend on one Kubernetes cluster (namespaces come from each ``PoolRef``)."""
 
     def __init__(
@@ -215,70 +218,6 @@ class KubernetesBackend(OrchestratorBackend):
         """Create or update the router Deployment and Service."""
         self._create_or_patch(manifests.router_deployment_manifest(router))
         self._create_or_patch(manifests.router_service_manifest(router))
-
-    # -- Gateway API traffic splitting ------------------------------------------------------------
-
-    def _read_route(self, namespace: str, route: str) -> dict:
-        return self._call(self.custom.get_namespaced_custom_object, manifests.GATEWAY_API_GROUP,
-                          manifests.GATEWAY_API_VERSION, namespace, manifests.HTTPROUTES, route)
-
-    def set_route_weights(self, namespace: str, route: str, router_name: str, port: int,
-                          weights: Mapping[str, int]) -> int:
-        """Write ``weights`` (track -> percent) as the backendRefs of every rule of HTTPRoute ``route``.
-
-        Each backendRef is the ClusterIP Service ``<router_name>-<track>`` of a router pinned to that track
-        (:func:`manifests.track_router`); the rules' matches and filters are kept. The patch carries the
-        route's resourceVersion (a concurrent writer -> 409 -> re-read, bounded). Returns the route's
-        ``metadata.generation`` after the write, which :meth:`route_accepted` waits for.
-
-        Raises:
-            InvalidSpec: weights that are not percentages summing to 100, or a route without rules.
-            NotFound: no such HTTPRoute (the operator creates it with its parentRefs to the Gateway).
-        """
-        validate_weights(weights)
-        refs = manifests.http_route_backend_refs(router_name, port, weights)
-
-        def write_once() -> int:
-            current = self._read_route(namespace, route)
-            rules = (current.get("spec") or {}).get("rules") or []
-            if not rules:
-                raise InvalidSpec(f"HTTPRoute {namespace}/{route} has no rules to carry the backendRefs")
-            body = {"metadata": {"resourceVersion": current["metadata"].get("resourceVersion")},
-                    "spec": {"rules": [{**rule, "backendRefs": refs} for rule in rules]}}
-            written = self._call(self.custom.patch_namespaced_custom_object, manifests.GATEWAY_API_GROUP,
-                                 manifests.GATEWAY_API_VERSION, namespace, manifests.HTTPROUTES, route, body)
-            return int((written.get("metadata") or {}).get("generation") or 0)
-
-        return self._retry_conflicts(write_once)
-
-    def route_weights(self, namespace: str, route: str, router_name: str) -> tuple[dict[str, int], int]:
-        """The HTTPRoute's per-track weights (from backendRefs ``<router_name>-<track>`` of its rules; every
-        rule must agree, else ``{}``) and its ``metadata.generation``.
-
-        Raises:
-            NotFound: no such HTTPRoute.
-        """
-        current = self._read_route(namespace, route)
-        prefix = f"{router_name}-"
-        splits = [{ref["name"][len(prefix):]: int(ref.get("weight", 1))
-                   for ref in rule.get("backendRefs") or [] if str(ref.get("name", "")).startswith(prefix)}
-                  for rule in (current.get("spec") or {}).get("rules") or []]
-        weights = splits[0] if splits and all(split == splits[0] for split in splits) else {}
-        return weights, int((current.get("metadata") or {}).get("generation") or 0)
-
-    def route_accepted(self, namespace: str, route: str, generation: int) -> bool:
-        """True when every parent (Gateway) in the route's status reports ``Accepted=True`` for
-        ``generation`` or later (``observedGeneration``), and there is at least one parent.
-
-        Source: Gateway API v1 RouteStatus (``status.parents[].conditions``, type ``Accepted``).
-        """
-        status = self._read_route(namespace, route).get("status") or {}
-        parents = status.get("parents") or []
-        def accepted(parent: dict) -> bool:
-            return any(c.get("type") == "Accepted" and c.get("status") == "True"
-                       and int(c.get("observedGeneration") or 0) >= generation
-                       for c in parent.get("conditions") or [])
-        return bool(parents) and all(accepted(p) for p in parents)
 
     # -- verbs ------------------------------------------------------------------------------------
 

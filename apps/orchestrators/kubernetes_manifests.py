@@ -1,9 +1,13 @@
 """Pure functions that build Kubernetes manifests (plain dicts) for pools, tracks and the router.
 
-Per pool track: a Deployment, a headless Service (the router picks pods itself) and a
-PodDisruptionBudget, all named ``<pool>-<track>`` and labelled ``ferry.io/pool``, ``ferry.io/role``,
-``ferry.io/model-version``, ``ferry.io/track``. Per pool (blue-green): a ClusterIP Service named
-``<pool>`` selecting the active track. The router runs as its own Deployment + Service.
+Per pool track: a Deployment, a headless Service (the router picks pods itself), a
+PodDisruptionBudget and a NetworkPolicy (ingress only from routers, the control plane, Prometheus and,
+for KV and remote prefill, peer workers and linked clusters' CIDRs), all named ``<pool>-<track>`` and
+labelled ``ferry.io/pool``, ``ferry.io/role``, ``ferry.io/model-version``, ``ferry.io/track``. Per pool
+(blue-green): a ClusterIP Service named ``<pool>`` selecting the active track. The router runs as its own
+Deployment + Service (also rendered into Ferry's own Kustomize base, ``apps/setup/kube_manifests.py``),
+optionally one per track (``--track``) behind a Gateway API HTTPRoute whose backendRefs weights
+:func:`http_route_backend_refs` builds.
 Nothing here talks to a cluster; the functions are unit-tested as data.
 """
 
