@@ -22,6 +22,7 @@ from apps.orchestrators.kubernetes_manifests import (
     HTTPROUTES,
     RouterSpec,
     router_deployment_manifest,
+    track_manifests,
     track_router,
 )
 from apps.orchestrators.tests.kube_mock import PODS, FakeController, KubeMock, api_client
@@ -67,6 +68,20 @@ def test_every_rendered_object_validates_against_the_kubernetes_schemas(rendered
     broken["spec"]["replicas"] = "three"
     with pytest.raises(kubernetes_validate.ValidationError):  # the validator is live, not a no-op
         kubernetes_validate.validate(broken, KUBERNETES_VERSION, strict=True)
+
+
+def test_gateway_component_and_the_backends_pool_manifests_validate_too():
+    routers = list(yaml.safe_load_all(km.generated_files()[km.DEPLOY_DIR / "components" / "gateway" / "routers.yaml"]))
+    assert [(d["kind"], d["metadata"]["name"]) for d in routers] == [
+        ("Deployment", "ferry-router-stable"), ("Service", "ferry-router-stable"),
+        ("Deployment", "ferry-router-canary"), ("Service", "ferry-router-canary")]
+    assert missing_probes_or_resources(routers) == []
+    spec = PoolTrackSpec(pool=PoolRef(pool_id=1, pool_name="decode-a", namespace="ferry"), role="decode",
+                         track="canary", replicas=2, kv_port=8001, kv_peer_cidrs=("10.8.0.0/16", "fd00:8::/64"),
+                         model=ModelRef(name="gemma-3-270m", version="v2", image="worker:v2",
+                                        weights_uri="https://models.example/g.gguf", sha256="ab" * 32))
+    for doc in routers + track_manifests(spec):
+        kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
 
 
 def missing_probes_or_resources(docs: list[dict]) -> list[str]:
