@@ -94,7 +94,9 @@ def process_commands() -> dict[str, list[str]]:
         argv = shlex.split(command)
         if not argv or argv[0] != "exec":
             raise ValueError(f"Procfile line {name!r} is not 'exec <argv>': {command!r}")
-        commands[name] = argv[1:]
+        # the launcher resolves var_dir on this machine (macOS: /var -> /private/var); the pod's path is VAR_DIR
+        resolved = str(VAR_DIR.resolve())
+        commands[name] = [arg.replace(resolved, str(VAR_DIR)) for arg in argv[1:]]
     return commands
 
 
