@@ -19,6 +19,7 @@ from django.db.models import F, Q
 
 from apps.fleet.validators import (
     DNS_LABEL,
+    validate_cidr_list,
     validate_labels,
     validate_quantity,
     validate_schedule_overrides,
@@ -83,6 +84,11 @@ class Cluster(models.Model):
     namespace = models.CharField(max_length=63, blank=True, validators=[dns_label_validator])
     in_cluster = models.BooleanField(default=False, help_text="Use the service account of the pod Ferry runs in.")
     agent_url = models.URLField(blank=True, help_text="Local agent URL (kind local), e.g. http://127.0.0.1:9300.")
+    gateway_httproute = models.CharField(
+        max_length=253, blank=True, validators=[dns_label_validator],
+        help_text="Gateway API traffic splitting (kind kubernetes): the HTTPRoute in the cluster's namespace whose "
+                  "backendRefs weights the rollout controller writes between the per-track routers "
+                  "(ferry-router-stable, ferry-router-canary). Empty: Ferry's router splits traffic alone.")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -109,7 +115,7 @@ class Cluster(models.Model):
         elif self.kind == self.Kind.LOCAL:
             if not self.agent_url:
                 errors["agent_url"] = "Local clusters need the agent URL."
-            for f in ("kubeconfig_path", "kubeconfig_secret", "context", "namespace"):
+            for f in ("kubeconfig_path", "kubeconfig_secret", "context", "namespace", "gateway_httproute"):
                 if getattr(self, f):
                     errors[f] = "Only Kubernetes clusters take this field."
             if self.in_cluster:
@@ -125,6 +131,11 @@ class ClusterLink(models.Model):
     destination = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="links_in")
     bandwidth_gbps = models.FloatField(validators=[validate_positive_finite, MaxValueValidator(100_000)])
     rtt_ms = models.FloatField(validators=[validate_non_negative_finite, MaxValueValidator(100_000)])
+    source_cidrs = models.JSONField(
+        default=list, blank=True, validators=[validate_cidr_list],
+        help_text="Addresses the source cluster's workers have as the destination sees them (pod or egress CIDRs, "
+                  'e.g. ["10.8.0.0/16"]). On Kubernetes the destination\'s decode pools open their KV port, and its '
+                  "prefill pools their HTTP port, to them.")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

@@ -7,6 +7,7 @@ tolerations (``key``, ``operator`` Equal|Exists, ``value``, ``effect``, ``tolera
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from datetime import time
 from typing import Any
@@ -117,3 +118,16 @@ def validate_schedule_overrides(value: Any) -> None:
         days = window.get("days", list(WEEKDAYS))
         if not isinstance(days, list) or not days or any(d not in WEEKDAYS for d in days):
             raise ValidationError(f"Window {i}: days must be a non-empty list of {', '.join(WEEKDAYS)}.")
+
+
+def validate_cidr_list(value: Any) -> None:
+    """A JSON list of IPv4/IPv6 networks in CIDR notation without host bits (``["10.8.0.0/16"]``)."""
+    if not isinstance(value, list):
+        raise ValidationError('Must be a JSON list of CIDRs, e.g. ["10.8.0.0/16"].')
+    for item in value:
+        if not isinstance(item, str):
+            raise ValidationError(f"{item!r} is not a string; give CIDRs such as 10.8.0.0/16.")
+        try:
+            ipaddress.ip_network(item, strict=True)
+        except ValueError as exc:
+            raise ValidationError(f"{item!r} is not a CIDR such as 10.8.0.0/16: {exc}.") from exc

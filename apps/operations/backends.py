@@ -27,7 +27,7 @@ from urllib.parse import unquote, urlsplit
 from django.conf import settings
 
 from apps.catalog.models import ModelVersion
-from apps.fleet.models import Cluster, Pool, PoolTrack
+from apps.fleet.models import Cluster, ClusterLink, Pool, PoolTrack
 from apps.fleet.worker_args import InvalidWorkerArgs, parse_worker_args
 from apps.orchestrators.base import (
     InvalidSpec,
@@ -40,6 +40,8 @@ from apps.orchestrators.base import (
 )
 
 DEFAULT_IMAGE = "ferry/inference-worker:latest"
+KUBERNETES_KV_PORT = 8001
+"""Decode workers' KV receiver port on Kubernetes (a fixed port the pool's NetworkPolicy opens)."""
 FETCHABLE_SCHEMES = ("http", "https", "file")  # what the Kubernetes init step can download
 
 
@@ -99,7 +101,9 @@ def track_spec(pool: Pool, track: PoolTrack) -> PoolTrackSpec:
     """Everything a backend needs to run ``track`` of ``pool`` at ``track.replicas`` replicas.
 
     ``drain_timeout_s`` is clamped to the backend's 1..3600 s. ``extra_args``: ``FERRY_WORKER_EXTRA_ARGS``
-    then the track's ``extra_args`` (re-checked with the worker's parser).
+    then the track's ``extra_args`` (re-checked with the worker's parser). On Kubernetes decode pools receive KV
+    on :data:`KUBERNETES_KV_PORT`, and ``kv_peer_cidrs`` are the ``source_cidrs`` of the links into the pool's
+    cluster (the track's NetworkPolicy admits them).
 
     Raises:
         InvalidSpec: a field the backend cannot express (name too long, bad toleration, worker
@@ -114,7 +118,14 @@ def track_spec(pool: Pool, track: PoolTrack) -> PoolTrackSpec:
                    effect=t.get("effect") or None)
         for t in pool.tolerations
     )
+    kubernetes = pool.cluster.kind == Cluster.Kind.KUBERNETES
+    peer_cidrs: tuple[str, ...] = ()
+    if kubernetes:
+        links = ClusterLink.objects.filter(destination_id=pool.cluster_id).order_by("source__name")
+        peer_cidrs = tuple(dict.fromkeys(cidr for link in links for cidr in link.source_cidrs))
     return PoolTrackSpec(
+        kv_port=KUBERNETES_KV_PORT if kubernetes and pool.role == Pool.Role.DECODE else None,
+        kv_peer_cidrs=peer_cidrs,
         pool=pool_ref(pool), role=pool.role, track=track.name, model=model_ref(track.model_version, local=pool.cluster.kind == "local"),
         replicas=track.replicas, extra_args=extra_args,
         env=worker_env(),

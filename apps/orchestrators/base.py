@@ -14,6 +14,7 @@ concurrent writer won every bounded retry, ``NotFound`` and ``InvalidSpec`` are 
 from __future__ import annotations
 
 import abc
+import ipaddress
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -33,10 +34,24 @@ LABEL_TRACK = "ferry.io/track"
 LABEL_MODEL_VERSION = "ferry.io/model-version"
 LABEL_COMPONENT = "app.kubernetes.io/component"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+LABEL_NAME = "app.kubernetes.io/name"
+LABEL_PART_OF = "app.kubernetes.io/part-of"
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def validate_cidr(value: str, what: str) -> str:
+    """``value`` as a normalized CIDR (``10.1.0.0/16``, ``fd00::/64``).
+
+    Raises:
+        InvalidSpec: not an IPv4/IPv6 network in CIDR notation, or with host bits set.
+    """
+    try:
+        return str(ipaddress.ip_network(value, strict=True))
+    except (TypeError, ValueError) as exc:
+        raise InvalidSpec(f"{what}: {value!r} is not a CIDR such as 10.1.0.0/16 ({exc})") from exc
 
 
 class BackendError(Exception):
@@ -179,6 +194,11 @@ class PoolTrackSpec:
     tolerations: tuple[Toleration, ...] = ()
     drain_timeout_s: int = 30  # SIGTERM -> exit budget; terminationGracePeriodSeconds on Kubernetes
     labels: Mapping[str, str] = field(default_factory=dict)  # extra labels, merged under Ferry's
+    kv_port: int | None = None
+    """Decode workers' KV receiver port on Kubernetes (``--kv-port``; the NetworkPolicy opens it); None: any."""
+    kv_peer_cidrs: tuple[str, ...] = ()
+    """Addresses of the workers in linked clusters (``ClusterLink.source_cidrs`` of links into this cluster):
+    they reach the KV port of decode pools and the HTTP port of prefill pools (remote prefill)."""
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -193,6 +213,10 @@ class PoolTrackSpec:
             raise InvalidSpec(f"drain_timeout_s must be an integer in 1..3600, got {self.drain_timeout_s!r}")
         if "--port" in self.extra_args:
             raise InvalidSpec("extra_args must not set --port: the backend owns the port")
+        if self.kv_port is not None and (not 1 <= self.kv_port <= 65535 or self.kv_port == self.port):
+            raise InvalidSpec(f"kv_port must be in 1..65535 and differ from port {self.port}, got {self.kv_port!r}")
+        for cidr in self.kv_peer_cidrs:
+            validate_cidr(cidr, "kv_peer_cidrs")
         for key, value in self.labels.items():
             if key.startswith("ferry.io/"):
                 raise InvalidSpec(f"label {key!r}: the ferry.io/ prefix is reserved for Ferry's own labels")

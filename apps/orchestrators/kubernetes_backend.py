@@ -9,6 +9,8 @@ scale goes through the Deployment's scale subresource; readiness comes from the 
   ``max_backoff_s``) for at most ``max_attempts`` attempts, then ``BackendUnavailable``;
 * 404 -> ``NotFound``; 400/422 -> ``InvalidSpec``; anything else -> ``BackendError``.
 
+Gateway API traffic splitting (HTTPRoute backendRefs weights, Accepted status): :mod:`.kubernetes_gateway`.
+
 Watches (``watch_deployments``) run with a server-side timeout and a client read timeout, and on
 410 Gone (the resourceVersion expired) they re-list and resume from the list's resourceVersion.
 """
@@ -45,6 +47,7 @@ from apps.orchestrators.base import (
     PoolTrackSpec,
     validate_weights,
 )
+from apps.orchestrators.kubernetes_gateway import HTTPRouteWeights
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +76,7 @@ class KubeconfigRef:
 _TRANSPORT_ERRORS = (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError)
 
 
-class KubernetesBackend(OrchestratorBackend):
+class KubernetesBackend(HTTPRouteWeights, OrchestratorBackend):
     """OrchestratorBackend on one Kubernetes cluster (namespaces come from each ``PoolRef``)."""
 
     def __init__(
@@ -93,6 +96,8 @@ class KubernetesBackend(OrchestratorBackend):
         self.apps = client.AppsV1Api(api_client)
         self.core = client.CoreV1Api(api_client)
         self.policy = client.PolicyV1Api(api_client)
+        self.networking = client.NetworkingV1Api(api_client)
+        self.custom = client.CustomObjectsApi(api_client)
         self.max_attempts = max_attempts
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s
@@ -191,6 +196,8 @@ class KubernetesBackend(OrchestratorBackend):
             "Service": (self.core.create_namespaced_service, self.core.patch_namespaced_service),
             "PodDisruptionBudget": (self.policy.create_namespaced_pod_disruption_budget,
                                     self.policy.patch_namespaced_pod_disruption_budget),
+            "NetworkPolicy": (self.networking.create_namespaced_network_policy,
+                              self.networking.patch_namespaced_network_policy),
         }[kind]
         try:
             self._call(create, namespace, manifest)
@@ -250,7 +257,8 @@ class KubernetesBackend(OrchestratorBackend):
         name = f"{pool.pool_name}-{track}"
         body = client.V1DeleteOptions(propagation_policy="Foreground")
         for delete in (self.apps.delete_namespaced_deployment, self.core.delete_namespaced_service,
-                       self.policy.delete_namespaced_pod_disruption_budget):
+                       self.policy.delete_namespaced_pod_disruption_budget,
+                       self.networking.delete_namespaced_network_policy):
             try:
                 self._call(delete, name, pool.namespace, body=body)
             except NotFound:

@@ -1,21 +1,28 @@
 """Pure functions that build Kubernetes manifests (plain dicts) for pools, tracks and the router.
 
-Per pool track: a Deployment, a headless Service (the router picks pods itself) and a
-PodDisruptionBudget, all named ``<pool>-<track>`` and labelled ``ferry.io/pool``, ``ferry.io/role``,
-``ferry.io/model-version``, ``ferry.io/track``. Per pool (blue-green): a ClusterIP Service named
-``<pool>`` selecting the active track. The router runs as its own Deployment + Service.
+Per pool track: a Deployment, a headless Service (the router picks pods itself), a
+PodDisruptionBudget and a NetworkPolicy (ingress only from routers, the control plane, Prometheus and,
+for KV and remote prefill, peer workers and linked clusters' CIDRs), all named ``<pool>-<track>`` and
+labelled ``ferry.io/pool``, ``ferry.io/role``, ``ferry.io/model-version``, ``ferry.io/track``. Per pool
+(blue-green): a ClusterIP Service named ``<pool>`` selecting the active track. The router runs as its own
+Deployment + Service (also rendered into Ferry's own Kustomize base, ``apps/setup/kube_manifests.py``),
+optionally one per track (``--track``) behind a Gateway API HTTPRoute whose backendRefs weights
+:func:`http_route_backend_refs` builds.
 Nothing here talks to a cluster; the functions are unit-tested as data.
 """
 
 from __future__ import annotations
 
 import posixpath
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urlparse
 
 from apps.orchestrators.base import (
     LABEL_COMPONENT,
     LABEL_MANAGED_BY,
+    LABEL_NAME,
+    LABEL_PART_OF,
     LABEL_POOL,
     LABEL_ROLE,
     LABEL_TRACK,
@@ -89,8 +96,11 @@ def worker_container(spec: PoolTrackSpec) -> dict:
         "command": ["python", "-m", "inference_worker"],
         # $(FERRY_REPLICA) is expanded by the kubelet from the env var below (the pod name).
         "args": [*spec.worker_args(), "--replica", "$(FERRY_REPLICA)",
-                 "--host", "0.0.0.0", "--port", str(spec.port)],  # noqa: S104 (listens on the pod IP)
-        "ports": [{"name": "http", "containerPort": spec.port, "protocol": "TCP"}],
+                 "--host", "0.0.0.0", "--port", str(spec.port),  # noqa: S104 (listens on the pod IP)
+                 *(["--kv-port", str(spec.kv_port)] if spec.kv_port is not None else [])],
+        "ports": [{"name": "http", "containerPort": spec.port, "protocol": "TCP"},
+                  *([{"name": "kv", "containerPort": spec.kv_port, "protocol": "TCP"}]
+                    if spec.kv_port is not None else [])],
         "env": env,
         "resources": {"requests": requests, "limits": limits},
         "readinessProbe": {
@@ -221,9 +231,49 @@ def pool_service_manifest(pool: PoolRef, role: str, active_track: str, port: int
     }
 
 
+# Who may reach a worker's HTTP port besides peers: Ferry's routers and control plane (any namespace,
+# by label) and Prometheus (the prometheus-operator's pod label), which scrapes /metrics.
+ROUTER_PEER = {"namespaceSelector": {}, "podSelector": {"matchLabels": {LABEL_COMPONENT: "router",
+                                                                        LABEL_MANAGED_BY: "ferry"}}}
+CONTROL_PLANE_PEER = {"namespaceSelector": {}, "podSelector": {"matchLabels": {LABEL_PART_OF: "ferry"}}}
+PROMETHEUS_PEER = {"namespaceSelector": {}, "podSelector": {"matchLabels": {LABEL_NAME: "prometheus"}}}
+
+
+def network_policy_manifest(spec: PoolTrackSpec) -> dict:
+    """networking.k8s.io/v1 NetworkPolicy ``<pool>-<track>``: ingress to the track's pods, nothing else.
+
+    * the HTTP port from Ferry's routers and control plane and from Prometheus;
+    * prefill pools: the HTTP port also from decode workers — in this namespace and at ``kv_peer_cidrs``
+      (a decode worker calls ``/internal/prefill``);
+    * decode pools with a ``kv_port``: the KV port from prefill workers in this namespace and from
+      ``kv_peer_cidrs`` (the linked clusters; KV crosses datacenters by design).
+    """
+    def workers(role: str) -> dict:
+        return {"podSelector": {"matchLabels": {LABEL_ROLE: role, LABEL_COMPONENT: "inference-worker"}}}
+
+    peers = [{"ipBlock": {"cidr": cidr}} for cidr in spec.kv_peer_cidrs]
+    http_from = [ROUTER_PEER, CONTROL_PLANE_PEER, PROMETHEUS_PEER]
+    if spec.role == "prefill":
+        http_from += [workers("decode"), *peers]
+    ingress = [{"from": http_from, "ports": [{"protocol": "TCP", "port": spec.port}]}]
+    if spec.kv_port is not None and spec.role == "decode":
+        ingress.append({"from": [workers("prefill"), *peers], "ports": [{"protocol": "TCP", "port": spec.kv_port}]})
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": spec.object_name, "namespace": spec.pool.namespace, "labels": track_labels(spec)},
+        "spec": {
+            "podSelector": {"matchLabels": selector_labels(spec.pool.pool_name, spec.track)},
+            "policyTypes": ["Ingress"],
+            "ingress": ingress,
+        },
+    }
+
+
 def track_manifests(spec: PoolTrackSpec) -> list[dict]:
     """Everything ``apply_pool_track`` creates, in apply order."""
-    return [deployment_manifest(spec), headless_service_manifest(spec), pod_disruption_budget_manifest(spec)]
+    return [deployment_manifest(spec), headless_service_manifest(spec), pod_disruption_budget_manifest(spec),
+            network_policy_manifest(spec)]
 
 
 @dataclass(frozen=True)
@@ -240,6 +290,8 @@ class RouterSpec:
     cpu: str | None = "1"
     memory: str | None = "1Gi"
     extra_args: tuple[str, ...] = field(default_factory=tuple)
+    track: str | None = None
+    """Pin the router to one track (``--track``): Gateway API traffic splitting, one router per track."""
 
     def __post_init__(self) -> None:
         validate_dns_label(self.name, "router name")
@@ -252,7 +304,10 @@ class RouterSpec:
 
 
 def _router_labels(router: RouterSpec) -> dict[str, str]:
-    return {"app.kubernetes.io/name": router.name, LABEL_COMPONENT: "router", LABEL_MANAGED_BY: "ferry"}
+    labels = {"app.kubernetes.io/name": router.name, LABEL_COMPONENT: "router", LABEL_MANAGED_BY: "ferry"}
+    if router.track:
+        labels[LABEL_TRACK] = router.track
+    return labels
 
 
 def router_deployment_manifest(router: RouterSpec) -> dict:
@@ -265,7 +320,7 @@ def router_deployment_manifest(router: RouterSpec) -> dict:
         "command": ["python", "-m", "inference_worker"],
         "args": [
             "router", "--routing-table", router.routing_table_url,
-            *router.extra_args, "--host", "0.0.0.0", "--port", str(router.port),  # noqa: S104 (pod IP)
+            *(["--track", router.track] if router.track else []), *router.extra_args, "--host", "0.0.0.0", "--port", str(router.port),  # noqa: S104 (pod IP)
         ],
         "ports": [{"name": "http", "containerPort": router.port, "protocol": "TCP"}],
         "env": [{
@@ -309,3 +364,26 @@ def router_service_manifest(router: RouterSpec) -> dict:
             "ports": [{"name": "http", "port": router.port, "targetPort": "http", "protocol": "TCP"}],
         },
     }
+
+
+ROUTER_NAME = "ferry-router"
+"""The router Deployment/Service of Ferry's own manifests; per-track routers are ``ferry-router-<track>``."""
+ROUTER_PORT = 8080
+GATEWAY_API_GROUP = "gateway.networking.k8s.io"
+GATEWAY_API_VERSION = "v1"
+HTTPROUTES = "httproutes"
+
+
+def track_router(router: RouterSpec, track: str) -> RouterSpec:
+    """The router pinned to ``track``: Deployment and ClusterIP Service ``<router>-<track>`` (``--track``)."""
+    return RouterSpec(namespace=router.namespace, image=router.image, routing_table_url=router.routing_table_url,
+                      token_secret_name=router.token_secret_name, name=f"{router.name}-{track}",
+                      replicas=router.replicas, port=router.port, cpu=router.cpu, memory=router.memory,
+                      extra_args=router.extra_args, track=track)
+
+
+def http_route_backend_refs(router_name: str, port: int, weights: Mapping[str, int]) -> list[dict]:
+    """HTTPRoute ``backendRefs``: the Service ``<router_name>-<track>`` of each track with its weight (percent),
+    in ``weights`` order. Fields written (Gateway API v1 HTTPBackendRef): group, kind, name, port, weight."""
+    return [{"group": "", "kind": "Service", "name": f"{router_name}-{track}", "port": port, "weight": weight}
+            for track, weight in weights.items()]

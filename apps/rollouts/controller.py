@@ -17,6 +17,7 @@ from django.utils import timezone
 from apps.rollouts import bluegreen, transitions
 from apps.rollouts.canary import canary_cleanup, canary_converge, canary_mode, canary_tick
 from apps.rollouts.desired import pool_views, record_action, run_switches
+from apps.rollouts.gateway import gateway_sync
 from apps.rollouts.models import RolloutPlan
 from apps.rollouts.steps import RolloutFailure, step_position
 from apps.rollouts.traffic import publish_if_changed
@@ -94,7 +95,8 @@ def rollout_tick(*, rollout_id: int, step_index: int | None = None, now: datetim
 
     Returns what happened: ``skipped`` (not progressing there: a duplicate delivery, or aborted),
     ``not-due``, ``waiting``, a step kind, ``analysis``, ``promoted``, ``aborted``, ``failed``, ...
-    After the commit (row lock released) the tick's ``pool.switch_active`` Actions run (:func:`run_switches`).
+    After the commit (row lock released) the tick's ``pool.switch_active`` Actions run (:func:`run_switches`)
+    and Gateway API routes take the canary weight (:func:`apps.rollouts.gateway.gateway_sync`).
     """
     now = now or timezone.now()
     with transaction.atomic():
@@ -112,4 +114,5 @@ def rollout_tick(*, rollout_id: int, step_index: int | None = None, now: datetim
         result = _advance(plan, now, cleanup=cleanup)
         plan.save()
     run_switches(rollout_id)
+    gateway_sync(rollout_id)  # Gateway API routes take the tick's canary weight (apps.rollouts.gateway)
     return result

@@ -23,6 +23,7 @@ from apps.rollouts import bluegreen, transitions
 from apps.rollouts.canary import NEW_TRACK, canary_converge
 from apps.rollouts.controller import revert
 from apps.rollouts.desired import active_track_name, pool_views, record_action, run_switches, track_ensure
+from apps.rollouts.gateway import gateway_sync
 from apps.rollouts.models import RolloutPlan
 from apps.rollouts.progress import RolloutProgress
 from apps.rollouts.replica_math import ReplicaMathError, canary_split
@@ -276,6 +277,7 @@ def rollout_abort(*, plan: RolloutPlan, requested_by: AbstractBaseUser | None = 
         if plan.typed_progress.cleanup:
             _enqueue_after_commit(plan)
     run_switches(plan.pk)
+    gateway_sync(plan.pk)  # traffic back to stable on the Gateway API routes too
     return plan
 
 

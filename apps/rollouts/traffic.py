@@ -10,6 +10,7 @@ from __future__ import annotations
 from django.utils import timezone
 
 from apps.rollouts.desired import PoolView, publish, router_applied_version
+from apps.rollouts.gateway import gateway_behind
 from apps.rollouts.models import RolloutPlan
 
 
@@ -25,13 +26,15 @@ def ready_count(view: PoolView, name: str) -> int:
 
 
 def router_behind(plan: RolloutPlan) -> str | None:
-    """None once the router (if any) reports the awaited routing-table version, else what is awaited."""
+    """None once the router (if any) reports the awaited routing-table version and every Gateway API route of
+    the plan carries its weights and is Accepted (:func:`apps.rollouts.gateway.gateway_behind`), else what is
+    awaited."""
     awaited = plan.typed_progress.await_version
     if not plan.router_url or awaited is None:
-        return None
+        return gateway_behind(plan)
     seen = router_applied_version(plan.router_url)
     if seen is not None and seen >= awaited:
-        return None
+        return gateway_behind(plan)
     return f"the router at {plan.router_url} to apply routing table v{awaited} (it reports {seen})"
 
 

@@ -44,6 +44,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="replica choice (least_loaded and round_robin are benchmark references)")
     parser.add_argument("--no-kv-index", action="store_true",
                         help="do not follow the replicas' KV events (no prefix index, no cache scoring)")
+    parser.add_argument("--track", default=None, metavar="NAME",
+                        help="serve only this track (stable, canary, ...): a Gateway API HTTPRoute splits traffic "
+                             "between per-track routers")
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
 
 
@@ -69,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
         service_token=args.service_token or os.environ.get("FERRY_SERVICE_TOKEN"),
         tokenizer_dir=args.tokenizer, table_interval_s=args.table_interval, scrape_interval_s=args.scrape_interval,
         connect_timeout_s=args.connect_timeout, request_timeout_s=args.request_timeout,
-        max_attempts=args.max_attempts, policy=args.policy, kv_index=not args.no_kv_index,
+        max_attempts=args.max_attempts, policy=args.policy, kv_index=not args.no_kv_index, track=args.track,
     )
     router = Router(config)
     uvicorn.run(router.app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=30)

@@ -78,6 +78,9 @@ class RouterConfig:
     """Replica choice: cache_aware (prefix index + load), least_loaded or round_robin (benchmark references)."""
     kv_index: bool = True
     """Subscribe to the replicas' KV events and keep the prefix index (False: index off, for overhead runs)."""
+    track: str | None = None
+    """Pin to one track (``stable``, ``canary``...): serve only that track's replicas, whatever the table's
+    weights; a Gateway API HTTPRoute splits traffic between per-track routers. None: split by the weights."""
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -180,7 +183,7 @@ class Router:
         key = sticky or session or request_id
         model = body.get("model") if isinstance(body.get("model"), str) else None
         try:
-            eligible = eligibility(table, model=model, sticky_key=key)
+            eligible = eligibility(table, model=model, sticky_key=key, track=self.config.track)
         except UnknownModel as exc:
             return _error(404, str(exc), "invalid_request_error")
         except NoReplicaAvailable as exc:
@@ -232,7 +235,8 @@ class Router:
                 while len(tried) < self.config.max_attempts:
                     if tried:  # re-plan without the replicas that failed
                         try:
-                            eligible = eligibility(table, model=model, sticky_key=key, exclude=frozenset(tried))
+                            eligible = eligibility(table, model=model, sticky_key=key, exclude=frozenset(tried),
+                                                   track=self.config.track)
                         except NoReplicaAvailable:
                             break
                     plan = self._plan(table, eligible, prompt, session)

@@ -97,18 +97,23 @@ def models_served(table: RoutingTable) -> list[str]:
 
 
 def eligibility(table: RoutingTable, *, model: str | None, sticky_key: str, exclude: frozenset[str] = frozenset(),
-                ejected: frozenset[str] = frozenset()) -> Eligible:
-    """Step 1 (module docstring).
+                ejected: frozenset[str] = frozenset(), track: str | None = None) -> Eligible:
+    """Step 1 (module docstring); ``track``: a router pinned to one track considers only that track.
 
     Raises:
         UnknownModel: ``model`` is given, the table names models, and none is ``model``.
-        NoReplicaAvailable: the track's model version has no decode replica left.
+        NoReplicaAvailable: the track's model version has no decode replica left, or the pinned
+            ``track`` is not in the table (for ``model``).
     """
     tracks = table.tracks
     if model and models_served(table):
         tracks = tuple(t for t in tracks if table.model_info[t.model_version].model == model)
         if not tracks:
             raise UnknownModel(f"model {model!r} is not served here; available: {models_served(table)}")
+    if track is not None:
+        tracks = tuple(t for t in tracks if t.name == track)
+        if not tracks:
+            raise NoReplicaAvailable(f"this router serves track {track!r} only, and the routing table has none")
     track = choose_track(tracks, sticky_key)
     version = track.model_version
     skip = exclude | ejected

@@ -196,3 +196,15 @@ def test_prompt_tokens_counted_like_the_worker(tmp_path):
     assert rendered.split() == ["user", "hello", "world"]
     assert counter.count("/v1/chat/completions", {"messages": [{"role": "user", "content": "hello world"}]}) == 3
     assert PromptCounter().count("/v1/completions", {"prompt": "x" * 41}) == 11  # estimate: ceil(41 / 4)
+
+
+def test_a_router_pinned_to_a_track_serves_only_that_track_whatever_the_weights():
+    table = RoutingTable.from_dict(table_dict())  # stable 90 / canary 10
+    keys = [f"req-{i}" for i in range(200)]
+    pinned = {key: eligibility(table, model=None, sticky_key=key, track="canary") for key in keys}
+    assert {e.track.name for e in pinned.values()} == {"canary"}
+    assert {tuple(r.name for r in e.decode) for e in pinned.values()} == {("d2",)}
+    assert {e.track.name for e in (eligibility(table, model=None, sticky_key=k, track="stable") for k in keys)} == {
+        "stable"}
+    with pytest.raises(NoReplicaAvailable, match="serves track 'blue' only"):
+        eligibility(table, model=None, sticky_key="k", track="blue")

@@ -13,7 +13,7 @@ class ClusterSerializer(serializers.ModelSerializer):
     class Meta:
         model = Cluster
         fields = ["id", "name", "kind", "datacenter", "labels", "status", "kubeconfig_path", "kubeconfig_secret",
-                  "context", "namespace", "in_cluster", "agent_url", "created_at", "updated_at"]
+                  "context", "namespace", "in_cluster", "agent_url", "gateway_httproute", "created_at", "updated_at"]
         read_only_fields = ["status", "created_at", "updated_at"]
 
 
@@ -23,7 +23,7 @@ class ClusterLinkSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = ClusterLink
-        fields = ["id", "source", "source_name", "destination", "destination_name", "bandwidth_gbps", "rtt_ms",
+        fields = ["id", "source", "source_name", "destination", "destination_name", "bandwidth_gbps", "rtt_ms", "source_cidrs",
                   "created_at", "updated_at"]
         read_only_fields = ["created_at", "updated_at"]
 

@@ -148,3 +148,23 @@ def test_anonymous_gets_401_and_viewer_writes_get_403(client, viewer_api, operat
 def test_unknown_id_is_404(admin_api):
     assert admin_api.get("/api/v1/pools/999999/").status_code == 404
     assert admin_api.post("/api/v1/pools/999999/scale/", {"replicas": 1}, format="json").status_code == 404
+
+
+def test_link_source_cidrs_and_cluster_gateway_route_are_validated_with_400s(admin_api, make_cluster):
+    local = make_cluster("dc-a")
+    kube = make_cluster("k8s-b", kind="kubernetes", agent_url="", namespace="ferry", in_cluster=True)
+    body = {"source": local.pk, "destination": kube.pk, "bandwidth_gbps": 10.0, "rtt_ms": 2,
+            "source_cidrs": ["10.8.0.0/16", "fd00:8::/64"]}
+    r = admin_api.post("/api/v1/cluster-links/", body, format="json")
+    assert r.status_code == 201 and r.json()["source_cidrs"] == ["10.8.0.0/16", "fd00:8::/64"]
+    link = f"/api/v1/cluster-links/{r.json()['id']}/"
+    for bad, message in ((["10.8.0.1/16"], "'10.8.0.1/16' is not a CIDR"), ("10.8.0.0/16", "JSON list of CIDRs"),
+                         ([8], "is not a string")):
+        r = admin_api.patch(link, {"source_cidrs": bad}, format="json")
+        assert r.status_code == 400 and message in r.json()["source_cidrs"][0], r.json()
+    r = admin_api.patch(f"/api/v1/clusters/{kube.pk}/", {"gateway_httproute": "chat"}, format="json")
+    assert r.status_code == 200 and r.json()["gateway_httproute"] == "chat"
+    r = admin_api.patch(f"/api/v1/clusters/{local.pk}/", {"gateway_httproute": "chat"}, format="json")
+    assert r.status_code == 400 and r.json()["gateway_httproute"] == ["Only Kubernetes clusters take this field."]
+    assert admin_api.patch(f"/api/v1/clusters/{kube.pk}/", {"gateway_httproute": "Chat_Route"},
+                           format="json").status_code == 400

@@ -37,3 +37,23 @@ def test_missing_local_artifact_or_remote_uri_falls_back_to_the_model_name(clust
         args = _args(pool)
         assert args[args.index("--model") + 1] == "gemma-like"
         assert "--served-model-name" not in args
+
+
+def test_kubernetes_tracks_get_the_kv_port_for_decode_and_the_cidrs_of_links_into_their_cluster(
+        make_cluster, model_version):
+    from apps.fleet.services import cluster_link_create
+
+    kube = make_cluster("k8s-b", kind="kubernetes", agent_url="", namespace="ferry", in_cluster=True)
+    a, c = make_cluster("dc-a"), make_cluster("dc-c")
+    cluster_link_create(source=a, destination=kube, bandwidth_gbps=10, rtt_ms=2, source_cidrs=["10.8.0.0/16"])
+    cluster_link_create(source=c, destination=kube, bandwidth_gbps=10, rtt_ms=2,
+                        source_cidrs=["10.9.0.0/16", "10.8.0.0/16"])
+    cluster_link_create(source=kube, destination=a, bandwidth_gbps=10, rtt_ms=2, source_cidrs=["10.1.0.0/16"])
+    specs = {}
+    for role, cluster in (("decode", kube), ("prefill", kube), ("colocated", a)):
+        pool = pool_create(name=f"{role}-x", role=role, replicas=1, cluster=cluster, model_version=model_version)
+        spec = track_spec(pool, pool.tracks.get(name="stable"))
+        specs[role] = (spec.kv_port, spec.kv_peer_cidrs)
+    assert specs == {"decode": (8001, ("10.8.0.0/16", "10.9.0.0/16")),  # links into k8s-b, deduplicated
+                     "prefill": (None, ("10.8.0.0/16", "10.9.0.0/16")),
+                     "colocated": (None, ())}  # local clusters: the agent picks ports, no policies

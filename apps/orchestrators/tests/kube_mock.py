@@ -32,6 +32,8 @@ DEPLOYMENTS = kmock.resource("apps/v1/deployments")
 SERVICES = kmock.resource("v1/services")
 PODS = kmock.resource("v1/pods")
 PDBS = kmock.resource("policy/v1/poddisruptionbudgets")
+NETWORK_POLICIES = kmock.resource("networking.k8s.io/v1/networkpolicies")
+HTTPROUTES = kmock.resource("gateway.networking.k8s.io/v1/httproutes")
 
 
 def parse_selector(selector: str | None) -> dict[str, str]:
@@ -39,6 +41,19 @@ def parse_selector(selector: str | None) -> dict[str, str]:
         return {}
     pairs = (term.split("=", 1) for term in selector.split(","))
     return {key.strip(): value.strip() for key, value in pairs}
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """JSON merge patch (RFC 7386): objects merge key by key, ``null`` deletes, anything else replaces."""
+    if not isinstance(patch, dict):
+        return patch
+    result = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(result.get(key), value)
+    return result
 
 
 def matches(obj: dict[str, Any], selector: dict[str, str]) -> bool:
@@ -50,10 +65,26 @@ def matches(obj: dict[str, Any], selector: dict[str, str]) -> bool:
 class FerryEmulator(kmock.KubernetesEmulator):
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
-        for resource in ("apps/v1/deployments", "v1/pods", "v1/services", "policy/v1/poddisruptionbudgets"):
+        for resource in ("apps/v1/deployments", "v1/pods", "v1/services", "policy/v1/poddisruptionbudgets",
+                         "networking.k8s.io/v1/networkpolicies", "gateway.networking.k8s.io/v1/httproutes"):
             self.resources[resource] = {}  # a real API server knows these even with no objects
         # Above the emulator's own list fallback (sub-priority 1 within the fallback level).
         (self.fallback ** 1)[{"watch": "True"}] << self._serve_python_watch
+
+    async def _handle(self, request: Any) -> Any:
+        """Set ``metadata.generation`` as the API server does: 1 on create, +1 when a patch changes the spec
+        (a patch that leaves the spec as it was, or a status write, keeps it)."""
+        if request.resource is not None and request.subresource is None and isinstance(request.data, dict):
+            if request.action == kmock.action.CREATE:
+                request.data.setdefault("metadata", {})["generation"] = 1
+            elif request.action == kmock.action.UPDATE and "spec" in request.data:
+                key = (request.resource, request.namespace, request.name)
+                if key in self._objects and not self._objects[key].deleted:
+                    current = json.loads(json.dumps(self._objects[key].raw))
+                    if merge_patch(current.get("spec"), request.data["spec"]) != current.get("spec"):
+                        generation = int(current.get("metadata", {}).get("generation") or 0) + 1
+                        request.data.setdefault("metadata", {})["generation"] = generation
+        return await super()._handle(request)
 
     async def _serve_list(self, request: Any) -> Any:
         listing = await super()._serve_list(request)
@@ -218,3 +249,35 @@ class FakeController(threading.Thread):
         }
         self._created_at[name] = time.monotonic()
         return self.core.create_namespaced_pod(self.namespace, body)
+
+
+class FakeGateway(threading.Thread):
+    """A Gateway controller stand-in: accepts each new generation of HTTPRoute ``route`` after ``delay_s``,
+    writing ``status.parents[0].conditions`` (``Accepted=True``, ``observedGeneration``) as a real one does."""
+
+    def __init__(self, url: str, namespace: str, route: str, *, delay_s: float = 0.1) -> None:
+        super().__init__(daemon=True)
+        self.custom = client.CustomObjectsApi(api_client(url))
+        self.namespace = namespace
+        self.route = route
+        self.delay_s = delay_s
+        self.accepted: list[list[int]] = []  # the backendRefs weights of every generation it accepted
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        group, ns = "gateway.networking.k8s.io", self.namespace
+        while not self._stop_event.wait(self.delay_s):
+            route = self.custom.get_namespaced_custom_object(group, "v1", ns, "httproutes", self.route)
+            generation = route["metadata"]["generation"]
+            parents = (route.get("status") or {}).get("parents") or []
+            if parents and parents[0]["conditions"][0]["observedGeneration"] == generation:
+                continue
+            self.accepted.append([ref.get("weight", 1) for ref in route["spec"]["rules"][0]["backendRefs"]])
+            self.custom.patch_namespaced_custom_object_status(group, "v1", ns, "httproutes", self.route, {
+                "status": {"parents": [{"parentRef": {"name": "public"}, "controllerName": "example.com/gateway",
+                                        "conditions": [{"type": "Accepted", "status": "True", "reason": "Accepted",
+                                                        "observedGeneration": generation}]}]}})
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self.join(5)

@@ -132,7 +132,7 @@ def test_headless_service_and_pdb_select_the_track():
     assert (pdb["apiVersion"], pdb["kind"]) == ("policy/v1", "PodDisruptionBudget")
     assert pdb["spec"] == {"maxUnavailable": 1,
                            "selector": {"matchLabels": {"ferry.io/pool": "decode-a", "ferry.io/track": "canary"}}}
-    assert [x["kind"] for x in m.track_manifests(spec)] == ["Deployment", "Service", "PodDisruptionBudget"]
+    assert [x["kind"] for x in m.track_manifests(spec)] == ["Deployment", "Service", "PodDisruptionBudget", "NetworkPolicy"]
 
 
 def test_pool_service_selects_the_active_track():

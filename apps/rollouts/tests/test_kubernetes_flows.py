@@ -11,16 +11,27 @@ from __future__ import annotations
 import time
 
 import pytest
+from kubernetes import client
 
 from apps.fleet.services import cluster_create, pool_create
 from apps.operations.models import Action
 from apps.operations.reconcile import reconcile_all
 from apps.operations.tasks import execute_action
-from apps.orchestrators.tests.kube_mock import DEPLOYMENTS, SERVICES, FakeController, KubeMock
+from apps.orchestrators.kubernetes_manifests import GATEWAY_API_GROUP, HTTPROUTES
+from apps.orchestrators.tests.kube_mock import (
+    DEPLOYMENTS,
+    SERVICES,
+    FakeController,
+    FakeGateway,
+    KubeMock,
+    api_client,
+)
+from apps.orchestrators.tests.kube_mock import HTTPROUTES as HTTPROUTES_RESOURCE
 from apps.rollouts import services
 from apps.rollouts.controller import rollout_tick
 from apps.rollouts.models import RolloutPlan
 from apps.rollouts.tests.conftest import due_now, table_weights
+from inference_worker.tests.support.agent import wait_for
 
 pytestmark = pytest.mark.django_db
 NS = "ferry"
@@ -165,3 +176,32 @@ def test_blue_green_on_kubernetes_after_abort_switches_back(world):
     assert kube.obj(DEPLOYMENTS, NS, "chat-stable")["metadata"].get("generation") == stable_pods
     assert _service_track(kube) == "stable"
     assert table_weights() == {"stable": ("v1", 100)}
+
+
+def test_canary_with_gateway_api_moves_the_httproute_weights_step_by_step_and_back_on_abort(world):
+    kube, pool, v2 = world
+    cluster = pool.cluster
+    cluster.gateway_httproute = "chat"
+    cluster.save(update_fields=["gateway_httproute"])
+    custom = client.CustomObjectsApi(api_client(kube.url))
+    custom.create_namespaced_custom_object(GATEWAY_API_GROUP, "v1", NS, HTTPROUTES, {
+        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute", "metadata": {"name": "chat", "namespace": NS},
+        "spec": {"parentRefs": [{"name": "public"}], "rules": [{"backendRefs": [{"name": "ferry-router", "port": 8080}]}]}})
+    gateway = FakeGateway(kube.url, NS, "chat", delay_s=0.05)
+    gateway.start()
+    try:
+        assert wait_for(lambda: gateway.accepted == [[1]], 10, 0.05)
+        plan = services.rollout_plan_create(pools=[pool], target_model_version=v2, name="gw canary", strategy="canary",
+                                            steps=[{"set_weight": 25}, {"set_weight": 50}, {"pause": {}}])
+        services.rollout_start(plan=plan)
+        run_until(plan, lambda p: p.state == "paused")
+        assert table_weights() == {"canary": ("v2", 50), "stable": ("v1", 50)}, gateway.accepted
+        services.rollout_abort(plan=plan)
+        assert wait_for(lambda: gateway.accepted[-1] == [100, 0], 10, 0.05), gateway.accepted
+        run_until(plan, lambda p: not p.progress.get("cleanup"))
+    finally:
+        gateway.stop()
+    refs = kube.obj(HTTPROUTES_RESOURCE, NS, "chat")["spec"]["rules"][0]["backendRefs"]
+    assert [(ref["name"], ref["weight"]) for ref in refs] == [("ferry-router-stable", 100), ("ferry-router-canary", 0)]
+    # generation 1 as created, then each weight the controller applied, in order, each accepted once
+    assert gateway.accepted == [[1], [100, 0], [75, 25], [50, 50], [100, 0]]
