@@ -420,11 +420,19 @@ def _observed_replica(pod: Any, track: str) -> ObservedReplica:
     ready = any(c.type == "Ready" and c.status == "True" for c in conditions)
     container_statuses = (status.container_statuses or []) if status is not None else []
     restarts = sum(cs.restart_count or 0 for cs in container_statuses)
-    exit_code = None
+    exit_code = exited_at = None
+    message = ""
     for cs in container_statuses:
-        terminated = cs.last_state.terminated if cs.last_state is not None else None
+        # A container that died and waits to be restarted (CrashLoopBackOff) has its death in
+        # last_state; one that died for good (restartPolicy Never) in state.
+        terminated = next((t for t in (cs.state.terminated if cs.state is not None else None,
+                                       cs.last_state.terminated if cs.last_state is not None else None)
+                           if t is not None), None)
         if terminated is not None:
             exit_code = terminated.exit_code
+            message = (terminated.message or "").strip()
+            finished = terminated.finished_at
+            exited_at = finished.timestamp() if hasattr(finished, "timestamp") else None
     port = 8000
     for container in pod.spec.containers if pod.spec is not None else []:
         for container_port in container.ports or []:
@@ -439,4 +447,6 @@ def _observed_replica(pod: Any, track: str) -> ObservedReplica:
         version=labels.get(LABEL_MODEL_VERSION, ""),
         restart_count=restarts,
         exit_code=exit_code,
+        exited_at=exited_at,
+        message=message,
     )
