@@ -32,7 +32,7 @@ def test_restart_backoff_is_none_then_doubles_from_the_base_up_to_the_cap(settin
 
 
 def test_a_worker_that_cannot_load_its_model_exits_3_and_reconcile_restarts_it_with_backoff(
-        tmp_path, make_model_version, settings):
+        tmp_path, make_model_version, settings, viewer_api):
     settings.FERRY_RESTART_BACKOFF_S, settings.FERRY_RESTART_BACKOFF_MAX_S = 10, 300
     agent = AgentProcess(tmp_path / "agent").start()
     backend = LocalAgentBackend(agent.base_url, agent.token)
@@ -56,6 +56,8 @@ def test_a_worker_that_cannot_load_its_model_exits_3_and_reconcile_restarts_it_w
         replicas_refresh(pool=pool, observed=observed)
         row = Replica.objects.get(pool=pool)
         assert (row.alive, row.exit_code, row.message, row.exited_at is not None) == (False, 3, ERROR, True)
+        (listed,) = viewer_api.get(f"/api/v1/replicas/?pool={pool.pk}").json()["results"]
+        assert (listed["alive"], listed["exit_code"], listed["message"]) == (False, 3, ERROR)  # not only /health
 
         # First death: restart at once, the reason names the error.
         assert pool_converge(pool, observed, now_s=replica.exited_at) == "pool.restart_replica"
