@@ -252,6 +252,10 @@ FERRY_ACTION_REQUEUE_S = int(os.environ.get("FERRY_ACTION_REQUEUE_S", "30"))
 # How long a scale/apply Action waits for the backend's ready replicas to match before failing (retryable).
 FERRY_ACTION_READY_TIMEOUT_S = int(os.environ.get("FERRY_ACTION_READY_TIMEOUT_S", "240"))
 FERRY_RECONCILE_INTERVAL_S = float(os.environ.get("FERRY_RECONCILE_INTERVAL_S", "5"))
+# Restart backoff of a replica that keeps dying (apps.operations.reconcile.restart_backoff_s): none after
+# the first death, then 10 s doubling per restart up to 5 minutes (Kubernetes' CrashLoopBackOff).
+FERRY_RESTART_BACKOFF_S = float(os.environ.get("FERRY_RESTART_BACKOFF_S", "10"))
+FERRY_RESTART_BACKOFF_MAX_S = float(os.environ.get("FERRY_RESTART_BACKOFF_MAX_S", "300"))
 FERRY_AUTOSCALE_INTERVAL_S = float(os.environ.get("FERRY_AUTOSCALE_INTERVAL_S", "15"))
 # Bearer token of the local agent (kind=local clusters) and the router's service token for
 # GET /api/v1/routing-table/ (users in the "service" group may also use their API token).

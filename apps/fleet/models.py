@@ -275,6 +275,8 @@ class Replica(models.Model):
     version = models.CharField(max_length=100, blank=True, help_text="Model version label of the replica.")
     restart_count = models.PositiveIntegerField(default=0)
     exit_code = models.IntegerField(null=True, blank=True)
+    exited_at = models.DateTimeField(null=True, blank=True, help_text="When it last died, if the backend knows.")
+    message = models.TextField(blank=True, help_text="Its last termination message, e.g. why its model failed to load.")
     first_seen = models.DateTimeField(auto_now_add=True)
     last_seen = models.DateTimeField()
 

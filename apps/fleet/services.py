@@ -5,6 +5,7 @@ backend (pool scale, update of the model version, delete, replica logs), are ope
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 from django.conf import settings
@@ -114,7 +115,9 @@ def replicas_refresh(*, pool: Pool, observed: Any) -> tuple[int, int]:
                 Replica.objects.update_or_create(pool=pool, name=r.name, defaults={
                     "track": r.track or track.track, "endpoint": r.endpoint, "ready": r.ready and r.alive,
                     "alive": r.alive, "version": r.version, "restart_count": r.restart_count,
-                    "exit_code": r.exit_code, "last_seen": now,
+                    "exit_code": r.exit_code, "last_seen": now, "message": r.message,
+                    "exited_at": (None if r.exited_at is None
+                                  else datetime.fromtimestamp(r.exited_at, tz=UTC)),
                 })
                 seen.append(r.name)
         deleted, _ = Replica.objects.filter(pool=pool).exclude(name__in=seen).delete()

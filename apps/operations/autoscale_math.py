@@ -14,6 +14,13 @@ signal and policy):
    p99), so ``raw = ceil(ready * value / target)`` — Kubernetes HPA's
    ``desired = ceil(current * metric / target)``. Within ``tolerance`` (default 0.1) of the target
    the total is kept. A missing/NaN value or unknown ready count is "no data": hold, decide nothing.
+   **Idle is not "no data"**: a latency signal (TTFT/TPOT p99) has no value when no request
+   finished in its window, which is also what an idle pool looks like. When the observation says
+   the pool was idle (``Observation.idle``: the request-rate counter from the same source answered
+   exactly 0 throughout the scale-down stabilization window, :func:`idle_throughout`), the
+   recommendation is ``max(min_replicas, 1)`` — the seeds' off-peak scale-down "可缩容至1个实例，
+   保留模型常驻" (003, scale to one instance and keep the model resident): never 0, since a pool
+   with no ready replica has no latency to scale back up on. An unreadable source is not idle: hold.
 3. **min/max**: ``raw`` is clamped to ``[min_replicas, max_replicas]``.
 4. **Stabilization** (HPA's behavior): recommendations are kept with their time; the result is
    ``max`` of the recommendations in the last ``scale_down_stabilization_s`` (so a dip must last
@@ -31,6 +38,7 @@ from zoneinfo import ZoneInfo
 
 WEEKDAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 TOTAL_SIGNALS = {"num_requests_waiting"}
+LATENCY_SIGNALS = {"ttft_p99_seconds", "tpot_p99_seconds"}  # empty when nothing finished: idle or unreadable
 SIGNAL_NAMES = {  # pool policy choice -> telemetry signal name
     "num_requests_waiting": "num_requests_waiting",
     "kv_cache_usage": "kv_cache_usage",
@@ -106,6 +114,7 @@ class Observation:
     ready_replicas: int | None
     value: float | None
     base_replicas: int | None = None  # the total before the open schedule window (from the last decision)
+    idle: bool = False  # request rate answered 0 throughout the scale-down window (``idle_throughout``)
 
 
 @dataclass(frozen=True)
@@ -132,6 +141,10 @@ class _Raw:
 def raw_recommendation(policy: Policy, obs: Observation) -> _Raw:
     """Step 2 of the module docstring: the unclamped recommendation from the signal, or None (no data)."""
     value = obs.value
+    if (value is None or not math.isfinite(value)) and obs.idle and policy.signal in LATENCY_SIGNALS:
+        idle = max(policy.min_replicas, 1)
+        return _Raw(idle, f"idle: request rate 0 throughout the {policy.scale_down_stabilization_s:g}s scale-down "
+                          f"window, {policy.signal} has no requests -> {idle}")
     if value is None or not math.isfinite(value):
         return _Raw(None, f"no data for {policy.signal}: holding at {obs.current_replicas}")
     if policy.signal in TOTAL_SIGNALS:
@@ -149,6 +162,49 @@ def raw_recommendation(policy: Policy, obs: Observation) -> _Raw:
         return _Raw(obs.current_replicas, f"{base}: within tolerance, keep {obs.current_replicas}")
     raw = math.ceil(ready * ratio)
     return _Raw(raw, f"{base} -> ceil({ready} x {ratio:.3g}) = {raw}")
+
+
+@dataclass(frozen=True)
+class RateRecord:
+    """One telemetry record as the idle rule reads it: when, which source, request rate, ready replicas."""
+
+    at_s: float
+    source: str
+    request_rate_per_s: float | None
+    ready_replicas: float | None
+
+
+def idle_throughout(records: Sequence[RateRecord], *, now_s: float, window_s: float, max_gap_s: float) -> bool:
+    """Whether the pool was idle for the whole window ``[now_s - window_s, now_s]`` (seconds).
+
+    True only when every record in the window comes from the latest record's source, reads a
+    request rate of exactly 0 (``None`` = unreadable, never idle) with at least one ready replica
+    answering, and the records cover the window: the first is at most ``max_gap_s`` after the
+    window's start, consecutive ones at most ``max_gap_s`` apart, the last at most ``max_gap_s``
+    before ``now_s`` (a poller that stopped leaves a gap, and a gap is not a zero). With
+    ``window_s`` 0 the latest record alone decides. Raises ``ValueError`` for a negative window
+    or a non-positive ``max_gap_s``.
+    """
+    if window_s < 0 or max_gap_s <= 0:
+        raise ValueError(f"need window_s >= 0 and max_gap_s > 0, got {window_s}, {max_gap_s}")
+    ordered = sorted((r for r in records if r.at_s <= now_s), key=lambda r: r.at_s)
+    if not ordered or now_s - ordered[-1].at_s > max_gap_s:
+        return False
+    start_s = now_s - window_s
+    inside = [r for r in ordered if r.at_s >= start_s] or [ordered[-1]]
+    if inside[0].at_s - start_s > max_gap_s and window_s > 0:
+        return False
+    source = ordered[-1].source
+    previous_s = inside[0].at_s
+    for record in inside:
+        if record.at_s - previous_s > max_gap_s or record.source != source:
+            return False
+        if record.request_rate_per_s is None or record.request_rate_per_s != 0.0:
+            return False
+        if record.ready_replicas is None or record.ready_replicas < 1:
+            return False
+        previous_s = record.at_s
+    return True
 
 
 def stabilize(current: int, recommendation: int, history: Sequence[tuple[float, int]], now_s: float,

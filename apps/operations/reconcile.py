@@ -9,7 +9,9 @@ One tick (``operations.reconcile``, every ``FERRY_RECONCILE_INTERVAL_S`` from be
    becomes ``ready`` or ``unreachable``; the pool's ``Replica`` rows are refreshed.
 3. For a pool with no active Action: a track whose backend replica count or model version differs
    from the desired one (or a backend track that is not desired) -> a ``pool.apply`` Action; else a
-   replica that is not alive (a crashed worker) -> a ``pool.restart_replica`` Action. Their
+   replica that is not alive (a crashed worker) -> a ``pool.restart_replica`` Action, with backoff
+   (:func:`restart_backoff_s`) counted from its death, and a reason that carries its termination
+   message (a worker whose model fails to load exits non-zero and says why). Their
    idempotency keys name the pool, the drift and the pool's latest Action id, so a repeated tick
    returns the same Action instead of creating another, while a later drift gets a new key.
 4. The routing table is published (its version changes only with its content).
@@ -20,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import time
 from dataclasses import asdict, dataclass
 
 from django.conf import settings
@@ -31,7 +34,7 @@ from apps.operations import services
 from apps.operations.backends import backend_for_cluster, close_backend, pool_ref
 from apps.operations.models import Action
 from apps.operations.pool_actions import POOL_APPLY, POOL_RESTART_REPLICA
-from apps.orchestrators.base import BackendError, BackendUnavailable, ObservedState
+from apps.orchestrators.base import BackendError, BackendUnavailable, ObservedReplica, ObservedState
 
 logger = logging.getLogger(__name__)
 
@@ -106,8 +109,33 @@ def _create(pool: Pool, kind: str, params: dict, key: str, reason: str) -> bool:
     return created
 
 
-def pool_converge(pool: Pool, observed: ObservedState) -> str | None:
-    """Request the Action that moves ``pool`` toward its desired state; returns its kind or None."""
+def restart_backoff_s(restart_count: int) -> float:
+    """Seconds a dead replica waits, from its death, before reconcile restarts it again.
+
+    ``0`` for its first death (a one-off crash recovers at once), then Kubernetes' CrashLoopBackOff
+    sequence (kubelet: 10 s doubling per restart, capped at 5 minutes): ``min(base * 2**(n - 1), max)``
+    after ``n`` restarts, with ``base`` = ``FERRY_RESTART_BACKOFF_S`` and ``max`` =
+    ``FERRY_RESTART_BACKOFF_MAX_S``. On Kubernetes the kubelet restarts a crashed container itself
+    (its pod stays ``Running``), so this only gates replicas the backend reports as not alive.
+    """
+    if restart_count <= 0:
+        return 0.0
+    base = float(getattr(settings, "FERRY_RESTART_BACKOFF_S", 10.0))
+    cap = float(getattr(settings, "FERRY_RESTART_BACKOFF_MAX_S", 300.0))
+    return min(base * 2 ** min(restart_count - 1, 30), cap)
+
+
+def replica_failure(replica: ObservedReplica) -> str:
+    """``replica X is not running (exit code C)[: termination message]`` — the words of Actions and rollouts."""
+    text = f"replica {replica.name} is not running (exit code {replica.exit_code})"
+    return f"{text}: {replica.message}" if replica.message else text
+
+
+def pool_converge(pool: Pool, observed: ObservedState, *, now_s: float | None = None) -> str | None:
+    """Request the Action that moves ``pool`` toward its desired state; returns its kind or None.
+
+    ``now_s`` (Unix seconds, default now) decides whether a dead replica's restart backoff is over.
+    """
     if Action.objects.filter(pool=pool, status__in=Action.ACTIVE_STATUSES).exists():
         return None
     drift = pool_drift(pool, observed)
@@ -116,10 +144,20 @@ def pool_converge(pool: Pool, observed: ObservedState) -> str | None:
         reason = "; ".join(f"{name}: {why}" for name, why in sorted(drift.items()))
         created = _create(pool, POOL_APPLY, {"reason": reason}, _key(pool, "apply", desired), reason)
         return POOL_APPLY if created else None
+    now_s = time.time() if now_s is None else now_s
     dead = sorted((r for t in observed.tracks.values() for r in t.replicas if not r.alive), key=lambda r: r.name)
-    if dead:
-        replica = dead[0]
-        reason = f"replica {replica.name} is not running (exit code {replica.exit_code})"
+    due = [r for r in dead
+           if r.exited_at is None or now_s - r.exited_at >= restart_backoff_s(r.restart_count)]
+    for replica in dead:
+        if replica not in due:
+            logger.info("pool %s: %s; restart %d in backoff until %.0fs after its death", pool,
+                        replica_failure(replica), replica.restart_count + 1, restart_backoff_s(replica.restart_count))
+    if due:
+        replica = due[0]
+        reason = replica_failure(replica)
+        if replica.restart_count:
+            reason += (f"; restart {replica.restart_count + 1} after a backoff of "
+                       f"{restart_backoff_s(replica.restart_count):g}s")
         key = _key(pool, "restart", [replica.name, replica.restart_count])
         created = _create(pool, POOL_RESTART_REPLICA, {"replica": replica.name, "reason": reason}, key, reason)
         return POOL_RESTART_REPLICA if created else None

@@ -268,6 +268,8 @@ class ObservedReplica:
     version: str  # model version label
     restart_count: int = 0
     exit_code: int | None = None  # last exit code if it died and the backend knows it
+    exited_at: float | None = None  # Unix seconds of its last death, if known (reconcile's restart backoff)
+    message: str = ""  # its last termination message ("model failed to load: ..."), "" if none
 
 
 @dataclass(frozen=True)

@@ -12,12 +12,22 @@ scale goes through the Deployment's scale subresource; readiness comes from the 
 Gateway API traffic splitting (HTTPRoute backendRefs weights, Accepted status): :mod:`.kubernetes_gateway`.
 
 Watches (``watch_deployments``) run with a server-side timeout and a client read timeout, and on
-410 Gone (the resourceVersion expired) they re-list and resume from the list's resourceVersion.
+410 Gone (the resourceVersion expired) they re-list and resume from the list's resourceVersion; repeated
+410s and broken streams back off (``backoff_s * 2**n``, capped) instead of spinning.
+
+**Every call is bounded in time.** The official client (``kubernetes.client.rest.RESTClientObject.request``,
+v35) honours ``_request_timeout`` only as an ``int`` (a urllib3 total timeout) or a 2-tuple
+``(connect_s, read_s)``; a ``float`` — ``10.0`` — matches neither branch and is silently dropped,
+leaving the socket without a timeout (a stalled API server then hangs the caller for good). Every
+request here therefore carries the tuple ``(request_timeout_s, request_timeout_s)``: at most
+``request_timeout_s`` to connect and at most ``request_timeout_s`` of silence while reading. A call's
+worst case, retries included, is ``call_bound_s``.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -92,6 +102,8 @@ class KubernetesBackend(HTTPRouteWeights, OrchestratorBackend):
     ) -> None:
         if max_attempts < 1 or max_conflict_retries < 0:
             raise ValueError("max_attempts must be >= 1 and max_conflict_retries >= 0")
+        if not request_timeout_s > 0:
+            raise ValueError(f"request_timeout_s must be positive, got {request_timeout_s}")
         self.api_client = api_client
         self.apps = client.AppsV1Api(api_client)
         self.core = client.CoreV1Api(api_client)
@@ -147,9 +159,27 @@ class KubernetesBackend(HTTPRouteWeights, OrchestratorBackend):
 
     # -- call policy ------------------------------------------------------------------------------
 
+    @property
+    def request_timeout(self) -> tuple[float, float]:
+        """``(connect_s, read_s)``: the only float form the client honours (module docstring)."""
+        return (float(self.request_timeout_s), float(self.request_timeout_s))
+
+    def _backoff_s(self, attempt: int) -> float:
+        return min(self.backoff_s * (2**attempt), self.max_backoff_s)
+
+    @property
+    def call_bound_s(self) -> float:
+        """Worst-case seconds of one API call with its retries against a server that stops answering:
+        ``max_attempts`` attempts of at most connect + read timeout, plus the backoff between them."""
+        return (self.max_attempts * 2 * self.request_timeout_s
+                + sum(self._backoff_s(attempt) for attempt in range(self.max_attempts - 1)))
+
     def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """Run one API call with backoff on 5xx/429/transport errors and typed error mapping."""
-        kwargs.setdefault("_request_timeout", self.request_timeout_s)
+        """Run one API call with backoff on 5xx/429/transport errors and typed error mapping.
+
+        Each attempt is bounded by ``request_timeout``; the whole call by ``call_bound_s``.
+        """
+        kwargs.setdefault("_request_timeout", self.request_timeout)
         last: BaseException | None = None
         for attempt in range(self.max_attempts):
             try:
@@ -168,7 +198,7 @@ class KubernetesBackend(HTTPRouteWeights, OrchestratorBackend):
             except _TRANSPORT_ERRORS as exc:
                 last = exc
             if attempt + 1 < self.max_attempts:
-                delay = min(self.backoff_s * (2**attempt), self.max_backoff_s)
+                delay = self._backoff_s(attempt)
                 logger.warning("kubernetes %s failed (%s); retry %d in %.2fs", fn.__name__, last, attempt + 1, delay)
                 self._sleep(delay)
         raise BackendUnavailable(f"{fn.__name__} failed {self.max_attempts} times: {last}") from last
@@ -317,33 +347,51 @@ class KubernetesBackend(HTTPRouteWeights, OrchestratorBackend):
     ) -> Iterator[tuple[str, Any]]:
         """Yield ``("LIST", [deployments])`` after every (re-)list, then ``(event_type, deployment)``.
 
-        Each watch request carries ``timeoutSeconds`` and a client read timeout, so a silent server
-        cannot hang us; when a watch ends it is reopened from the last resourceVersion. A 410 Gone
-        (expired resourceVersion) triggers a fresh list. Stops after ``timeout_s`` seconds in total.
+        Each watch request carries ``timeoutSeconds`` (whole seconds, what the API server takes) and a
+        client read timeout that ends at ``timeout_s`` plus a grace of ``min(1, request_timeout_s)``,
+        so a silent server cannot hang us; when a watch ends it is reopened from the last
+        resourceVersion. A 410 Gone (expired resourceVersion) triggers a fresh list. Consecutive 410s,
+        broken streams and streams the server closes early without an event back off like ``_call`` (``backoff_s * 2**n``, capped at ``max_backoff_s``,
+        never past the deadline); an event resets the count. Stops after ``timeout_s`` seconds in
+        total, plus the grace, plus at most one list (``call_bound_s``) against a stalled server.
 
         Raises:
-            BackendUnavailable: the list failed after backoff.
+            BackendUnavailable: the list failed after backoff, or the watch answered an HTTP error
+                other than 410.
         """
         deadline = time.monotonic() + timeout_s
+        grace_s = min(1.0, self.request_timeout_s)
         resource_version: str | None = None
+        failures = 0
         while time.monotonic() < deadline:
             if resource_version is None:
                 listing = self._call(self.apps.list_namespaced_deployment, namespace, label_selector=label_selector)
                 resource_version = listing.metadata.resource_version if listing.metadata else None
                 yield "LIST", listing.items
-            remaining = max(1, min(watch_timeout_s, int(deadline - time.monotonic()) + 1))
+            remaining_s = deadline - time.monotonic()
+            if remaining_s <= 0:
+                return
             watcher = watch.Watch()
-            kwargs: dict[str, Any] = {"label_selector": label_selector, "timeout_seconds": remaining,
-                                      "_request_timeout": (self.request_timeout_s, remaining + 1)}
+            kwargs: dict[str, Any] = {
+                "label_selector": label_selector,
+                "timeout_seconds": max(1, min(watch_timeout_s, math.ceil(remaining_s))),
+                "_request_timeout": (float(self.request_timeout_s), remaining_s + grace_s),
+            }
             if resource_version:
                 kwargs["resource_version"] = resource_version
+            opened = time.monotonic()
+            events = 0
             try:
                 for event in watcher.stream(self.apps.list_namespaced_deployment, namespace, **kwargs):
+                    failures, events = 0, events + 1
                     yield event["type"], event["object"]
                     if watcher.resource_version:
                         resource_version = watcher.resource_version
                     if time.monotonic() >= deadline:
                         return
+                if events or time.monotonic() - opened >= kwargs["timeout_seconds"] / 2:
+                    continue  # the server closed the watch at timeoutSeconds: reopen at once
+                logger.info("watch of deployments closed early without events; reopening after backoff")
             except client.ApiException as exc:
                 if exc.status != 410:
                     raise BackendUnavailable(f"watch of deployments failed: HTTP {exc.status}") from exc
@@ -353,6 +401,10 @@ class KubernetesBackend(HTTPRouteWeights, OrchestratorBackend):
                 logger.info("watch of deployments ended (%s); reopening", type(exc).__name__)
             finally:
                 watcher.stop()
+            delay = min(self._backoff_s(failures), max(0.0, deadline - time.monotonic()))
+            failures += 1
+            if delay > 0:
+                self._sleep(delay)
 
     def wait_track_ready(self, pool: PoolRef, track: str, replicas: int, *, timeout_s: float) -> bool:
         """Block until the track's Deployment reports ``readyReplicas == replicas``; False on timeout."""
@@ -376,11 +428,19 @@ def _observed_replica(pod: Any, track: str) -> ObservedReplica:
     ready = any(c.type == "Ready" and c.status == "True" for c in conditions)
     container_statuses = (status.container_statuses or []) if status is not None else []
     restarts = sum(cs.restart_count or 0 for cs in container_statuses)
-    exit_code = None
+    exit_code = exited_at = None
+    message = ""
     for cs in container_statuses:
-        terminated = cs.last_state.terminated if cs.last_state is not None else None
+        # A container that died and waits to be restarted (CrashLoopBackOff) has its death in
+        # last_state; one that died for good (restartPolicy Never) in state.
+        terminated = next((t for t in (cs.state.terminated if cs.state is not None else None,
+                                       cs.last_state.terminated if cs.last_state is not None else None)
+                           if t is not None), None)
         if terminated is not None:
             exit_code = terminated.exit_code
+            message = (terminated.message or "").strip()
+            finished = terminated.finished_at
+            exited_at = finished.timestamp() if hasattr(finished, "timestamp") else None
     port = 8000
     for container in pod.spec.containers if pod.spec is not None else []:
         for container_port in container.ports or []:
@@ -395,4 +455,6 @@ def _observed_replica(pod: Any, track: str) -> ObservedReplica:
         version=labels.get(LABEL_MODEL_VERSION, ""),
         restart_count=restarts,
         exit_code=exit_code,
+        exited_at=exited_at,
+        message=message,
     )

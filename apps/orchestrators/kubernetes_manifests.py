@@ -75,12 +75,19 @@ def weights_path(spec: PoolTrackSpec) -> str:
     return f"{WEIGHTS_DIR}/{name}"
 
 
+TERMINATION_MESSAGE_PATH = "/dev/termination-log"
+"""Kubernetes' default ``terminationMessagePath``; the worker learns it from ``FERRY_TERMINATION_MESSAGE_PATH``."""
+
+
 def worker_container(spec: PoolTrackSpec) -> dict:
     """The worker container: command, port, probes (/ready, /health), resources, env."""
     env = [{"name": key, "value": value} for key, value in sorted(spec.env.items())]
     env.append({"name": "FERRY_REPLICA", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}})
     if spec.model.weights_uri:
         env.append({"name": "FERRY_WEIGHTS_PATH", "value": weights_path(spec)})
+    # A fatal error (a model that fails to load) is written there and the worker exits non-zero; the
+    # kubelet keeps it as the container's terminated.message, which observe() reports.
+    env.append({"name": "FERRY_TERMINATION_MESSAGE_PATH", "value": TERMINATION_MESSAGE_PATH})
     requests: dict[str, str] = {}
     limits: dict[str, str] = {}
     if spec.resources.cpu:
@@ -102,6 +109,8 @@ def worker_container(spec: PoolTrackSpec) -> dict:
                   *([{"name": "kv", "containerPort": spec.kv_port, "protocol": "TCP"}]
                     if spec.kv_port is not None else [])],
         "env": env,
+        "terminationMessagePath": TERMINATION_MESSAGE_PATH,
+        "terminationMessagePolicy": "FallbackToLogsOnError",  # other crashes: the log tail is the message
         "resources": {"requests": requests, "limits": limits},
         "readinessProbe": {
             "httpGet": {"path": "/ready", "port": "http"},

@@ -175,6 +175,7 @@ class LocalAgentBackend(OrchestratorBackend):
                 name=process["name"], track=track, endpoint=process["endpoint"], ready=process["ready"],
                 alive=process["alive"], version=process["labels"].get(LABEL_MODEL_VERSION, ""),
                 restart_count=process["restart_count"], exit_code=process["exit_code"],
+                exited_at=process.get("exited_at"), message=process.get("termination_message", ""),
             ))
         tracks: dict[str, ObservedTrack] = {}
         for template in templates.json().values():

@@ -50,6 +50,7 @@ from apps.rollouts.steps import (
     claim_step,
     schedule,
     step_label,
+    waiting_text,
 )
 from apps.rollouts.traffic import publish_if_changed, replicas_text, router_behind, scale_down_hold
 
@@ -252,7 +253,7 @@ def _promote(plan: RolloutPlan, views: list[PoolView]) -> str:
 
 
 def _wait(plan: RolloutPlan, now: datetime, waiting: str) -> str:
-    plan.message = f"Waiting for {waiting}."
+    plan.message = f"Waiting for {waiting_text(plan, waiting)}."
     schedule(plan, now)
     return "waiting"
 

@@ -47,6 +47,7 @@ from apps.rollouts.steps import (
     claim_step,
     schedule,
     step_label,
+    waiting_text,
 )
 from apps.rollouts.traffic import (
     publish_if_changed,
@@ -308,7 +309,7 @@ def canary_tick(plan: RolloutPlan, now: datetime) -> str:
     waiting = canary_settled(plan, views)
     if waiting is not None:
         check_deadline(plan, now, waiting)
-        plan.message = f"Waiting for {waiting}."
+        plan.message = f"Waiting for {waiting_text(plan, waiting)}."
         schedule(plan, now)
         return "waiting"
     if plan.phase == Phase.FINALIZING:

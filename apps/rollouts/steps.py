@@ -14,6 +14,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 
+from apps.fleet.models import Replica
 from apps.rollouts import transitions
 from apps.rollouts.desired import PoolView, record_action
 from apps.rollouts.gates import gates_evaluate
@@ -69,12 +70,34 @@ def schedule(plan: RolloutPlan, now: datetime, seconds: float | None = None) -> 
     plan.next_step_at = now + timedelta(seconds=tick_interval_s() if seconds is None else seconds)
 
 
+def replica_failures(plan: RolloutPlan) -> str:
+    """Why replicas of the plan's pools are down: ``"; "``-joined ``pool: replica X is not running (exit
+    code C, N restarts): <termination message>`` for every replica that is not ready and died with a
+    known exit code or message (a worker whose model fails to load says so), "" if none (1 query)."""
+    rows = (Replica.objects.filter(pool__in=plan.pools.all(), ready=False)
+            .exclude(exit_code__isnull=True, message="").select_related("pool").order_by("pool_id", "name"))
+    parts = []
+    for r in rows:
+        text = f"{r.pool.name}: replica {r.name} is not running (exit code {r.exit_code}, {r.restart_count} restarts)"
+        parts.append(f"{text}: {r.message}" if r.message else text)
+    return "; ".join(parts)
+
+
+def waiting_text(plan: RolloutPlan, waiting_for: str) -> str:
+    """``waiting_for`` followed by the replica failures of the plan's pools (what an operator needs to act)."""
+    failures = replica_failures(plan)
+    return f"{waiting_for} ({failures})" if failures else waiting_for
+
+
 def check_deadline(plan: RolloutPlan, now: datetime, waiting_for: str) -> None:
-    """Raise ``RolloutFailure("fail")`` if the current step started more than ``progress_deadline_s`` ago."""
+    """Raise ``RolloutFailure("fail")`` if the current step started more than ``progress_deadline_s`` ago.
+
+    The failure message names what it waited for and why replicas are down (``waiting_text``).
+    """
     started = plan.step_started_at
     if started is not None and (now - started).total_seconds() > plan.progress_deadline_s:
         raise RolloutFailure("fail", f"progress deadline of {plan.progress_deadline_s}s exceeded while waiting for "
-                                     f"{waiting_for}")
+                                     f"{waiting_text(plan, waiting_for)}")
 
 
 def claim_step(plan: RolloutPlan, index: int) -> bool:

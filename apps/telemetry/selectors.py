@@ -127,8 +127,9 @@ def telemetry_signal(*, pool_id: int, name: str, track: str | None = None, max_a
     """The latest value of signal ``name`` for a pool (or one of its tracks), for the autoscaler and gates.
 
     ``None`` when there is no data: no record yet, a record older than ``max_age_s`` (the poller
-    stopped), an unknown track, or the signal itself had no data. Raises ``KeyError`` for an
-    unknown signal name.
+    stopped), an unknown track, or the signal itself had no data. ``None`` does not say why: a
+    latency quantile is also ``None`` for an idle pool, whose ``request_rate_per_s`` reads ``0.0``
+    (``apps.telemetry.signals``). Raises ``KeyError`` for an unknown signal name.
     """
     if name not in SIGNAL_SPECS:
         raise KeyError(f"unknown signal {name!r}; known: {', '.join(SIGNAL_SPECS)}")

@@ -9,7 +9,12 @@ Conventions:
 - A sample is ``(timestamp_s, value)``; timestamps are seconds (float, any epoch).
 - A range ``(start_s, end_s]`` is left-open like a PromQL range selector.
 - "No data" is ``None``. Empty input, too few samples, NaN and infinities all give ``None``,
-  never ``0``: a signal with no data must not look like a healthy zero.
+  never ``0``: a signal with no data must not look like a healthy zero. ``None`` says only that
+  this figure has no value; it does not say why. A quantile over a window in which no request
+  finished is ``None`` both when the pool is idle and when its source cannot be read: a consumer
+  that must tell them apart reads the request rate from the same source (a counter rate, which
+  is a real ``0`` when the counters answered and did not move). The autoscaler does so
+  (``apps.operations.autoscale_math``: idle throughout the scale-down window -> scale toward min).
 """
 
 from __future__ import annotations

@@ -7,6 +7,13 @@ the same way — ``sum``/``avg``/``max`` across the replicas of a pool (or one t
 autoscaler, rollout gates and dashboard read one meaning per name.
 
 Units are in the names: ``_per_s`` rates, ``_s`` seconds, ratios in 0..1, plain counts.
+
+``None`` is "no data" for that signal, not "unreadable source": the quantiles (``ttft_p99_s``...)
+and failure ratios are ``None`` in a window without requests, while ``request_rate_per_s`` is a
+real ``0.0`` as long as the replicas' request counters answered (workers export every outcome
+series from start, so a worker that never served still answers 0). A source that
+could not be read gives ``None`` for the rate too. ``request_rate_per_s == 0`` together with an
+empty quantile therefore means idle — the autoscaler's rule (``apps.operations.autoscale_math``).
 """
 
 from __future__ import annotations
@@ -132,7 +139,11 @@ class RateRatio:
 
 @dataclass(frozen=True)
 class HistogramQuantile:
-    """``histogram_quantile(q, sum by (le) (rate(base_bucket[window])))`` in the histogram's units."""
+    """``histogram_quantile(q, sum by (le) (rate(base_bucket[window])))`` in the histogram's units.
+
+    ``None`` when no observation fell in the window: idle or unreadable; tell them apart with
+    ``request_rate_per_s`` from the same source (module docstring).
+    """
 
     q: float
     base: str
@@ -245,7 +256,8 @@ SIGNAL_SPECS: dict[str, object] = {
     "router_remote_prefill_per_s": _router_decisions(m.ROUTER_REMOTE_PREFILL_DECISIONS),
     "router_local_prefill_fallback_per_s": _router_decisions(m.ROUTER_LOCAL_PREFILL_FALLBACK_DECISIONS),
 }
-"""Signal name -> spec. Names carry units; every value may be ``None`` (no data)."""
+"""Signal name -> spec. Names carry units; every value may be ``None`` (no data; with a request rate of
+exactly 0 from the same source an empty latency quantile means idle, see the module docstring)."""
 
 SIGNAL_NAMES: tuple[str, ...] = tuple(SIGNAL_SPECS)
 

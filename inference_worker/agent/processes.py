@@ -8,8 +8,12 @@
   terminal does not reach the workers and skip their drain; stop sends SIGTERM to the group,
   waits up to the drain timeout and then SIGKILLs the group.
 * stdout/stderr go to ``<state_dir>/logs/<name>.log`` (appended across restarts).
-* A dead worker stays in the table with ``alive: false`` and its exit code; the agent never
-  restarts it on its own: reconcile in the control plane decides (``restart``).
+* A dead worker stays in the table with ``alive: false``, its exit code, when it was seen dead
+  (``exited_at``) and its termination message; the agent never restarts it on its own: reconcile
+  in the control plane decides (``restart``, with backoff). Like a kubelet's
+  ``terminationMessagePath``, each worker gets ``FERRY_TERMINATION_MESSAGE_PATH`` =
+  ``<state_dir>/logs/<name>.termination`` (emptied at every start) for its last words (a worker
+  whose model fails to load writes the error there and exits non-zero).
 * Re-adoption: the table is persisted after every change. A new agent reads it and keeps a
   record as alive only if its pid still runs the exact recorded command line
   (``/proc/<pid>/cmdline``), which protects against pid reuse. Adopted workers are not the new
@@ -147,6 +151,8 @@ class ProcessManager:
                 logger.info("re-adopted %s (pid %d, port %d)", record.name, record.pid, record.port)
             elif record.alive:
                 record.alive, record.ready, record.stopping = False, False, False
+                record.exited_at = time.time()
+                record.termination_message = self._termination_message(record.name)
                 logger.warning("%s (pid %d) is gone; kept as not alive", record.name, record.pid)
         self.store.save(self.state)
 
@@ -174,6 +180,9 @@ class ProcessManager:
             ready = alive and not record.stopping and self._probe_ready(record.port)
             with self._lock:
                 if (record.alive, record.exit_code, record.ready) != (alive, exit_code, ready):
+                    if record.alive and not alive:
+                        record.exited_at = time.time()
+                        record.termination_message = self._termination_message(record.name)
                     record.alive, record.exit_code, record.ready = alive, exit_code, ready
                     changed = True
         if changed:
@@ -186,6 +195,17 @@ class ProcessManager:
             code = child.poll()
             return code is None, code
         return read_cmdline(record.pid) == record.cmdline, record.exit_code
+
+    def _termination_path(self, name: str) -> Path:
+        return self.log_dir / f"{name}.termination"
+
+    def _termination_message(self, name: str) -> str:
+        """What the process wrote to its termination message file (at most 4096 bytes), or ""."""
+        try:
+            with open(self._termination_path(name), "rb") as fh:
+                return fh.read(4096).decode(errors="replace").strip()
+        except OSError:
+            return ""
 
     def _probe_ready(self, port: int) -> bool:
         try:
@@ -224,12 +244,16 @@ class ProcessManager:
         if args[0] == "serve":
             cmdline += ["--replica", name]  # the worker's metrics label; the router has no replica name
         log_path = self.log_dir / f"{name}.log"
+        termination = self._termination_path(name)
+        termination.write_bytes(b"")  # a restarted worker's message is its own, never the previous one's
         with open(log_path, "ab") as log:
             log.write(f"--- ferry agent: starting {name}: {' '.join(cmdline)}\n".encode())
             log.flush()
             child = subprocess.Popen(  # noqa: S603 (argv validated above, no shell)
                 cmdline, cwd=self.cwd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                env={**os.environ, "PYTHONUNBUFFERED": "1", **env}, start_new_session=True,
+                env={**os.environ, "PYTHONUNBUFFERED": "1", **env,
+                     "FERRY_TERMINATION_MESSAGE_PATH": str(termination)},
+                start_new_session=True,
             )
         self._children[name] = child
         logger.info("started %s: pid %d port %d", name, child.pid, port)

@@ -59,6 +59,8 @@ class ProcessRecord:
     ready: bool = False
     adopted: bool = False  # re-adopted from a previous agent: not our child, exit code unknowable
     stopping: bool = False
+    exited_at: float | None = None  # when the agent first saw it dead (reconcile's restart backoff counts from it)
+    termination_message: str = ""  # what the worker wrote to its termination message file before dying
 
     def public(self) -> dict[str, Any]:
         """The JSON the API returns for this process."""

@@ -3,6 +3,13 @@
 Startup: the listener opens first (``/health`` answers, ``/ready`` says ``loading``) while a
 thread loads the model; when it is loaded the engine loop starts and readiness turns true.
 
+A model that fails to load is fatal: the error is logged, written to the termination message
+file (``FERRY_TERMINATION_MESSAGE_PATH``: the Kubernetes convention, ``/dev/termination-log`` in
+the pod manifests, a per-process file under the local agent) and the process exits with
+:data:`EXIT_MODEL_LOAD_FAILED`. A worker that stayed up with only ``/health`` saying why looked
+"alive" with 0 restarts; exiting lets the kubelet (CrashLoopBackOff) or the control plane's
+reconcile (local agent) restart it with backoff, and the message names the error.
+
 SIGTERM (or the first SIGINT) starts a drain instead of uvicorn's immediate shutdown:
 
 1. readiness turns false (``/ready`` 503) so load balancers stop sending traffic;
@@ -18,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
 from collections.abc import Callable
 from types import FrameType
@@ -31,6 +39,31 @@ logger = logging.getLogger(__name__)
 
 ABORT_GRACE_S = 2.0
 """After a drain timeout, how long aborted requests get to send their last chunk."""
+
+EXIT_MODEL_LOAD_FAILED = 3
+"""Exit status of a worker whose model failed to load (1 and 2 are Python's and argparse's)."""
+
+TERMINATION_MESSAGE_ENV = "FERRY_TERMINATION_MESSAGE_PATH"
+"""Environment variable naming the file a fatal error is written to (Kubernetes' terminationMessagePath)."""
+
+TERMINATION_MESSAGE_MAX_BYTES = 4096
+"""Kubernetes keeps at most 4096 bytes of a termination message; longer ones are cut here the same way."""
+
+
+def write_termination_message(message: str, path: str | None = None) -> None:
+    """Write ``message`` (cut to 4096 bytes) to ``path`` or ``$FERRY_TERMINATION_MESSAGE_PATH``; no path: nothing.
+
+    Failures to write are logged, never raised: the process is on its way out.
+    """
+    path = path if path is not None else os.environ.get(TERMINATION_MESSAGE_ENV, "")
+    if not path:
+        return
+    data = message.encode()[:TERMINATION_MESSAGE_MAX_BYTES]
+    try:
+        with open(path, "wb") as fh:
+            fh.write(data)
+    except OSError as exc:
+        logger.warning("cannot write the termination message to %s: %s", path, exc)
 
 
 class DrainingServer(uvicorn.Server):
@@ -77,15 +110,23 @@ class DrainingServer(uvicorn.Server):
         self.should_exit = True
 
 
-def load_in_background(state: ServerState, loader: Callable[[], ServedModel]) -> threading.Thread:
-    """Run ``loader`` in a thread and publish its result (or its error) on ``state``."""
+def load_in_background(state: ServerState, loader: Callable[[], ServedModel],
+                       on_error: Callable[[], None] | None = None) -> threading.Thread:
+    """Run ``loader`` in a thread and publish its result (or its error) on ``state``.
+
+    On a load error: ``state.load_error`` is set, the termination message written and ``on_error``
+    called (``run_server`` passes one that stops the server, so the process exits non-zero).
+    """
 
     def run() -> None:
         try:
             model = loader()
-        except Exception as exc:  # noqa: BLE001 - thread boundary: any load failure is reported on /ready
+        except Exception as exc:  # noqa: BLE001 - thread boundary: any load failure is fatal to the worker
             logger.exception("model failed to load")
             state.set_load_error(f"{type(exc).__name__}: {exc}")
+            write_termination_message(f"model failed to load: {state.load_error}")
+            if on_error is not None:
+                on_error()
             return
         model.engine_loop.start()
         state.set_model(model)
@@ -98,7 +139,8 @@ def load_in_background(state: ServerState, loader: Callable[[], ServedModel]) ->
 
 def run_server(state: ServerState, loader: Callable[[], ServedModel], *, host: str, port: int,
                log_level: str = "info") -> int:
-    """Serve until drained; returns the process exit status (0 after a clean drain).
+    """Serve until drained; returns the process exit status: 0 after a clean drain,
+    :data:`EXIT_MODEL_LOAD_FAILED` when the model failed to load (the server stops at once).
 
     Raises:
         OSError: the port cannot be bound.
@@ -107,8 +149,13 @@ def run_server(state: ServerState, loader: Callable[[], ServedModel], *, host: s
                             timeout_graceful_shutdown=5, lifespan="off", access_log=False)
     server = DrainingServer(config, state)
     state.metrics.set_ready(False)
-    load_in_background(state, loader)
+
+    def stop_after_load_error() -> None:
+        logger.error("exiting with status %d: model failed to load: %s", EXIT_MODEL_LOAD_FAILED, state.load_error)
+        server.should_exit = True
+
+    load_in_background(state, loader, on_error=stop_after_load_error)
     server.run()
     if state.model is not None:
         state.model.engine_loop.stop()
-    return 0
+    return EXIT_MODEL_LOAD_FAILED if state.load_error is not None else 0

@@ -77,5 +77,5 @@ class ReplicaSerializer(serializers.ModelSerializer):
     class Meta:
         model = Replica
         fields = ["id", "pool", "pool_name", "cluster", "track", "name", "endpoint", "ready", "alive", "version",
-                  "restart_count", "exit_code", "first_seen", "last_seen"]
+                  "restart_count", "exit_code", "exited_at", "message", "first_seen", "last_seen"]
         read_only_fields = fields

@@ -1,10 +1,18 @@
-"""Autoscaler decisions, table-driven: no data, counter reset, min/max, stabilization, schedule windows."""
+"""Autoscaler decisions, table-driven: no data, idle, counter reset, min/max, stabilization, schedule windows."""
 
 from datetime import UTC, datetime, time, timedelta
 
 import pytest
 
-from apps.operations.autoscale_math import Observation, Policy, ScheduleWindow, decide, stabilize
+from apps.operations.autoscale_math import (
+    Observation,
+    Policy,
+    RateRecord,
+    ScheduleWindow,
+    decide,
+    idle_throughout,
+    stabilize,
+)
 from apps.telemetry.endpoints import ReplicaEndpoint
 from apps.telemetry.signals import Scope, evaluate_signals
 from apps.telemetry.sources.scrape import SampleStore
@@ -135,3 +143,60 @@ def test_counter_reset_in_the_window_does_not_fake_a_latency_change():
     p99, replicas = decisions["steady"]
     assert p99 == pytest.approx(0.5 + (4.0 - 0.5) * (0.99 * 20 - 10) / 10)  # linear within the (0.5, 4] bucket
     assert replicas == 4  # ceil(2 x 3.965 / 2)
+
+
+IDLE = RateRecord  # (at_s, source, request_rate_per_s, ready_replicas)
+
+
+@pytest.mark.parametrize(("case", "pol", "observation", "replicas", "reason_part"), [
+    ("idle latency signal scales to min", policy(signal="ttft_p99_seconds", target=2.0, min_replicas=2),
+     Observation(now=T0, current_replicas=6, ready_replicas=6, value=None, idle=True), 2,
+     "idle: request rate 0 throughout the 0s scale-down window, ttft_p99_seconds has no requests -> 2"),
+    ("idle never parks a latency-scaled pool at 0", policy(signal="tpot_p99_seconds", target=0.1, min_replicas=0),
+     Observation(now=T0, current_replicas=3, ready_replicas=3, value=None, idle=True), 1, "-> 1"),
+    ("empty latency without idle holds", policy(signal="ttft_p99_seconds", target=2.0),
+     Observation(now=T0, current_replicas=6, ready_replicas=6, value=None, idle=False), None,
+     "no data for ttft_p99_seconds: holding at 6"),
+    ("idle does not turn a missing gauge into a value", policy(signal="kv_cache_usage", target=0.5),
+     Observation(now=T0, current_replicas=3, ready_replicas=3, value=None, idle=True), None, "no data"),
+    ("a latency value wins over idle", policy(signal="ttft_p99_seconds", target=2.0),
+     Observation(now=T0, current_replicas=2, ready_replicas=2, value=4.0, idle=True), 4, "ceil(2 x 2) = 4"),
+])
+def test_decide_when_idle(case, pol, observation, replicas, reason_part):
+    decision = decide(pol, observation)
+    assert decision.replicas == replicas, case
+    assert reason_part in decision.reason, (case, decision.reason)
+
+
+def _zeros(times, source="scrape", rate=0.0, ready=2.0):
+    return [IDLE(t, source, rate, ready) for t in times]
+
+
+@pytest.mark.parametrize(("case", "records", "idle"), [
+    ("zero every 5 s across the window", _zeros(range(0, 101, 5)), True),
+    ("window starts more than a gap before the first record", _zeros(range(50, 101, 5)), False),
+    ("first record within one gap of the start", _zeros(range(44, 101, 4)), True),
+    ("one unreadable rate", _zeros(range(0, 50, 5)) + _zeros([50], rate=None) + _zeros(range(55, 101, 5)), False),
+    ("one non-zero rate", _zeros(range(0, 50, 5)) + _zeros([50], rate=0.2) + _zeros(range(55, 101, 5)), False),
+    ("NaN rate", _zeros(range(0, 50, 5)) + _zeros([50], rate=float("nan")) + _zeros(range(55, 101, 5)), False),
+    ("no replica answering", _zeros(range(0, 50, 5)) + _zeros([50], ready=0.0) + _zeros(range(55, 101, 5)), False),
+    ("unknown ready count", _zeros(range(0, 50, 5)) + _zeros([50], ready=None) + _zeros(range(55, 101, 5)), False),
+    ("poller gap longer than allowed", _zeros(range(0, 50, 5)) + _zeros(range(60, 101, 5)), False),
+    ("source changed inside the window", _zeros(range(0, 50, 5), source="prometheus") + _zeros(range(50, 101, 5)),
+     False),
+    ("source changed before the window", _zeros(range(0, 40, 5), source="prometheus") + _zeros(range(40, 101, 5)),
+     True),
+    ("latest record too old", _zeros(range(0, 90, 5)), False),
+    ("non-zero before the window does not count", _zeros(range(0, 40, 5), rate=3.0) + _zeros(range(40, 101, 5)),
+     True),
+])
+def test_idle_throughout_needs_a_readable_zero_rate_covering_the_window(case, records, idle):
+    # now = 100 s, window 60 s ([40, 100]), records at most 8 s apart count as continuous
+    assert idle_throughout(records, now_s=100.0, window_s=60.0, max_gap_s=8.0) is idle, case
+
+
+def test_idle_throughout_with_a_zero_window_reads_the_latest_record():
+    assert idle_throughout(_zeros([97]), now_s=100.0, window_s=0.0, max_gap_s=8.0) is True
+    assert idle_throughout(_zeros([97], rate=None), now_s=100.0, window_s=0.0, max_gap_s=8.0) is False
+    with pytest.raises(ValueError, match="max_gap_s > 0"):
+        idle_throughout([], now_s=100.0, window_s=60.0, max_gap_s=0.0)

@@ -289,3 +289,25 @@ def test_secret_reference_is_resolved_by_the_callable(mock, tmp_path):
                                                 secret_resolver={"cluster-a": doc}.__getitem__)
     backend.apply_pool_track(spec())
     assert mock.obj(DEPLOYMENTS, NS, "decode-a-stable") is not None
+
+
+def test_a_crash_looping_worker_is_observed_with_its_exit_code_death_time_and_termination_message(
+        mock, backend, controller):
+    """A worker whose model fails to load exits 3 after writing why to /dev/termination-log; the kubelet
+    restarts it with CrashLoopBackOff (the pod stays Running) and keeps the death in lastState."""
+    backend.apply_pool_track(spec(replicas=1))
+    assert wait_for(lambda: len(backend.observe(POOL).tracks["stable"].replicas) == 1, 10, 0.05)
+    (pod,) = backend.observe(POOL).tracks["stable"].replicas
+    controller.stop()  # nobody marks it ready while we write the kubelet's view
+    message = "model failed to load: FileNotFoundError: /models/model.gguf"
+    controller.core.patch_namespaced_pod_status(pod.name, NS, {"status": {
+        "phase": "Running", "conditions": [{"type": "Ready", "status": "False"}],
+        "containerStatuses": [{
+            "name": "worker", "ready": False, "restartCount": 4, "image": "worker:v1", "imageID": "",
+            "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+            "lastState": {"terminated": {"exitCode": 3, "reason": "Error", "message": message + "\n",
+                                         "finishedAt": "2026-12-01T14:00:05Z"}},
+        }]}})
+    (observed,) = backend.observe(POOL).tracks["stable"].replicas
+    assert (observed.alive, observed.ready, observed.restart_count, observed.exit_code, observed.message,
+            observed.exited_at) == (True, False, 4, 3, message, 1796133605.0)

@@ -71,7 +71,12 @@ def test_worker_container_runs_the_serve_role_with_probes_and_gpu_resources():
         {"name": "FERRY_LOG_LEVEL", "value": "info"},
         {"name": "FERRY_REPLICA", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": "FERRY_WEIGHTS_PATH", "value": "/models/model.gguf"},
+        {"name": "FERRY_TERMINATION_MESSAGE_PATH", "value": "/dev/termination-log"},
     ]
+    # A worker that cannot load its model writes why there and exits 3; the kubelet keeps it as
+    # lastState.terminated.message (other crashes: the log tail).
+    assert (container["terminationMessagePath"], container["terminationMessagePolicy"]) == (
+        "/dev/termination-log", "FallbackToLogsOnError")
     assert container["volumeMounts"] == [{"name": "weights", "mountPath": "/models"}]
     assert pod["terminationGracePeriodSeconds"] == 50
     assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "H100"}
