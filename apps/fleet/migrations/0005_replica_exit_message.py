@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('fleet', '0003_pooltrack_extra_args'),
+        ('fleet', '0004_clusterlink_source_cidrs_cluster_gateway_httproute'),
     ]
 
     operations = [
