@@ -208,11 +208,11 @@ class PDService:
             except ValueError as exc:
                 raise OpenAIError(400, str(exc), param=http_headers.FAULT_KV) from None
         # a prompt over this worker's context or cache is the caller's error (400), decided before the engine sees it
+        model.check_kv_capacity(len(prompt), 1, param="prompt_token_ids")
         if len(prompt) + 1 > model.max_model_len:
             raise OpenAIError(400, f"the prompt has {len(prompt)} tokens; with its first output token it exceeds "
                               f"this prefill worker's context of {model.max_model_len} tokens",
                               param="prompt_token_ids", code="context_length_exceeded")
-        model.check_kv_capacity(len(prompt), 1, param="prompt_token_ids")
         params = model.make_sampling_params(max_tokens=1, ignore_eos=True, **{
             k: sampling[k] for k in ("temperature", "top_p", "top_k", "seed") if sampling.get(k) is not None})
         started = time.perf_counter()
