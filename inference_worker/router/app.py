@@ -38,7 +38,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from inference_worker import http_headers
 from inference_worker.router.auth import ApiKeys
-from inference_worker.router.breaker import OPEN, BreakerConfig, CircuitBreaker, Transition
+from inference_worker.router.breaker import CLOSED, OPEN, BreakerConfig, CircuitBreaker, Transition
 from inference_worker.router.decisions import LoadTracker, NoReplicaAvailable
 from inference_worker.router.metrics import RouterMetrics
 from inference_worker.router.pipeline import (
@@ -224,9 +224,14 @@ class Router:
     def _eligibility(self, table: RoutingTable, *, model: str | None, sticky_key: str,
                      exclude: frozenset[str] = frozenset()) -> Eligible:
         """Pipeline step 1 without the replicas the breaker ejected; counts a track failover."""
-        if table.version != self._breaker_table_version:
+        if table.version != self._breaker_table_version:  # one 0/1 series per replica, so 0 is data for gates
             self.breaker.forget({r.name for r in table.replicas})
             self._breaker_table_version = table.version
+            ejected_now = {r.name for r in table.replicas if self.breaker.state(r.name) != CLOSED}
+            self.metrics.replica_ejected.clear()
+            for r in table.replicas:
+                self.metrics.replica_ejected.labels(pool=r.pool, track=r.track, replica=r.name).set(
+                    1 if r.name in ejected_now else 0)
         eligible = eligibility(table, model=model, sticky_key=sticky_key, exclude=exclude,
                                ejected=self.breaker.ejected())
         if eligible.failover_from is not None:
@@ -239,9 +244,10 @@ class Router:
         if change is None:
             return
         ejected = change.state == OPEN
-        self.metrics.replica_ejected.labels(pool=replica.pool, replica=replica.name).set(1 if ejected else 0)
+        labels = dict(pool=replica.pool, track=replica.track, replica=replica.name)
+        self.metrics.replica_ejected.labels(**labels).set(1 if ejected else 0)
         if ejected:
-            self.metrics.ejections.labels(pool=replica.pool, replica=replica.name, reason=change.reason).inc()
+            self.metrics.ejections.labels(**labels, reason=change.reason).inc()
             log.warning("ejected replica %s (%s: %d of %d failed)", replica.name, change.reason, change.failures,
                         change.requests)
         else:
