@@ -252,6 +252,10 @@ FERRY_ACTION_REQUEUE_S = int(os.environ.get("FERRY_ACTION_REQUEUE_S", "30"))
 # How long a scale/apply Action waits for the backend's ready replicas to match before failing (retryable).
 FERRY_ACTION_READY_TIMEOUT_S = int(os.environ.get("FERRY_ACTION_READY_TIMEOUT_S", "240"))
 FERRY_RECONCILE_INTERVAL_S = float(os.environ.get("FERRY_RECONCILE_INTERVAL_S", "5"))
+# Reconcile restarts a replica the routers' circuit breaker ejected this many times within the window (seconds)
+# since its last restart.
+FERRY_EJECTIONS_BEFORE_RESTART = int(os.environ.get("FERRY_EJECTIONS_BEFORE_RESTART", "3"))
+FERRY_EJECTION_RESTART_WINDOW_S = int(os.environ.get("FERRY_EJECTION_RESTART_WINDOW_S", "600"))
 FERRY_AUTOSCALE_INTERVAL_S = float(os.environ.get("FERRY_AUTOSCALE_INTERVAL_S", "15"))
 # Bearer token of the local agent (kind=local clusters) and the router's service token for
 # GET /api/v1/routing-table/ (users in the "service" group may also use their API token).
