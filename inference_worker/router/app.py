@@ -290,7 +290,9 @@ class Router:
                         raise TimeoutError
                     timeout = httpx.Timeout(c.request_timeout_s if stream else remaining,
                                             connect=min(c.connect_timeout_s, max(remaining, 0.001)))
-                    attempt_headers = {**headers, http_headers.DECISION: plan.decision}
+                    attempt_headers = {**headers, http_headers.DECISION: plan.decision,  # the track may have failed over
+                                       http_headers.TRACK: plan.track.name,
+                                       http_headers.MODEL_VERSION: plan.track.model_version}
                     if plan.prefill is not None:
                         attempt_headers[http_headers.PREFILL_ENDPOINT] = plan.prefill.url
                     admit(plan, self.loads)

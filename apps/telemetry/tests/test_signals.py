@@ -389,3 +389,22 @@ def test_router_ejections_count_for_the_pool_and_track_of_the_ejected_replica():
         got = evaluate_signals(store.view(scope), scope, 10.0, 10.0, "scrape").values
         assert got["router_ejected_replicas"] == ejected, track
         assert got["router_ejections_per_s"] == (None if rate is None else pytest.approx(rate, rel=1e-12)), track
+
+
+def test_replica_ejections_sum_the_routers_counters_per_replica_of_the_pool():
+    from apps.telemetry.poller import replica_ejections
+
+    store = SampleStore(retention_s=60)
+    r0, e0 = router("http://10.0.0.1:8080")
+    r1, e1 = router("http://10.0.0.2:8080")
+    r0.ejections.labels(pool="decode", track="canary", replica="c0", reason="error_rate").inc(2)
+    r0.ejections.labels(pool="decode", track="canary", replica="c0", reason="probe_failed").inc()
+    r1.ejections.labels(pool="decode", track="canary", replica="c0", reason="consecutive_failures").inc()
+    r1.ejections.labels(pool="decode", track="stable", replica="s0", reason="error_rate").inc()
+    r1.ejections.labels(pool="other", track="stable", replica="o0", reason="error_rate").inc(5)
+    store.ingest(e0, router_text(r0), 1.0)
+    store.ingest(e1, router_text(r1), 1.0)
+    assert replica_ejections(store, Scope("7", label="decode")) == {"c0": 4.0, "s0": 1.0}
+    assert replica_ejections(store, Scope("7", "canary", label="decode")) == {"c0": 4.0, "s0": 1.0}  # whole pool
+    assert replica_ejections(store, Scope("other")) == {"o0": 5.0}
+    assert replica_ejections(store, Scope("9", label="idle")) == {}
