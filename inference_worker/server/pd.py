@@ -120,6 +120,25 @@ class PrefillRefused(KVHandoffFailed):
         self.status, self.code = status, code
 
 
+def prefill_answer_failure(response: httpx.Response) -> KVHandoffFailed | None:
+    """What a prefill worker's ``/internal/prefill`` answer means for the hand-off: None for a 200;
+    :class:`PrefillRefused` for a 400 or 413 (the prompt is over that worker's limits: the client's error);
+    else a :class:`KVHandoffFailed` with the transfer reason of a 502 ``kv_transfer_failed``, ``protocol`` for
+    any other status (401 signature, 409 another model version, 5xx)."""
+    if response.status_code == 200:
+        return None
+    try:
+        error = response.json()["error"]
+        reason = error.get("param") if error.get("code") == "kv_transfer_failed" else None
+        code, message = error.get("code"), error.get("message", "")
+    except (ValueError, KeyError, TypeError, AttributeError):
+        reason, code, message = None, None, response.text[:500]
+    if response.status_code in (400, 413):
+        return PrefillRefused(response.status_code, code if code in CLIENT_ERROR_CODES else "context_length_exceeded",
+                              message)
+    return KVHandoffFailed(reason or "protocol", f"prefill worker answered {response.status_code}: {message}")
+
+
 def prefill_cached_tokens(answer: dict, num_prompt_tokens: int) -> int:
     """The prefill worker's prefix-cache hit in its ``/internal/prefill`` answer: ``num_cached_tokens``, 0 when
     absent (a prefill worker older than the field).
@@ -355,20 +374,9 @@ class PDService:
             if isinstance(exc, httpx.ConnectError):  # nothing was ever sent: the receiver saw nothing
                 self.recorder.failure(RECEIVE, ConnectionFailed.reason)
             raise KVHandoffFailed("connection", f"prefill worker {prefill_url}: {exc!r}")
-        response = http.result()
-        if response.status_code == 200:
-            return
-        try:
-            error = response.json()["error"]
-            reason = error.get("param") if error.get("code") == "kv_transfer_failed" else None
-            message = error.get("message", "")
-        except (ValueError, KeyError, TypeError, AttributeError):
-            error, reason, message = {}, None, response.text[:500]
-        if response.status_code in (400, 413):
-            code = error.get("code") if isinstance(error, dict) else None
-            raise PrefillRefused(response.status_code, code if code in CLIENT_ERROR_CODES else "context_length_exceeded",
-                                 message)
-        raise KVHandoffFailed(reason or "protocol", f"prefill worker answered {response.status_code}: {message}")
+        failure = prefill_answer_failure(http.result())
+        if failure is not None:
+            raise failure
 
     async def close(self) -> None:
         """Stop the receiver and close the senders and the HTTP client."""
