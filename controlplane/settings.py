@@ -256,6 +256,10 @@ FERRY_RECONCILE_INTERVAL_S = float(os.environ.get("FERRY_RECONCILE_INTERVAL_S", 
 # the first death, then 10 s doubling per restart up to 5 minutes (Kubernetes' CrashLoopBackOff).
 FERRY_RESTART_BACKOFF_S = float(os.environ.get("FERRY_RESTART_BACKOFF_S", "10"))
 FERRY_RESTART_BACKOFF_MAX_S = float(os.environ.get("FERRY_RESTART_BACKOFF_MAX_S", "300"))
+# Reconcile restarts a replica the routers' circuit breaker ejected this many times within the window (seconds)
+# since its last restart.
+FERRY_EJECTIONS_BEFORE_RESTART = int(os.environ.get("FERRY_EJECTIONS_BEFORE_RESTART", "3"))
+FERRY_EJECTION_RESTART_WINDOW_S = int(os.environ.get("FERRY_EJECTION_RESTART_WINDOW_S", "600"))
 FERRY_AUTOSCALE_INTERVAL_S = float(os.environ.get("FERRY_AUTOSCALE_INTERVAL_S", "15"))
 # Bearer token of the local agent (kind=local clusters) and the router's service token for
 # GET /api/v1/routing-table/ (users in the "service" group may also use their API token).

@@ -11,7 +11,10 @@ One tick (``operations.reconcile``, every ``FERRY_RECONCILE_INTERVAL_S`` from be
    from the desired one (or a backend track that is not desired) -> a ``pool.apply`` Action; else a
    replica that is not alive (a crashed worker) -> a ``pool.restart_replica`` Action, with backoff
    (:func:`restart_backoff_s`) counted from its death, and a reason that carries its termination
-   message (a worker whose model fails to load exits non-zero and says why). Their
+   message (a worker whose model fails to load exits non-zero and says why); else a replica the
+   routers' circuit breaker ejected ``FERRY_EJECTIONS_BEFORE_RESTART`` times within
+   ``FERRY_EJECTION_RESTART_WINDOW_S`` since its last restart (seed 003 9.1: eject, then restart) -> a
+   ``pool.restart_replica`` Action naming the ejections (:func:`replicas_ejected_repeatedly`). Their
    idempotency keys name the pool, the drift and the pool's latest Action id, so a repeated tick
    returns the same Action instead of creating another, while a later drift gets a new key.
 4. The routing table is published (its version changes only with its content).
@@ -23,8 +26,10 @@ import hashlib
 import json
 import logging
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
+import redis
 from django.conf import settings
 
 from apps.core.errors import ConflictError
@@ -35,6 +40,7 @@ from apps.operations.backends import backend_for_cluster, close_backend, pool_re
 from apps.operations.models import Action
 from apps.operations.pool_actions import POOL_APPLY, POOL_RESTART_REPLICA
 from apps.orchestrators.base import BackendError, BackendUnavailable, ObservedReplica, ObservedState
+from apps.telemetry.selectors import telemetry_history
 
 logger = logging.getLogger(__name__)
 
@@ -160,6 +166,50 @@ def pool_converge(pool: Pool, observed: ObservedState, *, now_s: float | None = 
                        f"{restart_backoff_s(replica.restart_count):g}s")
         key = _key(pool, "restart", [replica.name, replica.restart_count])
         created = _create(pool, POOL_RESTART_REPLICA, {"replica": replica.name, "reason": reason}, key, reason)
+        return POOL_RESTART_REPLICA if created else None
+    return _restart_ejected(pool, observed)
+
+
+def replicas_ejected_repeatedly(records: Iterable[dict], *, since_s: dict[str, float], limit: int) -> dict[str, int]:
+    """Replicas ejected at least ``limit`` times, from telemetry records (oldest first; each record's
+    ``ejections`` maps a replica to the routers' ejection counter and ``at`` is Unix seconds).
+
+    A replica's ejections are the counter's increases between consecutive records that both lie after
+    ``since_s[replica]`` (its last restart; absent: every record counts); a decrease is a router restart and
+    counts the new value (Prometheus' counter-reset rule). Returns replica -> ejections counted.
+    """
+    last: dict[str, float] = {}
+    counted: dict[str, int] = {}
+    for record in records:
+        at = record.get("at", 0.0)
+        for name, value in (record.get("ejections") or {}).items():
+            if at <= since_s.get(name, float("-inf")):
+                continue
+            if name in last:
+                counted[name] = counted.get(name, 0) + round(value - last[name] if value >= last[name] else value)
+            last[name] = value
+    return {name: n for name, n in counted.items() if n >= limit}
+
+
+def _restart_ejected(pool: Pool, observed: ObservedState) -> str | None:
+    """A ``pool.restart_replica`` Action for the first alive replica the routers keep ejecting, if any."""
+    now = time.time()
+    try:
+        records = telemetry_history(pool_id=pool.pk, since_s=now - settings.FERRY_EJECTION_RESTART_WINDOW_S)
+    except redis.RedisError as exc:
+        logger.warning("pool %s: no telemetry for ejections: %s", pool, exc)
+        return None
+    alive = {r.name: r for t in observed.tracks.values() for r in t.replicas if r.alive}
+    restarts = Action.objects.filter(pool=pool, kind=POOL_RESTART_REPLICA, params__replica__in=list(alive))
+    since: dict[str, float] = {}
+    for name, created in restarts.values_list("params__replica", "created_at"):
+        since[name] = max(since.get(name, 0.0), created.timestamp())
+    ejected = replicas_ejected_repeatedly(records, since_s=since, limit=settings.FERRY_EJECTIONS_BEFORE_RESTART)
+    for name in sorted(n for n in ejected if n in alive):
+        reason = (f"replica {name} was ejected {ejected[name]} times by the router's circuit breaker in the last "
+                  f"{settings.FERRY_EJECTION_RESTART_WINDOW_S} s")
+        key = _key(pool, "restart-ejected", [name, alive[name].restart_count])
+        created = _create(pool, POOL_RESTART_REPLICA, {"replica": name, "reason": reason}, key, reason)
         return POOL_RESTART_REPLICA if created else None
     return None
 

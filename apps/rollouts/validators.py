@@ -24,6 +24,7 @@ GATE_SIGNALS = {
     "tpot_p99_seconds": "tpot_p99_s",
     "kv_transfer_error_rate": "kv_transfer_failure_rate",
     "num_requests_waiting": "num_requests_waiting",
+    "ejected_replicas": "router_ejected_replicas",
 }
 """Gate signal name -> telemetry signal name (``apps.telemetry.signals.SIGNAL_SPECS``)."""
 GATE_ROLES = ("prefill", "decode", "colocated")

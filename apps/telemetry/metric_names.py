@@ -53,6 +53,9 @@ ROUTER_DECISION_LABEL = "decision"
 ROUTER_LOCAL_PREFILL_FALLBACK_DECISIONS = ("local_prefill_fallback",)
 ROUTER_LOCAL_PREFILL_DECISIONS = ("local_prefill", *ROUTER_LOCAL_PREFILL_FALLBACK_DECISIONS)
 ROUTER_REMOTE_PREFILL_DECISIONS = ("remote_prefill",)
+# Router circuit breaker (inference_worker.router.breaker), labels pool, track, replica (and reason).
+ROUTER_EJECTIONS = "ferry_router_ejections_total"
+ROUTER_REPLICA_EJECTED = "ferry_router_replica_ejected"
 
 # NVIDIA DCGM exporter on Kubernetes: GPU utilization in percent (0..100), labelled by pod.
 DCGM_GPU_UTIL = "DCGM_FI_DEV_GPU_UTIL"

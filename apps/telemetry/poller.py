@@ -7,7 +7,8 @@ actions. Each poll:
    and routers (``endpoints.router_endpoints``);
 2. refreshes each metric source (direct scrape: scrape the replicas of its clusters' pools, and
    once for all of them the routers, whose decisions count for the pool they name);
-3. computes pool-level and per-track ``SignalSet``s over ``window_s``;
+3. computes pool-level and per-track ``SignalSet``s over ``window_s``, and each replica's ejections by the
+   routers' circuit breaker (``ejections`` in the record, :func:`replica_ejections`; reconcile reads them);
 4. broadcasts them (``telemetry.signals`` to the pool group, ``telemetry.fleet`` to the fleet
    group) with Redis sequence numbers, and appends the same records to the Redis history;
 5. evaluates the effective alert rules on the pool-level signals and records transitions.
@@ -28,6 +29,7 @@ from collections.abc import Callable, Iterable
 import redis
 from django.db import DatabaseError, close_old_connections
 
+from apps.telemetry import metric_names as m
 from apps.telemetry.alerts import AlertEvaluator, RuleSpec
 from apps.telemetry.broadcast import FLEET_GROUP, pool_group, telemetry_broadcast
 from apps.telemetry.endpoints import ReplicaEndpoint, RouterEndpoint, replica_endpoints, router_endpoints
@@ -61,6 +63,18 @@ def default_source_factory(choice: SourceChoice, *, window_s: float, routers: Sa
                 return [("namespace", "=", namespace), ("pod", "=~", pod)] if namespace else [("pod", "=~", pod)]
         return PrometheusSource(choice.prometheus_url, dcgm_matchers=dcgm)
     return DirectScrapeSource(retention_s=scrape_retention_s(window_s), routers=routers)
+
+
+def replica_ejections(routers: SampleStore, scope: Scope) -> dict[str, float]:
+    """Replica name -> the routers' ``ferry_router_ejections_total`` for it (latest values, summed over routers
+    and reasons) for the pool of ``scope`` (its ``pool`` label); reconcile restarts a replica ejected again and
+    again. Empty when no router reports ejections for the pool."""
+    totals: dict[str, float] = {}
+    for labels, samples in routers.view(Scope(scope.pool, label=scope.label)).series(m.ROUTER_EJECTIONS, ()):
+        name = labels.get(m.LABEL_REPLICA)
+        if name and samples:
+            totals[name] = totals.get(name, 0.0) + samples[-1][1]
+    return totals
 
 
 class TelemetryPoller:
@@ -124,7 +138,8 @@ class TelemetryPoller:
                 logger.warning("pool %s: %s", target.pool_id, exc)
                 continue
             record = {"pool_id": target.pool_id, "at": now, "window_s": self.window_s, "source": source.name,
-                      "signals": pool_set.values, "tracks": tracks}
+                      "signals": pool_set.values, "tracks": tracks,
+                      "ejections": replica_ejections(self.router_source.store, target.scope())}
             message = telemetry_broadcast(pool_group(target.pool_id), "telemetry.signals", record, history=self.history)
             self.history.append(history_scope(target.pool_id), now, message)
             records[target.pool_id] = message

@@ -255,6 +255,10 @@ SIGNAL_SPECS: dict[str, object] = {
     "router_local_prefill_per_s": _router_decisions(m.ROUTER_LOCAL_PREFILL_DECISIONS),
     "router_remote_prefill_per_s": _router_decisions(m.ROUTER_REMOTE_PREFILL_DECISIONS),
     "router_local_prefill_fallback_per_s": _router_decisions(m.ROUTER_LOCAL_PREFILL_FALLBACK_DECISIONS),
+    # The routers' circuit breaker on this pool's replicas (summed over routers): ejections per second, and
+    # replicas ejected now (a rollout gate: ``ejected_replicas``).
+    "router_ejections_per_s": CounterRate(m.ROUTER_EJECTIONS),
+    "router_ejected_replicas": Gauge(m.ROUTER_REPLICA_EJECTED, "sum"),
 }
 """Signal name -> spec. Names carry units; every value may be ``None`` (no data; with a request rate of
 exactly 0 from the same source an empty latency quantile means idle, see the module docstring)."""

@@ -9,7 +9,9 @@ Example::
 ``--routing-table`` is a JSON file (re-read when it changes) or the control plane's URL (pulled every
 ``--table-interval`` seconds with an ETag; the service token comes from ``--service-token`` or
 ``$FERRY_SERVICE_TOKEN``). Without ``--api-keys`` the router accepts every client (development only).
-See :mod:`inference_worker.router` for the decisions.
+See :mod:`inference_worker.router` for the decisions. The ``--breaker-*`` options set the circuit breaker
+(:mod:`inference_worker.router.breaker`; defaults: eject above 5% errors over 30 s with at least 20
+requests, or after 5 failures in a row, for 30 s, then probe).
 """
 
 from __future__ import annotations
@@ -47,6 +49,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--track", default=None, metavar="NAME",
                         help="serve only this track (stable, canary, ...): a Gateway API HTTPRoute splits traffic "
                              "between per-track routers")
+    parser.add_argument("--breaker-window", type=float, default=30.0, metavar="S",
+                        help="seconds of attempt outcomes the circuit breaker's error rate covers")
+    parser.add_argument("--breaker-error-rate", type=float, default=0.05, metavar="F",
+                        help="eject a replica whose error rate over the window is above F")
+    parser.add_argument("--breaker-min-requests", type=int, default=20, metavar="N",
+                        help="outcomes the window needs before its error rate can eject")
+    parser.add_argument("--breaker-consecutive", type=int, default=5, metavar="N",
+                        help="eject a replica after N failed attempts in a row")
+    parser.add_argument("--breaker-cooldown", type=float, default=30.0, metavar="S",
+                        help="seconds an ejected replica gets no request before one probe (doubles per failed probe)")
+    parser.add_argument("--breaker-max-cooldown", type=float, default=300.0, metavar="S")
+    parser.add_argument("--no-breaker", action="store_true", help="never eject replicas (benchmark reference)")
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
 
 
@@ -54,10 +68,12 @@ def run(args: argparse.Namespace) -> int:
     """Serve until SIGTERM/SIGINT; returns the exit status.
 
     Raises:
-        ValueError: a port outside 1..65535, non-positive timeouts or attempts, a bad API keys file.
+        ValueError: a port outside 1..65535, non-positive timeouts or attempts, a bad API keys file, a
+            ``--breaker-*`` value out of range.
     """
     from inference_worker.router.app import Router, RouterConfig
     from inference_worker.router.auth import ApiKeys
+    from inference_worker.router.breaker import BreakerConfig
 
     if not 0 < args.port < 65536:
         raise ValueError(f"--port must be in 1..65535, got {args.port}")
@@ -73,6 +89,10 @@ def run(args: argparse.Namespace) -> int:
         tokenizer_dir=args.tokenizer, table_interval_s=args.table_interval, scrape_interval_s=args.scrape_interval,
         connect_timeout_s=args.connect_timeout, request_timeout_s=args.request_timeout,
         max_attempts=args.max_attempts, policy=args.policy, kv_index=not args.no_kv_index, track=args.track,
+        breaker=BreakerConfig(window_s=args.breaker_window, max_error_rate=args.breaker_error_rate,
+                              min_requests=args.breaker_min_requests,
+                              max_consecutive_failures=args.breaker_consecutive, cooldown_s=args.breaker_cooldown,
+                              max_cooldown_s=args.breaker_max_cooldown, enabled=not args.no_breaker),
     )
     router = Router(config)
     uvicorn.run(router.app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=30)

@@ -4,7 +4,8 @@
 
 1. *eligibility*: the tracks serving the request's ``model`` (unknown: 404), the track of its sticky key
    (``X-Ferry-Sticky-Key``, else the session ``X-Session-Id`` / OpenAI ``user``, else the request id), and
-   that model version's decode replicas minus ejected ones and those already tried;
+   that model version's decode replicas minus those the circuit breaker ejected (:mod:`.breaker`) and those
+   already tried; when ejection empties the track, another track of the model takes the request;
 2. *scoring*: expected cached tokens from the prefix index (:mod:`.prefix_index`, built from each replica's
    ``/v1/kv-events`` with the hybrid hit rule of ``engine.block_hash``) against load (queue depth, running
    requests, KV usage scraped from ``/metrics``); weights per pool (:mod:`.scoring`); the session breaks ties;
@@ -20,5 +21,5 @@ routing table's reference) and hashed off the event loop (:mod:`.prompt`).
 
 Other modules: ``table`` (the routing table: tracks, pools, links, per-version KV layout, tokenizer and
 digest salt), ``decisions`` (track split, load tracker), ``source`` (table pull/file watch, load scrape),
-``auth`` (API keys, rate limits), ``metrics``.
+``auth`` (API keys, rate limits), ``breaker`` (circuit breaking), ``metrics``.
 """

@@ -12,7 +12,10 @@ decision and admission. The plan's decode replica gets the request with headers 
 ``X-Ferry-Prefill-Endpoint`` (the plan's prefill replica; the decode worker performs the hand-off).
 A connection error, timeout or 5xx *before the first byte of the answer* re-plans without the failed
 replica and tries again (up to ``max_attempts``); once bytes have reached the client the stream is not
-retried. The response carries ``X-Ferry-Replica``, ``X-Ferry-Track``, ``X-Ferry-Decision``,
+retried. A 4xx from the worker (the client's error) is passed through as it is, never retried. Each attempt's
+outcome feeds the circuit breaker (:mod:`.breaker`): a replica it ejected is left out at eligibility until
+its cooldown ends and a probe succeeds; when that empties a track, the request goes to another track of the
+model (``ferry_router_track_failovers_total``). The response carries ``X-Ferry-Replica``, ``X-Ferry-Track``, ``X-Ferry-Decision``,
 ``X-Ferry-Decision-Reason`` and the worker's ``X-Ferry-Cached-Tokens`` (streamed or not). The session (``X-Session-Id``, else the OpenAI ``user`` field, else
 ``X-Ferry-Sticky-Key``, which ``bench/workloads.py`` sends per session) breaks score ties and, without
 ``X-Ferry-Sticky-Key``, is the sticky key of the track split, so a session's turns stay on one model version.
@@ -26,7 +29,7 @@ import json
 import logging
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import httpx
 from fastapi import FastAPI, Request
@@ -35,6 +38,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from inference_worker import http_headers
 from inference_worker.router.auth import ApiKeys
+from inference_worker.router.breaker import CLOSED, OPEN, BreakerConfig, CircuitBreaker, Transition
 from inference_worker.router.decisions import LoadTracker, NoReplicaAvailable
 from inference_worker.router.metrics import RouterMetrics
 from inference_worker.router.pipeline import (
@@ -81,6 +85,8 @@ class RouterConfig:
     track: str | None = None
     """Pin to one track (``stable``, ``canary``...): serve only that track's replicas, whatever the table's
     weights; a Gateway API HTTPRoute splits traffic between per-track routers. None: split by the weights."""
+    breaker: BreakerConfig = field(default_factory=BreakerConfig)
+    """Circuit breaking thresholds (:mod:`.breaker`)."""
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -100,6 +106,8 @@ class Router:
         self.loads = LoadTracker()
         self.hasher = PromptHasher(config.tokenizer_dir)
         self.index = PrefixIndex()
+        self.breaker = CircuitBreaker(config.breaker)
+        self._breaker_table_version: int | None = None
         self.client: httpx.AsyncClient | None = None
         self.source: TableSource | None = None
         self.app = FastAPI(title="Ferry router", lifespan=self._lifespan)
@@ -183,7 +191,7 @@ class Router:
         key = sticky or session or request_id
         model = body.get("model") if isinstance(body.get("model"), str) else None
         try:
-            eligible = eligibility(table, model=model, sticky_key=key, track=self.config.track)
+            eligible = self._eligibility(table, model=model, sticky_key=key)
         except UnknownModel as exc:
             return _error(404, str(exc), "invalid_request_error")
         except NoReplicaAvailable as exc:
@@ -216,6 +224,38 @@ class Router:
                 return outcome
         return _error(502, "no replica answered /v1/models", "upstream_error")
 
+    def _eligibility(self, table: RoutingTable, *, model: str | None, sticky_key: str,
+                     exclude: frozenset[str] = frozenset()) -> Eligible:
+        """Pipeline step 1 without the replicas the breaker ejected; counts a track failover."""
+        if table.version != self._breaker_table_version:  # one 0/1 series per replica, so 0 is data for gates
+            self.breaker.forget({r.name for r in table.replicas})
+            self._breaker_table_version = table.version
+            ejected_now = {r.name for r in table.replicas if self.breaker.state(r.name) != CLOSED}
+            self.metrics.replica_ejected.clear()
+            for r in table.replicas:
+                self.metrics.replica_ejected.labels(pool=r.pool, track=r.track, replica=r.name).set(
+                    1 if r.name in ejected_now else 0)
+        eligible = eligibility(table, model=model, sticky_key=sticky_key, exclude=exclude,
+                               ejected=self.breaker.ejected(), track=self.config.track)
+        if eligible.failover_from is not None:
+            self.metrics.track_failovers.labels(from_track=eligible.failover_from, to_track=eligible.track.name).inc()
+        return eligible
+
+    def _breaker_outcome(self, replica: Replica, ok: bool) -> None:
+        """Tell the breaker an attempt's outcome; an ejection or a restore updates the metrics."""
+        change: Transition | None = self.breaker.record(replica.name, ok)
+        if change is None:
+            return
+        ejected = change.state == OPEN
+        labels = dict(pool=replica.pool, track=replica.track, replica=replica.name)
+        self.metrics.replica_ejected.labels(**labels).set(1 if ejected else 0)
+        if ejected:
+            self.metrics.ejections.labels(**labels, reason=change.reason).inc()
+            log.warning("ejected replica %s (%s: %d of %d failed)", replica.name, change.reason, change.failures,
+                        change.requests)
+        else:
+            log.info("replica %s restored after a successful probe", replica.name)
+
     def _plan(self, table: RoutingTable, eligible: Eligible, prompt: PromptInfo, session: str | None) -> RoutePlan:
         return plan_route(table, eligible=eligible, prompt=prompt, loads=self.loads,
                           index=self.index if self.config.kv_index else None, session=session,
@@ -235,8 +275,7 @@ class Router:
                 while len(tried) < self.config.max_attempts:
                     if tried:  # re-plan without the replicas that failed
                         try:
-                            eligible = eligibility(table, model=model, sticky_key=key, exclude=frozenset(tried),
-                                                   track=self.config.track)
+                            eligible = self._eligibility(table, model=model, sticky_key=key, exclude=frozenset(tried))
                         except NoReplicaAvailable:
                             break
                     plan = self._plan(table, eligible, prompt, session)
@@ -254,7 +293,9 @@ class Router:
                         raise TimeoutError
                     timeout = httpx.Timeout(c.request_timeout_s if stream else remaining,
                                             connect=min(c.connect_timeout_s, max(remaining, 0.001)))
-                    attempt_headers = {**headers, http_headers.DECISION: plan.decision}
+                    attempt_headers = {**headers, http_headers.DECISION: plan.decision,  # the track may have failed over
+                                       http_headers.TRACK: plan.track.name,
+                                       http_headers.MODEL_VERSION: plan.track.model_version}
                     if plan.prefill is not None:
                         attempt_headers[http_headers.PREFILL_ENDPOINT] = plan.prefill.url
                     admit(plan, self.loads)
@@ -288,6 +329,9 @@ class Router:
         if not admitted:
             self.loads.begin(replica)
         released = False
+        judged = plan is None  # only planned attempts feed the breaker
+        if not judged:
+            self.breaker.attempt(replica.name)
         response = None
         try:
             upstream = self.client.build_request(method, replica.url + path, content=content, headers=headers,
@@ -295,6 +339,8 @@ class Router:
             response = await self.client.send(upstream, stream=True)
             if response.status_code >= 500:
                 self.metrics.upstream_errors.labels(pool=replica.pool, replica=replica.name, kind="status").inc()
+                judged = True
+                self._breaker_outcome(replica, False)
                 return f"{replica.name} answered {response.status_code}", 502
             chunks = response.aiter_raw()
             first = await anext(chunks, b"")
@@ -309,32 +355,48 @@ class Router:
                                     "x-request-id": headers.get("x-request-id", "")})
             if not stream:
                 body = first + b"".join([c async for c in chunks])
+                judged = True
+                self._breaker_outcome(replica, True)  # a 4xx is the client's error, not the replica's
                 return Response(body, response.status_code, headers=out_headers)
-            released = True
-            return StreamingResponse(self._relay(first, chunks, response, replica), response.status_code,
-                                     headers=out_headers)
+            released = judged = True  # the relay judges the stream when it ends
+            return StreamingResponse(self._relay(first, chunks, response, replica, plan is not None),
+                                     response.status_code, headers=out_headers)
         except httpx.TimeoutException as exc:
             self.metrics.upstream_errors.labels(pool=replica.pool, replica=replica.name, kind="timeout").inc()
+            judged = True
+            self._breaker_outcome(replica, False)
             return f"{replica.name} timed out: {exc!r}", 504
         except httpx.TransportError as exc:
             self.metrics.upstream_errors.labels(pool=replica.pool, replica=replica.name, kind="connect").inc()
+            judged = True
+            self._breaker_outcome(replica, False)
             return f"{replica.name} unreachable: {exc!r}", 502
         finally:
+            if not judged:  # cancelled (the client went away): no outcome, a probe may go again
+                self.breaker.release(replica.name)
             if not released:
                 self.loads.end(replica)
                 if response is not None:
                     await response.aclose()
 
     async def _relay(self, first: bytes, chunks: AsyncIterator[bytes], response: httpx.Response,
-                     replica: Replica) -> AsyncIterator[bytes]:
+                     replica: Replica, judge: bool = True) -> AsyncIterator[bytes]:
+        ok = None
         try:
             if first:
                 yield first
             async for chunk in chunks:
                 yield chunk
+            ok = True
         except httpx.HTTPError as exc:
             self.metrics.upstream_errors.labels(pool=replica.pool, replica=replica.name, kind="stream").inc()
             log.warning("stream from %s broke after the first byte: %s", replica.name, exc)
+            ok = False
         finally:
+            if judge:
+                if ok is None:  # the client went away mid-stream: no outcome for the replica
+                    self.breaker.release(replica.name)
+                else:
+                    self._breaker_outcome(replica, ok)
             self.loads.end(replica)
             await response.aclose()

@@ -30,6 +30,11 @@ class RouterMetrics:
       (``kind`` connect | timeout | status | stream).
     - ``ferry_router_retries_total{pool}``: attempts on another replica after a failure.
     - ``ferry_router_rate_limited_total{key}``: requests refused with 429.
+    - ``ferry_router_ejections_total{pool, track, replica, reason}``: circuit-breaker ejections (``reason``:
+      ``breaker.EJECTION_REASONS``); ``ferry_router_replica_ejected{pool, track, replica}``: 1 from an ejection
+      until a probe succeeds, else 0 (absent for a replica never ejected). ``track`` is the replica's.
+    - ``ferry_router_track_failovers_total{from_track, to_track}``: requests sent to another track because
+      ejection left the track the split chose without a replica.
     - ``ferry_router_routing_table_version``: version of the routing table applied (-1 before the first).
     - ``ferry_router_routing_table_refresh_errors_total``: failed table pulls or parses.
     """
@@ -62,6 +67,14 @@ class RouterMetrics:
                                registry=r)
         self.rate_limited = Counter("ferry_router_rate_limited", "Requests refused with 429, by API key name.",
                                     ["key"], registry=r)
+        self.ejections = Counter("ferry_router_ejections", "Replicas ejected by the circuit breaker, by reason.",
+                                 ["pool", "track", "replica", "reason"], registry=r)
+        self.replica_ejected = Gauge("ferry_router_replica_ejected",
+                                     "1 while the circuit breaker keeps the replica ejected, else 0.",
+                                     ["pool", "track", "replica"], registry=r)
+        self.track_failovers = Counter("ferry_router_track_failovers",
+                                       "Requests sent to another track because ejection emptied theirs.",
+                                       ["from_track", "to_track"], registry=r)
         self.table_version = Gauge("ferry_router_routing_table_version", "Version of the routing table applied.",
                                    registry=r)
         self.table_errors = Counter("ferry_router_routing_table_refresh_errors",

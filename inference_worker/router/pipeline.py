@@ -7,8 +7,10 @@
 1. **Eligibility** (:func:`eligibility`): the tracks of the requested ``model`` (every track in tables
    that name no models), the track of the sticky key (:func:`.decisions.choose_track`), and the decode
    or colocated replicas of its model version (same track first), minus ejected replicas and the ones
-   already tried. An unknown model raises :class:`UnknownModel` (404); nothing left raises
-   :class:`.decisions.NoReplicaAvailable` (503).
+   already tried. When ejection (:mod:`.breaker`) took the track's last replica, the request goes to the
+   track the sticky key picks among the model's other tracks that have a replica left (``failover_from``
+   names the emptied track; the router counts it). An unknown model raises :class:`UnknownModel` (404);
+   nothing left raises :class:`.decisions.NoReplicaAvailable` (503).
 2. **Scoring** (:mod:`.scoring`): per candidate, expected cached tokens from the prefix index
    (:class:`.prefix_index.PrefixIndex`, the hybrid hit rule) against load; the session breaks ties.
    ``least_loaded`` (load only, ties to the replica given the fewest requests) and ``round_robin``
@@ -70,6 +72,8 @@ class Eligible:
     track: Track
     decode: tuple[Replica, ...]
     prefill: tuple[Replica, ...]
+    failover_from: str | None = None
+    """The track the sticky key chose when ejection emptied it (``track`` is then another track), else None."""
 
 
 @dataclass(frozen=True)
@@ -115,17 +119,29 @@ def eligibility(table: RoutingTable, *, model: str | None, sticky_key: str, excl
         if not tracks:
             raise NoReplicaAvailable(f"this router serves track {track!r} only, and the routing table has none")
     track = choose_track(tracks, sticky_key)
-    version = track.model_version
     skip = exclude | ejected
-    decode = [r for r in table.replicas if r.role in DECODE_ROLES and r.model_version == version]
-    decode = [r for r in decode if r.track == track.name] or decode
-    decode = [r for r in decode if r.name not in skip]
-    if not decode:
+    decode = _decode_candidates(table, track)
+    left = [r for r in decode if r.name not in skip]
+    failover_from = None
+    if not left and any(r.name in ejected for r in decode):
+        others = tuple(t for t in tracks if t is not track
+                       and any(r.name not in skip for r in _decode_candidates(table, t)))
+        if others:
+            failover_from, track = track.name, choose_track(others, sticky_key)
+            left = [r for r in _decode_candidates(table, track) if r.name not in skip]
+    version = track.model_version
+    if not left:
         raise NoReplicaAvailable(f"no decode replica left for model version {version!r} (track {track.name!r}; "
                                  f"{len(exclude)} tried, {len(ejected)} ejected)")
     prefill = tuple(r for r in table.replicas if r.role == "prefill" and r.model_version == version
                     and r.name not in skip)
-    return Eligible(track, tuple(decode), prefill)
+    return Eligible(track, tuple(left), prefill, failover_from)
+
+
+def _decode_candidates(table: RoutingTable, track: Track) -> list[Replica]:
+    """The decode or colocated replicas of the track's model version, those of the track itself if any."""
+    decode = [r for r in table.replicas if r.role in DECODE_ROLES and r.model_version == track.model_version]
+    return [r for r in decode if r.track == track.name] or decode
 
 
 def _best(candidates: tuple[Replica, ...], table: RoutingTable, prompt: PromptInfo, loads: LoadTracker,

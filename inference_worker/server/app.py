@@ -185,6 +185,10 @@ async def _serve(state: ServerState, request: Request, *, chat: bool) -> Respons
         generation, sampling = _prepare(state, model, await request.body(), chat=chat, headers=request.headers)
         if sampling.stream:
             await generation.wait_admitted()  # the cached-tokens header goes out with the first byte
+            try:
+                generation.raise_early_error()  # a refused remote prefill keeps its 4xx status
+            except GenerationError as exc:
+                raise _generation_error(exc) from None
             handed_over = True
             return _GenerationStream(state, generation, sampling, chat=chat)
         return await _complete(state, request, generation, chat=chat, return_token_ids=sampling.return_token_ids)
@@ -292,8 +296,7 @@ async def _complete(state: ServerState, request: Request, generation: Generation
             return JSONResponse({}, status_code=499)
         collector.result()
     except GenerationError as exc:
-        raise OpenAIError(502 if exc.code == "kv_transfer_failed" else 500, str(exc), type="server_error",
-                          code=exc.code) from None
+        raise _generation_error(exc) from None
     finally:
         watcher.cancel()
     choices = []
@@ -315,6 +318,12 @@ async def _complete(state: ServerState, request: Request, generation: Generation
     if return_token_ids and chat:
         body["prompt_token_ids"] = generation.prompts[0]
     return JSONResponse(body, headers={http_headers.CACHED_TOKENS: str(generation.num_cached_tokens)})
+
+
+def _generation_error(exc: GenerationError) -> OpenAIError:
+    """The OpenAI error of a failed generation: its status (400 for a refused prompt), type and code."""
+    kind = "invalid_request_error" if exc.status < 500 else "server_error"
+    return OpenAIError(exc.status, str(exc), type=kind, code=exc.code)
 
 
 async def _wait_disconnect(request: Request) -> None:
@@ -380,8 +389,8 @@ class _GenerationStream(StreamingResponse):
             async for event in generation.events():
                 yield chunk([choice(event)])
         except GenerationError as exc:
-            self.outcome = "server_error"
-            yield sse(OpenAIError(500, str(exc), type="server_error", code=exc.code).body())
+            self.outcome = "client_error" if exc.status < 500 else "server_error"
+            yield sse(_generation_error(exc).body())
             yield SSE_DONE
             return
         if sampling.include_usage:

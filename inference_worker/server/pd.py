@@ -22,7 +22,14 @@ unreachable or dead) is counted under its reason on ``ferry_kv_transfer_total`` 
 it; the decode worker then prefills the prompt itself (``--kv-recompute-on-failure``, the default,
 counted on ``ferry_kv_recompute_total{reason}``) or fails the request with a 502 OpenAI error
 ``kv_transfer_failed``. The decode never runs on KV that did not verify, and never waits longer than
-the timeout. The KV receiver's port is printed at start-up and reported by ``GET /health``
+the timeout.
+
+A prefill worker that *refuses* the prompt with a 400 or 413 (it is over that worker's ``max_model_len``,
+KV cache or body cap) has not failed: it is :class:`PrefillRefused`, counted on no KV transfer series.
+With recompute on, the decode worker (whose own limits the prompt passed) prefills it itself, counted on
+``ferry_kv_recompute_total{reason="capacity"}``; with recompute off the client gets a 400 with the prefill
+worker's reason (code ``context_length_exceeded`` or ``invalid_prompt``), counted ``client_error``, never a
+502 the router would retry or its circuit breaker would count. The KV receiver's port is printed at start-up and reported by ``GET /health``
 (``kv_port``).
 
 Sampling: the first token is sampled on the prefill worker with the request's temperature, top_p,
@@ -52,6 +59,7 @@ from inference_worker.server.engine_loop import SeqUpdate
 from inference_worker.server.errors import OpenAIError
 from inference_worker.server.pd_faults import RAW_MODES, TEST_HEADER_ENV, parse_fault, send_faulty_frame
 from inference_worker.server.signing import sign, verify_signature
+from inference_worker.server.streaming import CLIENT_ERROR_CODES
 
 logger = logging.getLogger(__name__)
 
@@ -97,6 +105,38 @@ class KVHandoffFailed(Exception):
     def __init__(self, reason: str, message: str):
         super().__init__(message)
         self.reason = reason
+
+
+class PrefillRefused(KVHandoffFailed):
+    """The prefill worker answered 400 or 413: the prompt is over its limits (the client's error, not a failure).
+
+    ``code`` is the OpenAI error code the client gets: the prefill worker's ``context_length_exceeded`` or
+    ``invalid_prompt``, and ``context_length_exceeded`` for a 413 (a token-id body over its cap is a prompt over
+    its ``max_model_len``).
+    """
+
+    def __init__(self, status: int, code: str, message: str):
+        super().__init__("capacity", f"the prefill worker refused the prompt ({status}): {message}")
+        self.status, self.code = status, code
+
+
+def prefill_answer_failure(response: httpx.Response) -> KVHandoffFailed | None:
+    """What a prefill worker's ``/internal/prefill`` answer means for the hand-off: None for a 200;
+    :class:`PrefillRefused` for a 400 or 413 (the prompt is over that worker's limits: the client's error);
+    else a :class:`KVHandoffFailed` with the transfer reason of a 502 ``kv_transfer_failed``, ``protocol`` for
+    any other status (401 signature, 409 another model version, 5xx)."""
+    if response.status_code == 200:
+        return None
+    try:
+        error = response.json()["error"]
+        reason = error.get("param") if error.get("code") == "kv_transfer_failed" else None
+        code, message = error.get("code"), error.get("message", "")
+    except (ValueError, KeyError, TypeError, AttributeError):
+        reason, code, message = None, None, response.text[:500]
+    if response.status_code in (400, 413):
+        return PrefillRefused(response.status_code, code if code in CLIENT_ERROR_CODES else "context_length_exceeded",
+                              message)
+    return KVHandoffFailed(reason or "protocol", f"prefill worker answered {response.status_code}: {message}")
 
 
 def prefill_cached_tokens(answer: dict, num_prompt_tokens: int) -> int:
@@ -186,8 +226,12 @@ class PDService:
                 fault = parse_fault(headers.get(http_headers.FAULT_KV))
             except ValueError as exc:
                 raise OpenAIError(400, str(exc), param=http_headers.FAULT_KV) from None
-        # a prompt this cache can never prefill is the caller's error (400), decided before the engine sees it
+        # a prompt over this worker's context or cache is the caller's error (400), decided before the engine sees it
         model.check_kv_capacity(len(prompt), 1, param="prompt_token_ids")
+        if len(prompt) + 1 > model.max_model_len:
+            raise OpenAIError(400, f"the prompt has {len(prompt)} tokens; with its first output token it exceeds "
+                              f"this prefill worker's context of {model.max_model_len} tokens",
+                              param="prompt_token_ids", code="context_length_exceeded")
         params = model.make_sampling_params(max_tokens=1, ignore_eos=True, **{
             k: sampling[k] for k in ("temperature", "top_p", "top_k", "seed") if sampling.get(k) is not None})
         started = time.perf_counter()
@@ -251,6 +295,9 @@ class PDService:
         except KVHandoffFailed as exc:
             logger.warning("KV hand-off for %s failed (%s): %s", request_id, exc.reason, exc)
             if not self.settings.recompute_on_failure:
+                if isinstance(exc, PrefillRefused):
+                    updates.put_nowait(SeqUpdate(request_id, (), "", len(prompt), True, "error", str(exc), exc.code))
+                    return
                 updates.put_nowait(SeqUpdate(request_id, (), "", len(prompt), True, "error",
                                              f"KV transfer failed ({exc.reason}): {exc}", "kv_transfer_failed"))
                 return
@@ -320,22 +367,16 @@ class PDService:
         return first, payload, num_cached
 
     def _check_prefill_answer(self, http: asyncio.Future, prefill_url: str) -> None:
-        """Raise KVHandoffFailed unless the prefill worker's answer is a 200."""
+        """Raise KVHandoffFailed unless the prefill worker's answer is a 200 (:class:`PrefillRefused` for a 400 or
+        413: the prompt is over the prefill worker's limits)."""
         exc = http.exception()
         if exc is not None:
             if isinstance(exc, httpx.ConnectError):  # nothing was ever sent: the receiver saw nothing
                 self.recorder.failure(RECEIVE, ConnectionFailed.reason)
             raise KVHandoffFailed("connection", f"prefill worker {prefill_url}: {exc!r}")
-        response = http.result()
-        if response.status_code == 200:
-            return
-        try:
-            error = response.json()["error"]
-            reason = error.get("param") if error.get("code") == "kv_transfer_failed" else None
-            message = error.get("message", "")
-        except (ValueError, KeyError, TypeError, AttributeError):
-            reason, message = None, response.text[:500]
-        raise KVHandoffFailed(reason or "protocol", f"prefill worker answered {response.status_code}: {message}")
+        failure = prefill_answer_failure(http.result())
+        if failure is not None:
+            raise failure
 
     async def close(self) -> None:
         """Stop the receiver and close the senders and the HTTP client."""

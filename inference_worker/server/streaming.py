@@ -43,16 +43,25 @@ class ChoiceEvent:
     token_ids: tuple[int, ...] = ()
 
 
-class GenerationError(Exception):
-    """The engine failed or refused one of the request's sequences (a 500-class error).
+CLIENT_ERROR_CODES = ("context_length_exceeded", "invalid_prompt")
+"""Error codes of a sequence the request itself made impossible (a prompt over a limit): a 400, not a 5xx."""
 
-    ``code`` is the OpenAI error code (``engine_error``, or ``kv_transfer_failed`` when a
-    disaggregated prefill failed and recompute is off).
+
+class GenerationError(Exception):
+    """The engine failed or refused one of the request's sequences.
+
+    ``code`` is the OpenAI error code (``engine_error``; ``kv_transfer_failed`` when a disaggregated prefill
+    failed and recompute is off; one of :data:`CLIENT_ERROR_CODES` when the prefill worker refused the prompt
+    and recompute is off). ``status``: 400 for a client error code, 502 for ``kv_transfer_failed``, else 500.
     """
 
     def __init__(self, message: str, code: str = "engine_error"):
         super().__init__(message)
         self.code = code
+
+    @property
+    def status(self) -> int:
+        return 400 if self.code in CLIENT_ERROR_CODES else 502 if self.code == "kv_transfer_failed" else 500
 
 
 @dataclass
@@ -136,6 +145,20 @@ class Generation:
             if update.finished and choice.num_cached_tokens is None:
                 choice.num_cached_tokens = 0
             self._early.append(update)
+
+    def raise_early_error(self) -> None:
+        """After :meth:`wait_admitted`: raise the first error a choice ended with before any output (a refused
+        remote prefill), so a stream can still answer it with its own status instead of a 200.
+
+        Raises:
+            GenerationError: that choice's error (every other choice is aborted).
+        """
+        for update in self._early:
+            if update.finish_reason == "error":
+                self._choices[update.request_id].finish_reason = "error"
+                self.abort()
+                raise GenerationError(update.error or "the engine failed the request",
+                                      update.error_code or "engine_error")
 
     def start(self) -> None:
         """Submit every choice to the engine (call once, from the event loop)."""

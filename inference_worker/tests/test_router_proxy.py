@@ -284,6 +284,38 @@ def test_killed_and_draining_replicas_cause_retries_not_client_errors(tmp_path):
         f.close()
 
 
+def test_ejection_of_a_tracks_only_replica_sends_its_traffic_to_the_other_track(tmp_path):
+    """Canary d2 answers 503 to everything; after 2 failures in a row the breaker ejects it and canary requests go
+    to the stable track (counted), with the stable track's headers upstream."""
+    f = Fleet(tmp_path)
+    (tmp_path / "keys.json").write_text(json.dumps({"keys": [{"name": "good", "key": "good-key"}]}))
+    try:
+        urls = {"d0": f.upstream("d0"), "d1": f.upstream("d1"), "d2": f.upstream("d2", mode="draining"),
+                "p0": f.upstream("p0")}
+        (tmp_path / "table.json").write_text(json.dumps(routing_table(urls, canary_weight=50)))
+        f.router(str(tmp_path / "table.json"), "--scrape-interval", "0", "--breaker-consecutive", "2",
+                 "--breaker-cooldown", "600", "--breaker-max-cooldown", "600")
+        canary_ids = [f"c{i}" for i in range(1000)
+                      if int(hashlib.sha256(f"c{i}".encode()).hexdigest()[:16], 16) % 10000 >= 5000][:5]
+        with httpx.Client(headers=GOOD) as client:
+            replies = [client.post(f.url + "/v1/completions", headers={"X-Request-Id": rid}, json={"prompt": "hi"})
+                       for rid in canary_ids]
+        # 1st: d2's 503, no other canary replica to retry on (not ejected yet): 502. 2nd: d2 fails again and is
+        # ejected, the retry fails over to stable. 3rd-5th: straight to stable.
+        assert [r.status_code for r in replies] == [502, 200, 200, 200, 200]
+        assert {r.json()["replica"] for r in replies[1:]} <= {"d0", "d1"}
+        assert [r.headers[http_headers.TRACK] for r in replies[1:]] == ["stable"] * 4
+        assert {r.json()["headers"][http_headers.MODEL_VERSION] for r in replies[1:]} == {"v1"}
+        assert metric(f.url, "ferry_router_track_failovers_total", {"from_track": "canary", "to_track": "stable"}) == 4
+        assert metric(f.url, "ferry_router_ejections_total", {"replica": "d2", "track": "canary",
+                                                               "reason": "consecutive_failures"}) == 1
+        assert metric(f.url, "ferry_router_replica_ejected", {"replica": "d2"}) == 1
+        assert metric(f.url, "ferry_router_replica_ejected", {"replica": "d0"}) == 0
+        assert metric(f.url, "ferry_router_upstream_errors_total", {"replica": "d2"}) == 2
+    finally:
+        f.close()
+
+
 class TableHandler(http.server.BaseHTTPRequestHandler):
     table: dict = {}
     seen: list = []

@@ -173,3 +173,18 @@ def test_prefill_of_a_prompt_the_cache_cannot_hold_is_400_before_the_engine(pref
         "message": "prompt (100 tokens) plus max_tokens (1) needs up to 101 full_attention blocks but the KV cache "
                    "has 100", "type": "invalid_request_error", "param": "prompt_token_ids",
         "code": "context_length_exceeded"}
+
+
+def test_prefill_of_a_prompt_over_max_model_len_is_400_before_the_engine(prefill_client):
+    """The cache holds 64 tokens plus one, the context (max_model_len 64) does not: a 400, not the engine's error."""
+    import json
+
+    from inference_worker.server.pd import PREFILL_PATH
+    body = json.dumps({"request_id": "r", "prompt_token_ids": [1] * 64, "kv_host": "127.0.0.1", "kv_port": 1,
+                       "model_version_id": "v1"}).encode()
+    response = prefill_client.post(PREFILL_PATH, content=body, headers={http_headers.KV_SIGNATURE: sign(SECRET, body)})
+    assert response.status_code == 400
+    assert response.json()["error"] == {
+        "message": "the prompt has 64 tokens; with its first output token it exceeds this prefill worker's context "
+                   "of 64 tokens", "type": "invalid_request_error", "param": "prompt_token_ids",
+        "code": "context_length_exceeded"}

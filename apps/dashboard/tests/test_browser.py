@@ -45,7 +45,7 @@ def _publish(pool_id: int, at: float, waiting: float, history) -> dict:
     record = {"pool_id": pool_id, "at": at, "window_s": 10.0, "source": "scrape", "tracks": {},
               "signals": {"num_requests_waiting": waiting, "engine_busy_ratio": 0.25, "ready_replicas": 1.0,
                           "router_local_prefill_per_s": waiting / 2, "router_remote_prefill_per_s": 0.25,
-                          "router_local_prefill_fallback_per_s": None}}
+                          "router_local_prefill_fallback_per_s": None, "router_ejected_replicas": 1.0}}
     message = telemetry_broadcast(pool_group(pool_id), "telemetry.signals", record, history=history)
     history.append(f"pool:{pool_id}", at, message)
     return message
@@ -92,6 +92,7 @@ def test_pages_load_only_from_loopback_viewer_has_no_controls_and_gaps_resync(
                                    "t => [t.name, t.y.length, t.y[t.y.length - 1]])")
             assert router == [["local prefill", 7, 5.0], ["remote prefill", 7, 0.25],
                               ["fallback (local)", 7, None]]
+            assert page.evaluate("document.getElementById('chart-ejections').data[0].y") == [1.0] * 7
             # An empty chart: the last five minutes up to now and "no data yet" (Plotly's default is the year 2000);
             # a chart with data: the axis around its records.
             ranges = page.evaluate("Object.fromEntries(['ttft', 'queue-depth'].map(c => { const d = document"

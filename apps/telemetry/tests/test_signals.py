@@ -370,3 +370,41 @@ def test_an_unreachable_router_keeps_its_counted_decisions_in_the_window(routed)
 )
 def test_router_signals_render_promql_on_the_pool_label(name, scope, promql):
     assert SIGNAL_SPECS[name].promql(scope.matchers(), 30) == promql
+
+
+def test_router_ejections_count_for_the_pool_and_track_of_the_ejected_replica():
+    # One router: the breaker ejects canary replica c0 at t=5 (reason error_rate); s0 and c0 have a 0/1 series.
+    store = SampleStore(retention_s=60)
+    metrics, endpoint = router()
+    for name, track in (("s0", "stable"), ("c0", "canary")):
+        metrics.replica_ejected.labels(pool="decode", track=track, replica=name).set(0)
+    for t in range(11):
+        if t == 5:
+            metrics.ejections.labels(pool="decode", track="canary", replica="c0", reason="error_rate").inc()
+            metrics.replica_ejected.labels(pool="decode", track="canary", replica="c0").set(1)
+        store.ingest(endpoint, router_text(metrics), float(t))
+    expected = {"canary": (0.1, 1.0), "stable": (None, 0.0), None: (0.1, 1.0)}
+    for track, (rate, ejected) in expected.items():
+        scope = Scope("7", track, label="decode")
+        got = evaluate_signals(store.view(scope), scope, 10.0, 10.0, "scrape").values
+        assert got["router_ejected_replicas"] == ejected, track
+        assert got["router_ejections_per_s"] == (None if rate is None else pytest.approx(rate, rel=1e-12)), track
+
+
+def test_replica_ejections_sum_the_routers_counters_per_replica_of_the_pool():
+    from apps.telemetry.poller import replica_ejections
+
+    store = SampleStore(retention_s=60)
+    r0, e0 = router("http://10.0.0.1:8080")
+    r1, e1 = router("http://10.0.0.2:8080")
+    r0.ejections.labels(pool="decode", track="canary", replica="c0", reason="error_rate").inc(2)
+    r0.ejections.labels(pool="decode", track="canary", replica="c0", reason="probe_failed").inc()
+    r1.ejections.labels(pool="decode", track="canary", replica="c0", reason="consecutive_failures").inc()
+    r1.ejections.labels(pool="decode", track="stable", replica="s0", reason="error_rate").inc()
+    r1.ejections.labels(pool="other", track="stable", replica="o0", reason="error_rate").inc(5)
+    store.ingest(e0, router_text(r0), 1.0)
+    store.ingest(e1, router_text(r1), 1.0)
+    assert replica_ejections(store, Scope("7", label="decode")) == {"c0": 4.0, "s0": 1.0}
+    assert replica_ejections(store, Scope("7", "canary", label="decode")) == {"c0": 4.0, "s0": 1.0}  # whole pool
+    assert replica_ejections(store, Scope("other")) == {"o0": 5.0}
+    assert replica_ejections(store, Scope("9", label="idle")) == {}

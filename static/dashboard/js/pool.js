@@ -22,6 +22,9 @@
       ? "Router decisions (local vs remote prefill; counted on the decode pools)"
       : "Router decisions (local vs remote prefill)", y: "requests per second",
      signals: ["router_local_prefill_per_s", "router_remote_prefill_per_s", "router_local_prefill_fallback_per_s"]},
+    // The routers' circuit breaker: this pool's replicas ejected now (error rate over its window or failures in a row).
+    {id: "ejections", title: "Replicas ejected by the router's circuit breaker", y: "replicas",
+     signals: ["router_ejected_replicas"]},
   ];
   const LABELS = {kv_cache_usage: "avg over replicas", kv_cache_usage_max: "max replica", ttft_p50_s: "p50",
     ttft_p99_s: "p99", tpot_p50_s: "p50", tpot_p99_s: "p99", prompt_tokens_per_s: "prompt (prefill)",
