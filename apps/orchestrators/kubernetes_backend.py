@@ -441,10 +441,12 @@ def _observed_replica(pod: Any, track: str) -> ObservedReplica:
             message = (terminated.message or "").strip()
             finished = terminated.finished_at
             exited_at = finished.timestamp() if hasattr(finished, "timestamp") else None
+    # The worker's HTTP endpoint is the port named "http" (a decode worker also exposes its "kv" port).
     port = 8000
     for container in pod.spec.containers if pod.spec is not None else []:
         for container_port in container.ports or []:
-            port = container_port.container_port
+            if container_port.name in ("http", None):
+                port = container_port.container_port
     pod_ip = status.pod_ip if status is not None else None
     return ObservedReplica(
         name=pod.metadata.name,
