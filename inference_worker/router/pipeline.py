@@ -7,9 +7,10 @@
 1. **Eligibility** (:func:`eligibility`): the tracks of the requested ``model`` (every track in tables
    that name no models), the track of the sticky key (:func:`.decisions.choose_track`), and the decode
    or colocated replicas of its model version (same track first), minus ejected replicas and the ones
-   already tried. When ejection (:mod:`.breaker`) took the track's last replica, the request goes to the
-   track the sticky key picks among the model's other tracks that have a replica left (``failover_from``
-   names the emptied track; the router counts it). An unknown model raises :class:`UnknownModel` (404);
+   already tried. When ejection (:mod:`.breaker`) or failed attempts took the track's last replica, the
+   request goes to the track the sticky key picks among the model's other tracks that have a replica left
+   (``failover_from`` names the emptied track; the router counts it): a release never costs a client its
+   request because the one replica of a canary failed before the breaker ejected it. An unknown model raises :class:`UnknownModel` (404);
    nothing left raises :class:`.decisions.NoReplicaAvailable` (503).
 2. **Scoring** (:mod:`.scoring`): per candidate, expected cached tokens from the prefix index
    (:class:`.prefix_index.PrefixIndex`, the hybrid hit rule) against load; the session breaks ties.
@@ -123,7 +124,7 @@ def eligibility(table: RoutingTable, *, model: str | None, sticky_key: str, excl
     decode = _decode_candidates(table, track)
     left = [r for r in decode if r.name not in skip]
     failover_from = None
-    if not left and any(r.name in ejected for r in decode):
+    if not left and decode:
         others = tuple(t for t in tracks if t is not track
                        and any(r.name not in skip for r in _decode_candidates(table, t)))
         if others:

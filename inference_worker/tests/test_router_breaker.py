@@ -157,10 +157,14 @@ def test_ejecting_a_tracks_last_replica_sends_its_traffic_to_the_other_track():
     assert both.track.name == "canary" and both.failover_from == "stable" and [r.name for r in both.prefill] == ["p2"]
 
 
-def test_no_failover_for_replicas_only_tried_and_a_503_when_every_track_is_ejected():
+def test_a_track_whose_replicas_were_all_tried_fails_over_and_a_503_when_every_track_is_ejected():
     t = canary_table()
     canary_key = key_for((5000, 10_000))
-    with pytest.raises(NoReplicaAvailable, match=r"track 'canary'; 1 tried, 0 ejected"):
-        eligibility(t, model=None, sticky_key=canary_key, exclude=frozenset({"c0"}))
+    # the canary's one replica failed this request before the breaker ejected it: the retry goes to stable
+    retried = eligibility(t, model=None, sticky_key=canary_key, exclude=frozenset({"c0"}))
+    assert retried.track.name == "stable" and retried.failover_from == "canary"
+    assert [r.name for r in retried.decode] == ["s0", "s1"] and [r.name for r in retried.prefill] == ["p1"]
+    with pytest.raises(NoReplicaAvailable, match=r"track 'canary'; 3 tried, 0 ejected"):
+        eligibility(t, model=None, sticky_key=canary_key, exclude=frozenset({"c0", "s0", "s1"}))
     with pytest.raises(NoReplicaAvailable, match=r"track 'canary'; 0 tried, 3 ejected"):
         eligibility(t, model=None, sticky_key=canary_key, ejected=frozenset({"c0", "s0", "s1"}))
