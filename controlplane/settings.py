@@ -23,9 +23,11 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
+from apps.core.private_files import private_dir
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("FERRY_VAR_DIR", BASE_DIR / "var"))
-VAR_DIR.mkdir(parents=True, exist_ok=True)
+private_dir(VAR_DIR)  # 0700: secrets, data and logs (apps/core/private_files.py)
 
 
 def env_bool(name: str, default: bool) -> bool:

@@ -36,6 +36,7 @@ from honcho import manager as honcho_manager
 from honcho.environ import parse_procfile
 from honcho.printer import Message, Printer
 
+from apps.core.private_files import PRIVATE_UMASK, private_dir, tighten_tree
 from apps.setup.embedded_postgresql import start_embedded_postgres
 from apps.setup.embedded_redis import redis_reachable, start_embedded_redis
 from apps.setup.procfile import BASE_DIR, LaunchConfig, child_env, launcher_tokens, procfile
@@ -235,6 +236,18 @@ def run_processes(config: LaunchConfig, env: dict[str, str], summary: dict, *, r
     return manager.returncode or 1
 
 
+def var_dir_make_private(var_dir: Path) -> int:
+    """Set the umask to 0077 (every process the launcher starts inherits it) and make ``var_dir`` private.
+
+    ``var_dir`` and ``var_dir/log`` become 0700 and what an earlier run left readable to group or others is
+    closed (:mod:`apps.core.private_files`). Returns the number of entries changed.
+    """
+    os.umask(PRIVATE_UMASK)
+    private_dir(var_dir)
+    private_dir(var_dir / "log")
+    return len(tighten_tree(var_dir))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     var_dir = Path(os.environ.get("FERRY_VAR_DIR") or BASE_DIR / "var").resolve()
@@ -246,7 +259,9 @@ def main(argv: list[str] | None = None) -> int:
         if port_in_use(host, port):
             say(f"error: the {what} port {host}:{port} is in use; stop what listens there or set {variable}=")
             return 2
-    (var_dir / "log").mkdir(parents=True, exist_ok=True)
+    tightened = var_dir_make_private(var_dir)
+    if tightened:
+        say(f"{var_dir}: closed {tightened} files and directories a previous run left readable to others")
     tokens = launcher_tokens(var_dir, dict(os.environ))
     redis_url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
     embedded = None
