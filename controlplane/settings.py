@@ -75,7 +75,7 @@ INSTALLED_APPS = [
     "whitenoise.runserver_nostatic",
     "django.contrib.staticfiles",
     "rest_framework",
-    "rest_framework.authtoken",
+    "knox",
     "django_filters",
     "drf_spectacular",
     "drf_spectacular_sidecar",
@@ -216,7 +216,7 @@ if env_bool("TRUST_X_FORWARDED_PROTO", False):
 REST_FRAMEWORK = {
     # Token first: its WWW-Authenticate header makes DRF answer anonymous requests with 401, not 403.
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.TokenAuthentication",
+        "knox.auth.TokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["apps.accounts.permissions.RolePermission"],
@@ -230,6 +230,10 @@ REST_FRAMEWORK = {
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer",
                                  "rest_framework.renderers.BrowsableAPIRenderer"],
 }
+# API tokens (``Authorization: Token <key>``) are stored as SHA-512 digests by django-rest-knox, never in clear:
+# 64 random hex characters (256 bits) need no slow password hasher, and one hash per request keeps the API fast.
+# No expiry (TOKEN_TTL None): a token works until it is rotated (manage.py ferry_user --rotate-token NAME).
+REST_KNOX = {"TOKEN_TTL": None, "AUTH_HEADER_PREFIX": "Token"}
 SPECTACULAR_SETTINGS = {
     "TITLE": "Ferry control plane API",
     "DESCRIPTION": "Desired state of clusters, model versions, pools and rollouts; Actions are the audit log.",

@@ -106,11 +106,12 @@ def ready_banner(config: LaunchConfig, summary: dict, elapsed_s: float) -> list[
     users = {u["username"]: u for u in summary.get("users", [])}
     operator = users.get("operator", {})
     password = operator.get("password") or "(printed on the first run; reset: manage.py changepassword operator)"
+    token = operator.get("token") or "<printed on the first run; new one: manage.py ferry_user --rotate-token operator>"
     body = '{"model": "gemma-3-270m", "prompt": "The ferry crossed the river and", "max_tokens": 24}'
     lines = [
         f"Ferry is ready ({elapsed_s:.0f} s)",
         f"  dashboard  {config.web_url}/   login: operator / {password}",
-        f"  API        {config.web_url}/api/v1/   header: Authorization: Token {operator.get('token', '?')}",
+        f"  API        {config.web_url}/api/v1/   header: Authorization: Token {token}",
         f"  admin      {config.web_url}/admin/   (user admin)",
         f"  router     {config.router_url}/v1/completions   metrics: {config.router_url}/metrics",
         f"  try        curl -s {config.router_url}/v1/completions -H 'Content-Type: application/json' -d '{body}'",

@@ -19,7 +19,7 @@ from django.db import transaction
 from django_celery_beat.models import IntervalSchedule, PeriodicTask
 
 from apps.accounts.roles import ADMIN, OPERATOR
-from apps.accounts.selectors import user_token_get
+from apps.accounts.selectors import user_exists
 from apps.accounts.services import user_create_with_role
 from apps.operations.management.commands.ferry_beat_setup import beat_setup
 from apps.setup.demo import demo_fleet_load
@@ -47,10 +47,10 @@ def extra_periodic_tasks_ensure() -> list[PeriodicTask]:
 
 
 def user_ensure(username: str, role: str) -> dict[str, str | None]:
-    """Create ``username`` with ``role`` unless it exists; returns username, role, password (new only), token."""
-    token = user_token_get(username=username)
-    if token is not None:
-        return {"username": username, "role": role, "password": None, "token": token}
+    """Create ``username`` with ``role`` unless it exists; returns username, role, password and token (both for
+    a new user only: tokens are stored hashed and cannot be shown again)."""
+    if user_exists(username=username):
+        return {"username": username, "role": role, "password": None, "token": None}
     created = user_create_with_role(username=username, role=role)
     return {"username": username, "role": role, "password": created.password, "token": created.token}
 
@@ -76,7 +76,8 @@ class Command(BaseCommand):
                 self.stdout.write(f"user {user['username']} ({user['role']}) created: password {user['password']}  "
                                   f"API token {user['token']}")
             else:
-                self.stdout.write(f"user {user['username']} exists (password unchanged): API token {user['token']}")
+                self.stdout.write(f"user {user['username']} exists (password and API token unchanged; new token: "
+                                  f"manage.py ferry_user --rotate-token {user['username']})")
         for task in [*beat_setup(), *extra_periodic_tasks_ensure()]:
             self.stdout.write(f"periodic task {task.name}: {task.task} every {task.interval.every}s")
         pools = {}
