@@ -282,7 +282,6 @@ FERRY_SERVICE_TOKEN = os.environ.get("FERRY_SERVICE_TOKEN", "")
 # directly), and the routers' metrics URLs (comma separated, http://host:port means /metrics) the poller
 # scrapes for directly scraped pools: router decisions (local vs remote prefill) per pool.
 FERRY_PROMETHEUS_URL = os.environ.get("FERRY_PROMETHEUS_URL", "")
-FERRY_ROUTER_METRICS_URLS = env_list("FERRY_ROUTER_METRICS_URLS", "")
 # Router: fixed remote-prefill threshold in prompt tokens (unset: derived by the router or never remote).
 FERRY_REMOTE_PREFILL_THRESHOLD_TOKENS = (
     int(os.environ["FERRY_REMOTE_PREFILL_THRESHOLD_TOKENS"])

@@ -10,9 +10,11 @@ from __future__ import annotations
 import re
 from datetime import time
 from typing import Any
+from urllib.parse import urlsplit
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from django.core.exceptions import ValidationError
+from django.core.validators import URLValidator
 
 _LABEL_NAME = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
@@ -117,3 +119,15 @@ def validate_schedule_overrides(value: Any) -> None:
         days = window.get("days", list(WEEKDAYS))
         if not isinstance(days, list) or not days or any(d not in WEEKDAYS for d in days):
             raise ValidationError(f"Window {i}: days must be a non-empty list of {', '.join(WEEKDAYS)}.")
+
+
+def validate_router_url(value: str) -> None:
+    """A router's base URL: ``http(s)://host[:port]`` and nothing else.
+
+    Raises ValidationError for another scheme (``file:``, ``gopher:``...), user info, a path other than
+    ``/``, a query or fragment, or a URL Django's ``URLValidator`` refuses.
+    """
+    URLValidator(schemes=["http", "https"])(value)
+    parts = urlsplit(value)
+    if parts.username or parts.password or parts.path not in ("", "/") or parts.query or parts.fragment:
+        raise ValidationError(f"{value!r} must be a router's base URL: http(s)://host[:port], nothing after it.")

@@ -117,7 +117,6 @@ def child_env(config: LaunchConfig, environ: dict[str, str], *, redis_url: str, 
         "FERRY_REMOTE_PREFILL_THRESHOLD_TOKENS": str(DEMO_REMOTE_PREFILL_THRESHOLD_TOKENS),
         "FERRY_WORKER_ENV": json.dumps({"TORCH_NUM_THREADS": threads, "OMP_NUM_THREADS": threads}),
         "FERRY_WORKER_EXTRA_ARGS": DEMO_WORKER_EXTRA_ARGS,
-        "FERRY_ROUTER_METRICS_URLS": f"{config.router_url}/metrics",
     }
     env = {**defaults, **environ, **tokens}
     # prefill and decode workers share the per-link KV secret (inference_worker serve: FERRY_KV_LINK_SECRET)

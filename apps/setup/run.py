@@ -87,6 +87,7 @@ def run_setup(config: LaunchConfig, env: dict[str, str]) -> dict:
         RuntimeError: the command failed (its output was printed).
     """
     command = [sys.executable, "manage.py", "ferry_setup", "--json", "--agent-url", config.agent_url,
+               "--router-url", config.router_url,
                "--replicas", "1" if config.workers else "0"]
     summary: dict = {}
     with subprocess.Popen(command, cwd=BASE_DIR, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

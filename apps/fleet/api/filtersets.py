@@ -3,7 +3,7 @@
 import django_filters
 
 from apps.core.filters import FilterSet
-from apps.fleet.models import Cluster, ClusterLink, Pool, Replica
+from apps.fleet.models import Cluster, ClusterLink, Pool, Replica, Router
 
 
 class ClusterFilterSet(FilterSet):
@@ -12,6 +12,12 @@ class ClusterFilterSet(FilterSet):
     class Meta:
         model = Cluster
         fields = ["name", "kind", "datacenter", "status"]
+
+
+class RouterFilterSet(FilterSet):
+    class Meta:
+        model = Router
+        fields = ["name", "cluster"]
 
 
 class ClusterLinkFilterSet(FilterSet):

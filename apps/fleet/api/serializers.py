@@ -6,7 +6,7 @@ from typing import Any
 
 from rest_framework import serializers
 
-from apps.fleet.models import MAX_REPLICAS, Cluster, ClusterLink, Pool, PoolTrack, Replica
+from apps.fleet.models import MAX_REPLICAS, Cluster, ClusterLink, Pool, PoolTrack, Replica, Router
 
 
 class ClusterSerializer(serializers.ModelSerializer):
@@ -15,6 +15,15 @@ class ClusterSerializer(serializers.ModelSerializer):
         fields = ["id", "name", "kind", "datacenter", "labels", "status", "kubeconfig_path", "kubeconfig_secret",
                   "context", "namespace", "in_cluster", "agent_url", "created_at", "updated_at"]
         read_only_fields = ["status", "created_at", "updated_at"]
+
+
+class RouterSerializer(serializers.ModelSerializer):
+    cluster_name = serializers.CharField(source="cluster.name", read_only=True)
+
+    class Meta:
+        model = Router
+        fields = ["id", "name", "cluster", "cluster_name", "url", "created_at", "updated_at"]
+        read_only_fields = ["created_at", "updated_at"]
 
 
 class ClusterLinkSerializer(serializers.ModelSerializer):

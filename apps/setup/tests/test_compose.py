@@ -37,7 +37,8 @@ def test_compose_has_the_whole_stack_and_every_ferry_process_comes_from_the_one_
     assert services["web"]["depends_on"]["setup"] == {"condition": "service_completed_successfully"}
     # the poller scrapes the router (router decisions per pool) where it listens, on the shared loopback
     assert services["router"]["command"][services["router"]["command"].index("--port") + 1] == "8080"
-    assert services["telemetry"]["environment"]["FERRY_ROUTER_METRICS_URLS"] == "http://127.0.0.1:8080/metrics"
+    setup = services["setup"]["command"]
+    assert setup[setup.index("--router-url") + 1] == "http://agent.ferry.internal:8080"  # registered, not env
     assert services["telemetry"]["environment"]["REDIS_URL"] == services["web"]["environment"]["REDIS_URL"]
 
 

@@ -52,15 +52,11 @@ def test_child_env_keeps_user_values_but_not_their_redis_and_database_urls():
     assert (env["FERRY_AGENT_TOKEN"], env["FERRY_SERVICE_TOKEN"]) == ("a" * 20, "s" * 20)
 
 
-def test_telemetry_scrapes_the_launched_router_unless_told_otherwise():
+def test_routers_reach_telemetry_through_the_registry_not_the_environment():
     tokens = {"FERRY_AGENT_TOKEN": "a", "FERRY_SERVICE_TOKEN": "s", "FERRY_KV_LINK_SECRET": "k"}
     env = child_env(LaunchConfig(host="0.0.0.0", router_port=9091), {}, redis_url="redis://r:1/0",
                     database_url="postgres://p@d:1/f", tokens=tokens)
-    assert env["FERRY_ROUTER_METRICS_URLS"] == "http://127.0.0.1:9091/metrics"
-    env = child_env(LaunchConfig(), {"FERRY_ROUTER_METRICS_URLS": "http://r:1"}, redis_url="redis://r:1/0",
-                    database_url="postgres://p@d:1/f",
-                    tokens=tokens)
-    assert env["FERRY_ROUTER_METRICS_URLS"] == "http://r:1"
+    assert "FERRY_ROUTER_METRICS_URLS" not in env  # routers are registered (ferry_setup --router-url)
 
 
 def test_a_users_worker_env_keeps_its_values_and_gains_the_kv_link_secret():

@@ -60,11 +60,13 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser) -> None:  # noqa: ANN001 - Django signature
         parser.add_argument("--agent-url", default="http://127.0.0.1:8100", help="local agent of the demo clusters")
+        parser.add_argument("--router-url", default=None,
+                            help="base URL of the router in front of the demo pools (registered as demo-router)")
         parser.add_argument("--replicas", type=int, default=1, help="replicas of each new demo pool")
         parser.add_argument("--no-demo", action="store_true", help="skip the demo fleet")
         parser.add_argument("--json", action="store_true", dest="emit_json", help=f"print a last line '{JSON_PREFIX}{{...}}'")
 
-    def handle(self, *args, agent_url: str, replicas: int, no_demo: bool, emit_json: bool, **options) -> None:
+    def handle(self, *args, agent_url: str, router_url: str | None, replicas: int, no_demo: bool, emit_json: bool, **options) -> None:
         call_command("migrate", interactive=False, verbosity=0)
         self.stdout.write("database migrated")
         try:
@@ -83,7 +85,7 @@ class Command(BaseCommand):
         pools = {}
         if not no_demo:
             try:
-                fleet = demo_fleet_load(agent_url=agent_url, replicas=replicas)
+                fleet = demo_fleet_load(agent_url=agent_url, replicas=replicas, router_url=router_url)
             except (ValidationError, FileNotFoundError) as exc:
                 raise CommandError(f"demo fleet: {exc}") from exc
             for line in fleet.created:
