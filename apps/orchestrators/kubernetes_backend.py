@@ -30,6 +30,7 @@ from apps.orchestrators.base import (
     LABEL_MODEL_VERSION,
     LABEL_POOL,
     LABEL_TRACK,
+    MAX_LOG_BYTES,
     ROUTING_TABLE,
     TRACKS,
     BackendError,
@@ -43,6 +44,7 @@ from apps.orchestrators.base import (
     OrchestratorBackend,
     PoolRef,
     PoolTrackSpec,
+    log_text,
     validate_weights,
 )
 
@@ -266,8 +268,9 @@ class KubernetesBackend(OrchestratorBackend):
     def logs(self, pool: PoolRef, replica: str, tail: int = 100) -> str:
         if tail < 1:
             raise InvalidSpec(f"tail must be >= 1, got {tail}")
-        return self._call(self.core.read_namespaced_pod_log, replica, pool.namespace,
-                          container=manifests.CONTAINER_NAME, tail_lines=tail)
+        text = self._call(self.core.read_namespaced_pod_log, replica, pool.namespace,
+                          container=manifests.CONTAINER_NAME, tail_lines=tail, limit_bytes=4 * MAX_LOG_BYTES)
+        return log_text(text.encode("utf-8", errors="replace"))
 
     def observe(self, pool: PoolRef) -> ObservedState:
         selector = f"{LABEL_POOL}={pool.pool_name}"

@@ -8,6 +8,8 @@ the admin role except ``scale`` (operator). Views call services and selectors on
 
 from __future__ import annotations
 
+import logging
+
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import status, viewsets
 from rest_framework.decorators import action
@@ -24,8 +26,9 @@ from apps.fleet.api.serializers import PoolScaleSerializer, PoolSerializer, Repl
 from apps.operations import pools, selectors, services
 from apps.operations.api.filtersets import ActionFilterSet
 from apps.operations.api.serializers import ActionSerializer
-from apps.orchestrators.base import BackendUnavailable, InvalidSpec, NotFound
+from apps.orchestrators.base import BackendError, InvalidSpec, NotFound
 
+logger = logging.getLogger(__name__)
 MAX_LOG_TAIL_LINES = 5000
 
 IDEMPOTENCY_PARAMETER = OpenApiParameter(
@@ -126,7 +129,9 @@ class ReplicaViewSet(viewsets.ReadOnlyModelViewSet):
         except NotFound:
             return Response({"detail": f"the backend no longer has replica {replica.name!r}"},
                             status=status.HTTP_404_NOT_FOUND)
-        except (BackendUnavailable, InvalidSpec) as exc:
+        except (BackendError, InvalidSpec) as exc:
+            # The reason names the backend and what went wrong, never a byte of what a remote side sent.
+            logger.warning("logs of replica %s: %s", replica.pk, exc)
             return Response({"detail": f"logs of {replica.name!r} are unavailable: {exc}"},
                             status=status.HTTP_503_SERVICE_UNAVAILABLE)
         return Response({"replica": replica.name, "lines": lines})
