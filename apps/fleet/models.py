@@ -84,6 +84,9 @@ class Cluster(models.Model):
     namespace = models.CharField(max_length=63, blank=True, validators=[dns_label_validator])
     in_cluster = models.BooleanField(default=False, help_text="Use the service account of the pod Ferry runs in.")
     agent_url = models.URLField(blank=True, help_text="Local agent URL (kind local), e.g. http://127.0.0.1:9300.")
+    production = models.BooleanField(
+        default=True, help_text="Serves real traffic: worker options that inject faults (--fault-error-rate, "
+                                "--fault-kv) are refused on its pools. The demo's clusters are not production.")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

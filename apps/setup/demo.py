@@ -82,7 +82,7 @@ def _cluster(name: str, agent_url: str, fleet: DemoFleet) -> Cluster:
     if cluster is None:
         fleet.created.append(f"cluster {name}")
         return cluster_create(name=name, kind=Cluster.Kind.LOCAL, datacenter=name, agent_url=agent_url,
-                              labels={"ferry.io/demo": "true"})
+                              labels={"ferry.io/demo": "true"}, production=False)
     if cluster.kind == Cluster.Kind.LOCAL and cluster.agent_url != agent_url:
         cluster = cluster_update(cluster=cluster, agent_url=agent_url)
     return cluster

@@ -13,7 +13,7 @@ class ClusterSerializer(serializers.ModelSerializer):
     class Meta:
         model = Cluster
         fields = ["id", "name", "kind", "datacenter", "labels", "status", "kubeconfig_path", "kubeconfig_secret",
-                  "context", "namespace", "in_cluster", "agent_url", "created_at", "updated_at"]
+                  "context", "namespace", "in_cluster", "agent_url", "production", "created_at", "updated_at"]
         read_only_fields = ["status", "created_at", "updated_at"]
 
 

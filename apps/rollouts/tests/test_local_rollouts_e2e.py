@@ -162,7 +162,8 @@ def start(operator_api, **body) -> int:  # noqa: ANN001
 def test_canary_under_load_faulty_canary_abort_and_blue_green_switch_back(stack, operator_api):
     agent, router = stack["agent"], stack["router"]
     v1, v2, v3 = register("v1", "gemma-3-270m"), register("v2", "gemma-3-270m@bf16"), register("v3", "gemma-3-270m")
-    cluster = cluster_create(name="here", kind="local", agent_url=agent.base_url, datacenter="dc1")
+    cluster = cluster_create(name="here", kind="local", agent_url=agent.base_url, datacenter="dc1",
+                             production=False)  # the faulty canary is a rehearsal
     pool = pool_create(name="chat", cluster=cluster, role="colocated", model_version=v1, replicas=1,
                        drain_timeout_s=10)
     assert wait_for(lambda: Replica.objects.filter(pool=pool, track="stable", ready=True).exists()
