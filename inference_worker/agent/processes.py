@@ -83,7 +83,7 @@ def validate_args(args: list[str]) -> list[str]:
     return list(args)
 
 
-NOT_INHERITED = frozenset({"FERRY_AGENT_TOKEN", "FERRY_SERVICE_TOKEN", "SECRET_KEY", "FERRY_SECRET_KEY",
+NOT_INHERITED = frozenset({"FERRY_AGENT_TOKEN", "FERRY_SERVICE_TOKEN", "FERRY_CLIENT_API_KEY", "SECRET_KEY", "FERRY_SECRET_KEY",
                            "DATABASE_URL", "REDIS_URL", "FERRY_POSTGRES_PASSWORD"})
 """Variables of the agent's environment its children never inherit (a request's ``env`` may still set them)."""
 

@@ -33,7 +33,7 @@ def agent(tmp_path_factory):
 
 
 def router_body(name, table_file, **labels):
-    return {"name": name, "args": ["router", "--routing-table", table_file, "--scrape-interval", "0"],
+    return {"name": name, "args": ["router", "--routing-table", table_file, "--scrape-interval", "0", "--no-auth"],
             "env": {"OMP_NUM_THREADS": "1"}, "labels": {"role": "router", **labels}, "drain_timeout_s": 10}
 
 

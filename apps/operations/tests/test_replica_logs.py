@@ -26,7 +26,7 @@ def logged_replica(agent, make_cluster, make_model_version, tmp_path, settings):
     table.write_text(json.dumps({"version": 1, "tracks": [], "pools": []}))
     with agent.client() as client:
         created = client.post("/v1/processes", json={
-            "name": "decode-stable-0", "args": ["router", "--routing-table", str(table), "--scrape-interval", "0"],
+            "name": "decode-stable-0", "args": ["router", "--routing-table", str(table), "--scrape-interval", "0", "--no-auth"],
             "env": {"OMP_NUM_THREADS": "1"}, "labels": {"pool": "decode"}, "drain_timeout_s": 5})
         assert created.status_code == 201, created.text
         assert wait_for(lambda: len(client.get("/v1/processes/decode-stable-0/logs",

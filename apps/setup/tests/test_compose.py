@@ -17,7 +17,7 @@ from apps.setup.procfile import BASE_DIR
 
 COMPOSE = BASE_DIR / "docker-compose.yml"
 COMPOSE_SECRETS = ("FERRY_SECRET_KEY", "FERRY_AGENT_TOKEN", "FERRY_SERVICE_TOKEN", "FERRY_KV_LINK_SECRET",
-                   "FERRY_POSTGRES_PASSWORD")
+                   "FERRY_POSTGRES_PASSWORD", "FERRY_ROUTER_API_KEY")
 FERRY_SERVICES = {"setup", "web", "worker", "beat", "agent", "telemetry", "router", "prometheus-targets"}
 
 
