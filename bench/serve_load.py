@@ -30,6 +30,7 @@ import argparse
 import asyncio
 import json
 import math
+import os
 import statistics
 import sys
 import time
@@ -154,6 +155,13 @@ async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: s
     return result
 
 
+def auth_headers() -> dict[str, str]:
+    """``Authorization: Bearer $FERRY_CLIENT_API_KEY`` when that variable is set (``make run`` generates the key
+    and gives it to the load generator; a router started with ``--no-auth`` needs none)."""
+    key = os.environ.get("FERRY_CLIENT_API_KEY", "")
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
 async def run_level(base_url: str, model: str, workload: list[Request], *, concurrency: int, request_rate: float, seed: int,
                     chat: bool, timeout_s: float) -> tuple[list[RequestResult], float]:
     """Run the workload with Poisson arrivals and at most ``concurrency`` requests in flight."""
@@ -162,7 +170,7 @@ async def run_level(base_url: str, model: str, workload: list[Request], *, concu
     limiter = asyncio.Semaphore(concurrency)
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
 
-    async with httpx.AsyncClient(timeout=timeout_s, limits=limits) as client:
+    async with httpx.AsyncClient(timeout=timeout_s, limits=limits, headers=auth_headers()) as client:
 
         async def guarded(prompt: str, max_tokens: int) -> RequestResult:
             async with limiter:
@@ -209,7 +217,8 @@ async def run_sessions(base_url: str, model: str, workload: MultiTurnWorkload, *
     turns: list[TurnResult] = []
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
 
-    async with httpx.AsyncClient(timeout=timeout_s, limits=limits, transport=transport) as client:
+    async with httpx.AsyncClient(timeout=timeout_s, limits=limits, transport=transport,
+                                 headers=auth_headers()) as client:
 
         async def one_session(session: Session) -> None:
             async with limiter:
@@ -300,7 +309,7 @@ def print_table(rows: list[dict]) -> None:
 async def resolve_model(base_url: str, model: str | None) -> str:
     if model:
         return model
-    async with httpx.AsyncClient(timeout=30) as client:
+    async with httpx.AsyncClient(timeout=30, headers=auth_headers()) as client:
         response = await client.get(base_url.rstrip("/") + "/v1/models")
         response.raise_for_status()
         return response.json()["data"][0]["id"]

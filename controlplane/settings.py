@@ -18,14 +18,17 @@ from __future__ import annotations
 
 import os
 import secrets
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
+from apps.core.private_files import private_dir
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("FERRY_VAR_DIR", BASE_DIR / "var"))
-VAR_DIR.mkdir(parents=True, exist_ok=True)
+private_dir(VAR_DIR)  # 0700: secrets, data and logs (apps/core/private_files.py)
 
 
 def env_bool(name: str, default: bool) -> bool:
@@ -73,7 +76,8 @@ INSTALLED_APPS = [
     "whitenoise.runserver_nostatic",
     "django.contrib.staticfiles",
     "rest_framework",
-    "rest_framework.authtoken",
+    "knox",
+    "axes",
     "django_filters",
     "drf_spectacular",
     "drf_spectacular_sidecar",
@@ -99,6 +103,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last, as django-axes requires: answers a locked-out sign-in with 429.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "controlplane.urls"
@@ -171,6 +177,17 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
+# Login throttling (django-axes): after AXES_FAILURE_LIMIT failed sign-ins for one username from one IP
+# address, that pair is locked out for AXES_COOLOFF_TIME (429), on the dashboard's and the admin's login alike.
+# Locking the pair (not the username alone) keeps an attacker from locking a user out from elsewhere.
+# API tokens do not go through a login and are not throttled here. Unlock: manage.py axes_reset.
+AUTHENTICATION_BACKENDS = ["axes.backends.AxesStandaloneBackend", "django.contrib.auth.backends.ModelBackend"]
+AXES_FAILURE_LIMIT = int(os.environ.get("FERRY_LOGIN_FAILURE_LIMIT", "5"))
+AXES_COOLOFF_TIME = timedelta(minutes=float(os.environ.get("FERRY_LOGIN_COOLOFF_MINUTES", "15")))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_VERBOSE = False  # no startup banner or per-request lines; lockouts are still logged
+AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
 LOGIN_URL = "dashboard:login"
 LOGIN_REDIRECT_URL = "dashboard:fleet"
 LOGOUT_REDIRECT_URL = "dashboard:login"
@@ -214,7 +231,7 @@ if env_bool("TRUST_X_FORWARDED_PROTO", False):
 REST_FRAMEWORK = {
     # Token first: its WWW-Authenticate header makes DRF answer anonymous requests with 401, not 403.
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.TokenAuthentication",
+        "knox.auth.TokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["apps.accounts.permissions.RolePermission"],
@@ -228,6 +245,10 @@ REST_FRAMEWORK = {
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer",
                                  "rest_framework.renderers.BrowsableAPIRenderer"],
 }
+# API tokens (``Authorization: Token <key>``) are stored as SHA-512 digests by django-rest-knox, never in clear:
+# 64 random hex characters (256 bits) need no slow password hasher, and one hash per request keeps the API fast.
+# No expiry (TOKEN_TTL None): a token works until it is rotated (manage.py ferry_user --rotate-token NAME).
+REST_KNOX = {"TOKEN_TTL": None, "AUTH_HEADER_PREFIX": "Token"}
 SPECTACULAR_SETTINGS = {
     "TITLE": "Ferry control plane API",
     "DESCRIPTION": "Desired state of clusters, model versions, pools and rollouts; Actions are the audit log.",
@@ -269,7 +290,6 @@ FERRY_SERVICE_TOKEN = os.environ.get("FERRY_SERVICE_TOKEN", "")
 # directly), and the routers' metrics URLs (comma separated, http://host:port means /metrics) the poller
 # scrapes for directly scraped pools: router decisions (local vs remote prefill) per pool.
 FERRY_PROMETHEUS_URL = os.environ.get("FERRY_PROMETHEUS_URL", "")
-FERRY_ROUTER_METRICS_URLS = env_list("FERRY_ROUTER_METRICS_URLS", "")
 # Router: fixed remote-prefill threshold in prompt tokens (unset: derived by the router or never remote).
 FERRY_REMOTE_PREFILL_THRESHOLD_TOKENS = (
     int(os.environ["FERRY_REMOTE_PREFILL_THRESHOLD_TOKENS"])

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from django.contrib.auth import get_user_model
-from rest_framework.authtoken.models import Token
+from knox.models import AuthToken
 
 
-def user_token_get(*, username: str) -> str | None:
-    """The API token key of ``username``, or None if the user or token does not exist."""
-    user = get_user_model().objects.filter(username=username).first()
-    if user is None:
-        return None
-    token = Token.objects.filter(user=user).first()
-    return token.key if token else None
+def user_has_api_token(*, username: str) -> bool:
+    """True when ``username`` exists and holds an API token (tokens are stored hashed: never readable)."""
+    return AuthToken.objects.filter(user__username=username).exists()
+
+
+def user_exists(*, username: str) -> bool:
+    return get_user_model().objects.filter(username=username).exists()

@@ -9,7 +9,7 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractUser
 from django.core.exceptions import ValidationError
 from django.db import transaction
-from rest_framework.authtoken.models import Token
+from knox.models import AuthToken
 
 from apps.accounts.roles import ADMIN, ROLES, roles_ensure
 
@@ -41,5 +41,22 @@ def user_create_with_role(*, username: str, role: str, password: str | None = No
         user.full_clean()
         user.save()
         user.groups.add(roles_ensure()[role])
-        token = Token.objects.create(user=user)
-    return CreatedUser(user=user, password=password, token=token.key)
+        token = api_token_create(user=user)
+    return CreatedUser(user=user, password=password, token=token)
+
+
+def api_token_create(*, user: AbstractUser) -> str:
+    """A new API token for ``user``; returns the clear text, which is shown once and stored only as a digest.
+
+    django-rest-knox keeps the SHA-512 of the token and its first 15 characters (the lookup key); the token
+    never expires (``REST_KNOX["TOKEN_TTL"] = None``).
+    """
+    _instance, token = AuthToken.objects.create(user=user, expiry=None)
+    return token
+
+
+def api_token_rotate(*, user: AbstractUser) -> str:
+    """Revoke every API token of ``user`` and create one; returns the new clear-text token."""
+    with transaction.atomic():
+        AuthToken.objects.filter(user=user).delete()
+        return api_token_create(user=user)

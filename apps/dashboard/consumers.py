@@ -13,8 +13,8 @@ Protocol, server -> client (JSON):
 Client -> server: ``{"type": "resync", "stream": ...}`` when the client sees a gap in a stream's
 sequence numbers (or after reconnecting); the consumer answers with that stream's snapshot.
 
-Connections without an authenticated user are refused (close before accept: HTTP 403 at the
-handshake); the ASGI stack (``controlplane.asgi``) also rejects foreign origins. An authenticated
+Connections without an authenticated user, or from a user without a role, are refused (close before
+accept: HTTP 403 at the handshake); the ASGI stack (``controlplane.asgi``) also rejects foreign origins. An authenticated
 connection is accepted at once and then looks its target up (an unknown pool or rollout closes with
 code 4404): daphne drops handshakes the application has not accepted within its websocket connect
 timeout (5 s by default), and 50 tabs opening together must not queue their snapshot reads behind
@@ -26,6 +26,7 @@ from __future__ import annotations
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
+from apps.accounts.roles import user_role
 from apps.dashboard import selectors
 from apps.fleet.models import Pool
 from apps.rollouts.models import RolloutPlan
@@ -38,6 +39,7 @@ def reads(func):
 
 
 CLOSE_UNAUTHENTICATED = 4401
+CLOSE_NO_ROLE = 4403
 CLOSE_NOT_FOUND = 4404
 
 
@@ -63,6 +65,9 @@ class StreamConsumer(AsyncJsonWebsocketConsumer):
         user = self.scope.get("user")
         if user is None or not user.is_authenticated:
             await self.close(code=CLOSE_UNAUTHENTICATED)
+            return
+        if await reads(user_role)(user) is None:
+            await self.close(code=CLOSE_NO_ROLE)
             return
         await self.accept()
         streams = await self.resolve_streams()

@@ -1,6 +1,8 @@
 """Dashboard pages: server-rendered shells whose JS reads the REST API and the websockets.
 
-Every page needs a signed-in user; ``can_operate`` (operator role or higher) decides whether
+Every page needs a signed-in user with a role: a signed-in user without one (a new account an admin has
+not given a role yet) gets only the "no role yet" page (403), as the API and the websockets refuse them;
+``can_operate`` (operator role or higher) decides whether
 controls are rendered at all — viewers see the same data and no buttons. Controls call the
 public REST API (``/api/v1/``) with the session cookie and the CSRF token, as automation does.
 """
@@ -8,6 +10,7 @@ public REST API (``/api/v1/``) with the session cookie and the CSRF token, as au
 from __future__ import annotations
 
 import json
+from functools import wraps
 
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
@@ -25,17 +28,30 @@ DEFAULT_ROLLOUT_STEPS = [{"set_weight": 25}, {"pause": {"seconds": 20}}, {"set_w
 reaches 100% and ``promoted`` without a resume (the plan's end is the last step)."""
 
 
+def role_required(view):
+    """``login_required``, then the "no role yet" page (403) for a user without the viewer role or higher."""
+
+    @login_required
+    @wraps(view)
+    def wrapped(request: HttpRequest, *args, **kwargs) -> HttpResponse:
+        if user_role(request.user) is None:
+            return render(request, "dashboard/no_role.html", status=403)
+        return view(request, *args, **kwargs)
+
+    return wrapped
+
+
 def _context(request: HttpRequest, **extra) -> dict:
     return {"can_operate": role_at_least(request.user, OPERATOR), "role": user_role(request.user) or "none",
             **extra}
 
 
-@login_required
+@role_required
 def fleet_page(request: HttpRequest) -> HttpResponse:
     return render(request, "dashboard/fleet.html", _context(request, overview=selectors.fleet_overview()))
 
 
-@login_required
+@role_required
 def pool_page(request: HttpRequest, pool_id: int) -> HttpResponse:
     try:
         pool = selectors.pool_detail(pool_id)
@@ -44,14 +60,14 @@ def pool_page(request: HttpRequest, pool_id: int) -> HttpResponse:
     return render(request, "dashboard/pool.html", _context(request, pool=pool))
 
 
-@login_required
+@role_required
 def rollout_list_page(request: HttpRequest) -> HttpResponse:
     return render(request, "dashboard/rollouts.html", _context(
         request, rollouts=rollout_list()[:100], form=selectors.rollout_form(),
         default_steps=json.dumps(DEFAULT_ROLLOUT_STEPS)))
 
 
-@login_required
+@role_required
 def rollout_page(request: HttpRequest, rollout_id: int) -> HttpResponse:
     try:
         rollout = selectors.rollout_detail(rollout_id)
@@ -60,6 +76,6 @@ def rollout_page(request: HttpRequest, rollout_id: int) -> HttpResponse:
     return render(request, "dashboard/rollout.html", _context(request, rollout=rollout))
 
 
-@login_required
+@role_required
 def model_versions_page(request: HttpRequest) -> HttpResponse:
     return render(request, "dashboard/model_versions.html", _context(request, rows=selectors.model_version_rows()))

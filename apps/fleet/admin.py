@@ -13,7 +13,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from apps.fleet import selectors, services
-from apps.fleet.models import Cluster, ClusterLink, Replica, RoutingTable
+from apps.fleet.models import Cluster, ClusterLink, Replica, Router, RoutingTable
 
 
 def model_fields(form: forms.ModelForm, only_changed: bool = False) -> dict[str, Any]:
@@ -21,6 +21,25 @@ def model_fields(form: forms.ModelForm, only_changed: bool = False) -> dict[str,
     names = {f.name for f in form._meta.model._meta.get_fields()}
     keys = set(form.changed_data) if only_changed else set(form.cleaned_data)
     return {k: v for k, v in form.cleaned_data.items() if k in names and k in keys}
+
+
+@admin.register(Router)
+class RouterAdmin(admin.ModelAdmin):
+    """The router registry (admin-only writes: the admin site is for staff, i.e. the admin role)."""
+
+    list_display = ("name", "cluster", "url", "created_at")
+    list_filter = ("cluster",)
+    search_fields = ("name", "url")
+    readonly_fields = ("created_at", "updated_at")
+
+    def save_model(self, request: HttpRequest, obj: Router, form: forms.ModelForm, change: bool) -> None:
+        if change:
+            services.router_update(router=Router.objects.get(pk=obj.pk), **model_fields(form, True))
+        else:
+            obj.pk = services.router_create(**model_fields(form)).pk
+
+    def delete_model(self, request: HttpRequest, obj: Router) -> None:
+        services.router_delete(router=obj)
 
 
 @admin.register(Cluster)

@@ -22,6 +22,7 @@ from apps.fleet.validators import (
     validate_cidr_list,
     validate_labels,
     validate_quantity,
+    validate_router_url,
     validate_schedule_overrides,
     validate_time_zone,
     validate_tolerations,
@@ -89,6 +90,9 @@ class Cluster(models.Model):
         help_text="Gateway API traffic splitting (kind kubernetes): the HTTPRoute in the cluster's namespace whose "
                   "backendRefs weights the rollout controller writes between the per-track routers "
                   "(ferry-router-stable, ferry-router-canary). Empty: Ferry's router splits traffic alone.")
+    production = models.BooleanField(
+        default=True, help_text="Serves real traffic: worker options that inject faults (--fault-error-rate, "
+                                "--fault-kv) are refused on its pools. The demo's clusters are not production.")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -122,6 +126,35 @@ class Cluster(models.Model):
                 errors["in_cluster"] = "Only Kubernetes clusters can be in-cluster."
         if errors:
             raise ValidationError(errors)
+
+
+
+class Router(models.Model):
+    """A Ferry router registered by an admin: configuration, not free text.
+
+    The control plane fetches router URLs (a rollout waiting for its routing-table version at ``/ready``,
+    the telemetry poller scraping ``/metrics``) only from this registry, never from a URL an operator typed
+    into a rollout. ``url`` is the router's base URL: ``http`` or ``https``, a host, an optional port and
+    nothing else (no user info, path, query or fragment), checked by :func:`validate_router_url`.
+    """
+
+    name = models.CharField(max_length=63, unique=True, validators=[dns_label_validator])
+    cluster = models.ForeignKey(Cluster, on_delete=models.PROTECT, related_name="routers",
+                                help_text="The cluster (datacenter) the router runs in.")
+    url = models.CharField(max_length=300, validators=[validate_router_url],
+                           help_text="Base URL, e.g. http://127.0.0.1:8080 (http or https; no path).")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def metrics_url(self) -> str:
+        return f"{self.url.rstrip('/')}/metrics"
 
 
 class ClusterLink(models.Model):

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 from django.db.models import Prefetch, QuerySet
 
-from apps.fleet.models import Cluster, ClusterLink, Pool, PoolTrack, Replica, RoutingTable
+from apps.fleet.models import Cluster, ClusterLink, Pool, PoolTrack, Replica, Router, RoutingTable
 
 
 def cluster_list() -> QuerySet[Cluster]:
     return Cluster.objects.all()
+
+
+def router_list() -> QuerySet[Router]:
+    return Router.objects.select_related("cluster")
 
 
 def cluster_link_list() -> QuerySet[ClusterLink]:

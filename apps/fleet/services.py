@@ -22,6 +22,7 @@ from apps.fleet.models import (
     Pool,
     PoolTrack,
     Replica,
+    Router,
     RoutingTable,
     validate_replica_count,
 )
@@ -51,6 +52,22 @@ def cluster_delete(*, cluster: Cluster) -> None:
     """Delete a cluster and its links. Raises ProtectedError (409) while it has pools."""
     with transaction.atomic():
         cluster.delete()
+
+
+def router_create(**fields: Any) -> Router:
+    """Register a router (admin). Raises ValidationError (name, http(s) base URL, cluster)."""
+    return _save(Router(), fields)
+
+
+def router_update(*, router: Router, **changes: Any) -> Router:
+    """Change a registered router. Raises ValidationError."""
+    return _save(router, changes)
+
+
+def router_delete(*, router: Router) -> None:
+    """Remove a router from the registry. Raises ProtectedError (409) while a rollout plan uses it."""
+    with transaction.atomic():
+        router.delete()
 
 
 def cluster_link_create(**fields: Any) -> ClusterLink:

@@ -11,9 +11,11 @@ import ipaddress
 import re
 from datetime import time
 from typing import Any
+from urllib.parse import urlsplit
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from django.core.exceptions import ValidationError
+from django.core.validators import URLValidator
 
 _LABEL_NAME = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
@@ -131,3 +133,15 @@ def validate_cidr_list(value: Any) -> None:
             ipaddress.ip_network(item, strict=True)
         except ValueError as exc:
             raise ValidationError(f"{item!r} is not a CIDR such as 10.8.0.0/16: {exc}.") from exc
+
+
+def validate_router_url(value: str) -> None:
+    """A router's base URL: ``http(s)://host[:port]`` and nothing else.
+
+    Raises ValidationError for another scheme (``file:``, ``gopher:``...), user info, a path other than
+    ``/``, a query or fragment, or a URL Django's ``URLValidator`` refuses.
+    """
+    URLValidator(schemes=["http", "https"])(value)
+    parts = urlsplit(value)
+    if parts.username or parts.password or parts.path not in ("", "/") or parts.query or parts.fragment:
+        raise ValidationError(f"{value!r} must be a router's base URL: http(s)://host[:port], nothing after it.")

@@ -110,7 +110,8 @@ def track_spec(pool: Pool, track: PoolTrack) -> PoolTrackSpec:
             arguments the worker would refuse, ...).
     """
     try:
-        extra_args = worker_extra_args() + parse_worker_args(track.extra_args)
+        extra_args = worker_extra_args() + parse_worker_args(track.extra_args,
+                                                             faults_allowed=not pool.cluster.production)
     except InvalidWorkerArgs as exc:
         raise InvalidSpec(str(exc)) from exc
     tolerations = tuple(

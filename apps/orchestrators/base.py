@@ -328,7 +328,19 @@ class OrchestratorBackend(abc.ABC):
 
     @abc.abstractmethod
     def logs(self, pool: PoolRef, replica: str, tail: int = 100) -> str:
-        """The last ``tail`` lines of a replica's stdout/stderr. Raises ``NotFound``."""
+        """The last ``tail`` lines of a replica's stdout/stderr, at most :data:`MAX_LOG_BYTES` bytes (the end of
+        the log is kept). Raises ``NotFound``."""
+
+
+MAX_LOG_BYTES = 1 << 20
+"""The most bytes of a replica's log a backend returns (1 MiB: 5000 lines of ~200 characters)."""
+
+
+def log_text(data: bytes) -> str:
+    """``data``'s last :data:`MAX_LOG_BYTES` bytes as text: invalid UTF-8 replaced, control characters other
+    than tab and newline dropped, so the API shows log text and nothing a remote side could make it render."""
+    text = data[-MAX_LOG_BYTES:].decode("utf-8", errors="replace")
+    return "".join(ch for ch in text if ch in "\t\n" or (ch >= " " and ch != "\x7f"))
 
 
 def validate_weights(weights: Mapping[str, int]) -> dict[str, int]:

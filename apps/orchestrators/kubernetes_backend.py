@@ -42,6 +42,7 @@ from apps.orchestrators.base import (
     LABEL_MODEL_VERSION,
     LABEL_POOL,
     LABEL_TRACK,
+    MAX_LOG_BYTES,
     ROUTING_TABLE,
     TRACKS,
     BackendError,
@@ -55,6 +56,7 @@ from apps.orchestrators.base import (
     OrchestratorBackend,
     PoolRef,
     PoolTrackSpec,
+    log_text,
     validate_weights,
 )
 from apps.orchestrators.kubernetes_gateway import HTTPRouteWeights
@@ -304,8 +306,9 @@ class KubernetesBackend(HTTPRouteWeights, OrchestratorBackend):
     def logs(self, pool: PoolRef, replica: str, tail: int = 100) -> str:
         if tail < 1:
             raise InvalidSpec(f"tail must be >= 1, got {tail}")
-        return self._call(self.core.read_namespaced_pod_log, replica, pool.namespace,
-                          container=manifests.CONTAINER_NAME, tail_lines=tail)
+        text = self._call(self.core.read_namespaced_pod_log, replica, pool.namespace,
+                          container=manifests.CONTAINER_NAME, tail_lines=tail, limit_bytes=4 * MAX_LOG_BYTES)
+        return log_text(text.encode("utf-8", errors="replace"))
 
     def observe(self, pool: PoolRef) -> ObservedState:
         selector = f"{LABEL_POOL}={pool.pool_name}"

@@ -335,6 +335,9 @@ def router_deployment_manifest(router: RouterSpec) -> dict:
         "env": [{
             "name": "FERRY_SERVICE_TOKEN",  # the router's bearer token for the routing-table pull
             "valueFrom": {"secretKeyRef": {"name": router.token_secret_name, "key": "token"}},
+        }, {
+            "name": "FERRY_ROUTER_API_KEY",  # the clients' key (the router refuses to start open)
+            "valueFrom": {"secretKeyRef": {"name": router.token_secret_name, "key": "client-api-key"}},
         }],
         "resources": {"requests": requests, "limits": {"memory": router.memory} if router.memory else {}},
         "readinessProbe": {"httpGet": {"path": "/ready", "port": "http"}, "periodSeconds": 2},

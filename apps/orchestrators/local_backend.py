@@ -23,6 +23,7 @@ from apps.orchestrators.base import (
     LABEL_MODEL_VERSION,
     LABEL_POOL,
     LABEL_TRACK,
+    MAX_LOG_BYTES,
     ROUTING_TABLE,
     TRACKS,
     BackendError,
@@ -36,6 +37,7 @@ from apps.orchestrators.base import (
     OrchestratorBackend,
     PoolRef,
     PoolTrackSpec,
+    log_text,
     validate_weights,
 )
 
@@ -190,9 +192,31 @@ class LocalAgentBackend(OrchestratorBackend):
         return ObservedState(pool_name=pool.pool_name, tracks=tracks, active_track=None)
 
     def logs(self, pool: PoolRef, replica: str, tail: int = 100) -> str:
+        """The agent's ``text/plain`` log tail, read in a bounded stream: more than 4x :data:`MAX_LOG_BYTES`
+        or another content type is refused (``BackendUnavailable``) and no byte of a refused body is quoted
+        (an ``agent_url`` may point at something that is not an agent)."""
         if tail < 1:
             raise InvalidSpec(f"tail must be >= 1, got {tail}")
-        return self._request("GET", f"/v1/processes/{replica}/logs", params={"tail": tail}).text
+        where = f"local agent {self.base_url} (logs of {replica!r})"
+        try:
+            with self._client.stream("GET", f"/v1/processes/{replica}/logs", params={"tail": tail}) as response:
+                if response.status_code == 404:
+                    raise NotFound(f"{where}: no such process")
+                if response.status_code == 401:
+                    raise BackendError(f"the local agent at {self.base_url} rejected the token")
+                if response.status_code != 200:
+                    raise BackendUnavailable(f"{where} answered HTTP {response.status_code}")
+                content_type = response.headers.get("content-type", "").split(";")[0].strip()
+                if content_type != "text/plain":
+                    raise BackendUnavailable(f"{where} answered {content_type or 'no content type'}, not text/plain")
+                data = bytearray()
+                for chunk in response.iter_bytes():
+                    data += chunk
+                    if len(data) > 4 * MAX_LOG_BYTES:
+                        raise BackendUnavailable(f"{where} sent more than {4 * MAX_LOG_BYTES} bytes")
+        except httpx.TransportError as exc:
+            raise BackendUnavailable(f"{where}: {type(exc).__name__}") from exc
+        return log_text(bytes(data))
 
 
 def _index(name: str) -> int:

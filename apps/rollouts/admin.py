@@ -24,7 +24,7 @@ class RolloutPlanAdminForm(forms.ModelForm):
     class Meta:
         model = RolloutPlan
         fields = ["name", "pools", "target_model_version", "strategy", "steps", "gates", "max_surge",
-                  "progress_deadline_s", "max_weight_skew", "scale_down_delay_s", "router_url", "worker_args"]
+                  "progress_deadline_s", "max_weight_skew", "scale_down_delay_s", "router", "worker_args"]
 
     def clean(self) -> dict[str, Any]:
         data = super().clean()

@@ -74,10 +74,11 @@ class RolloutPlan(models.Model):
         help_text="Blue-green: seconds the old (blue) track keeps its replicas after the switch, for an "
                   "instant switch-back by abort.",
     )
-    router_url = models.CharField(
-        max_length=300, blank=True,
-        help_text="Base URL of the Ferry router fronting these pools; a step counts as applied once its /ready "
-                  "reports the new routing table version. Blank: replica readiness only (replica ratio).",
+    router = models.ForeignKey(
+        "fleet.Router", on_delete=models.PROTECT, null=True, blank=True, related_name="rollout_plans",
+        help_text="The registered router fronting these pools (admin registry, /api/v1/routers/; in a cluster of "
+                  "one of the pools); a step counts as applied once its /ready reports the new routing table "
+                  "version. Empty: replica readiness only (replica ratio). Replaces router_url (free text).",
     )
     worker_args = models.CharField(
         max_length=WORKER_ARGS_MAX_LENGTH, blank=True, default="", validators=[validate_worker_args],

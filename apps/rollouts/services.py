@@ -18,7 +18,8 @@ from kombu.exceptions import OperationalError
 
 from apps.catalog.models import ModelVersion
 from apps.core.errors import ConflictError
-from apps.fleet.models import Pool
+from apps.fleet.models import Pool, Router
+from apps.fleet.worker_args import InvalidWorkerArgs, parse_worker_args
 from apps.rollouts import bluegreen, transitions
 from apps.rollouts.canary import NEW_TRACK, canary_converge
 from apps.rollouts.controller import revert
@@ -68,6 +69,25 @@ def rollout_plan_validate_pools(*, pools: list[Pool], target: ModelVersion, plan
             raise ConflictError(f"Pool {pool} is already in rollout {other.name!r} ({other.state}).")
 
 
+def _validate_worker_args(worker_args: str, pools: list[Pool]) -> None:
+    """Fault-injection worker options only when every pool's cluster is marked non-production."""
+    production = sorted({pool.cluster.name for pool in pools if pool.cluster.production})
+    if not worker_args or not production:
+        return
+    try:
+        parse_worker_args(worker_args, faults_allowed=False)
+    except InvalidWorkerArgs as exc:
+        raise ValidationError({"worker_args": [f"{exc} (production clusters: {', '.join(production)})"]}) from exc
+
+
+def _validate_router(router: Router | None, pools: list[Pool]) -> None:
+    """A plan's router is a registered one in the cluster of one of its pools (or none)."""
+    clusters = {pool.cluster_id for pool in pools}
+    if router is not None and router.cluster_id not in clusters:
+        raise ValidationError({"router": [f"Router {router.name!r} runs in cluster {router.cluster.name!r}, which "
+                                          "holds none of these pools; pick a router of their clusters."]})
+
+
 def rollout_plan_create(
     *, pools: Iterable[Pool], target_model_version: ModelVersion, created_by: AbstractBaseUser | None = None,
     **fields: Any,
@@ -82,6 +102,8 @@ def rollout_plan_create(
     pools = list(pools)
     plan = RolloutPlan(target_model_version=target_model_version, created_by=created_by, **fields)
     plan.full_clean()
+    _validate_router(plan.router, pools)
+    _validate_worker_args(plan.worker_args, pools)
     with transaction.atomic():
         rollout_plan_validate_pools(pools=pools, target=target_model_version, plan_id=None)
         plan.save()
@@ -97,6 +119,8 @@ def rollout_plan_update(*, plan: RolloutPlan, pools: Iterable[Pool] | None = Non
         setattr(plan, field, value)
     plan.full_clean()
     new_pools = list(pools) if pools is not None else list(plan.pools.all())
+    _validate_router(plan.router, new_pools)
+    _validate_worker_args(plan.worker_args, new_pools)
     with transaction.atomic():
         rollout_plan_validate_pools(pools=new_pools, target=plan.target_model_version, plan_id=plan.pk)
         plan.save()
@@ -307,7 +331,7 @@ def rollout_rollback(*, plan: RolloutPlan, requested_by: AbstractBaseUser | None
             steps=[{"set_weight": 100}] if plan.strategy == RolloutPlan.Strategy.CANARY else [],
             gates=[], max_surge=max(plan.max_surge, 1), progress_deadline_s=plan.progress_deadline_s,
             max_weight_skew=plan.max_weight_skew, scale_down_delay_s=plan.scale_down_delay_s,
-            router_url=plan.router_url, worker_args=_previous_worker_args(plan),
+            router=plan.router, worker_args=_previous_worker_args(plan),
         )
         RolloutPlan.objects.filter(pk=back.pk).update(rollback_of=plan)
         record_action(plan, "rollout.rollback", [f"rollout #{back.pk} goes back to {plan.stable_model_version}"],

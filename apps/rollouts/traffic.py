@@ -30,25 +30,25 @@ def router_behind(plan: RolloutPlan) -> str | None:
     the plan carries its weights and is Accepted (:func:`apps.rollouts.gateway.gateway_behind`), else what is
     awaited."""
     awaited = plan.typed_progress.await_version
-    if not plan.router_url or awaited is None:
+    if plan.router_id is None or awaited is None:
         return gateway_behind(plan)
-    seen = router_applied_version(plan.router_url)
+    seen = router_applied_version(plan.router.url)
     if seen is not None and seen >= awaited:
         return gateway_behind(plan)
-    return f"the router at {plan.router_url} to apply routing table v{awaited} (it reports {seen})"
+    return f"the router at {plan.router.url} to apply routing table v{awaited} (it reports {seen})"
 
 
 def scale_down_hold(plan: RolloutPlan, *, weights_changed: bool) -> str | None:
     """Why replicas whose traffic was just moved away must stay for now (None: they may go).
 
-    With a router (``router_url``) a track's replicas are removed only once the router reports the
+    With a registered router (``router``) a track's replicas are removed only once the router reports the
     routing table that no longer sends them traffic: not in the tick that changes the weights, nor while
     the router is behind. Otherwise a request routed by the old table reaches a draining replica, and a
     retry cannot help when no other replica serves that track's version. The hold ends after
     ``progress_deadline_s`` from the start of the step (a router that never answers does not keep the
     replicas forever). Without a router nothing is held.
     """
-    if not plan.router_url:
+    if plan.router_id is None:
         return None
     started = plan.step_started_at
     if started is not None and (timezone.now() - started).total_seconds() > plan.progress_deadline_s:

@@ -27,11 +27,19 @@ from django.db import transaction
 from apps.catalog.models import ModelVersion
 from apps.catalog.services import model_version_register
 from apps.dashboard.services import pool_alert_rules_apply_cpu
-from apps.fleet.models import Cluster, ClusterLink, Pool
-from apps.fleet.services import cluster_create, cluster_link_create, cluster_update, pool_create
+from apps.fleet.models import Cluster, ClusterLink, Pool, Router
+from apps.fleet.services import (
+    cluster_create,
+    cluster_link_create,
+    cluster_update,
+    pool_create,
+    router_create,
+    router_update,
+)
 
 DEMO_MODEL = "gemma-3-270m"
 DEMO_VERSIONS = (("v1", "gemma-3-270m"), ("v2", "gemma-3-270m@bf16"))  # (version, prepared artifact)
+DEMO_ROUTER = "demo-router"
 DEMO_CLUSTERS = (("dc-prefill", "prefill", "prefill"), ("dc-decode", "decode", "decode"))  # (cluster, pool, role)
 DEMO_LINK_BANDWIDTH_GBPS = 10.0
 DEMO_LINK_RTT_MS = 2.0
@@ -74,7 +82,7 @@ def _cluster(name: str, agent_url: str, fleet: DemoFleet) -> Cluster:
     if cluster is None:
         fleet.created.append(f"cluster {name}")
         return cluster_create(name=name, kind=Cluster.Kind.LOCAL, datacenter=name, agent_url=agent_url,
-                              labels={"ferry.io/demo": "true"})
+                              labels={"ferry.io/demo": "true"}, production=False)
     if cluster.kind == Cluster.Kind.LOCAL and cluster.agent_url != agent_url:
         cluster = cluster_update(cluster=cluster, agent_url=agent_url)
     return cluster
@@ -98,11 +106,24 @@ def _pool(cluster: Cluster, name: str, role: str, version: ModelVersion, replica
     return pool
 
 
-def demo_fleet_load(*, agent_url: str, replicas: int = 1) -> DemoFleet:
+def demo_router_register(*, url: str, cluster, fleet: DemoFleet) -> None:  # noqa: ANN001 - a Cluster
+    """Register (or re-point) the router ``make run`` starts as ``demo-router`` in ``cluster``."""
+    existing = Router.objects.filter(name=DEMO_ROUTER).first()
+    if existing is None:
+        router_create(name=DEMO_ROUTER, cluster=cluster, url=url)
+        fleet.created.append(f"router {DEMO_ROUTER} at {url}")
+    elif existing.url != url:
+        router_update(router=existing, url=url)
+        fleet.created.append(f"router {DEMO_ROUTER} now at {url}")
+
+
+def demo_fleet_load(*, agent_url: str, replicas: int = 1, router_url: str | None = None) -> DemoFleet:
     """Create the missing parts of the demo fleet (see the module docstring); returns all of it.
 
     Args:
         agent_url: the local agent both clusters use, e.g. ``http://127.0.0.1:8100``.
+        router_url: the base URL of the router in front of the demo pools, registered as ``demo-router``
+            (rollouts wait for it, telemetry scrapes it); None registers none.
         replicas: desired replicas of each new pool (0 = fleet without model workers).
 
     Raises:
@@ -119,6 +140,8 @@ def demo_fleet_load(*, agent_url: str, replicas: int = 1) -> DemoFleet:
         prefill, decode = (fleet.clusters[name] for name, _, _ in DEMO_CLUSTERS)
         _link(prefill, decode, fleet)
         _link(decode, prefill, fleet)
+        if router_url:
+            demo_router_register(url=router_url.rstrip("/"), cluster=decode, fleet=fleet)
         for cluster_name, pool_name, role in DEMO_CLUSTERS:
             pool = _pool(fleet.clusters[cluster_name], pool_name, role, fleet.model_versions["v1"], replicas, fleet)
             if pool.gpu_count == 0:

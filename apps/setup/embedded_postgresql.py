@@ -38,6 +38,7 @@ from pathlib import Path
 import psycopg
 from psycopg import sql
 
+from apps.core.private_files import open_private
 from apps.setup.embedded_redis import free_tcp_port, parent_death_signal
 
 SUPERUSER = "postgres"
@@ -157,6 +158,19 @@ def _closed_parent(path: Path, user: pwd.struct_passwd) -> Path | None:
     return None
 
 
+def _open_private_parent_to(parent: Path, user: pwd.struct_passwd) -> None:
+    """Let ``user`` (the server's) search a private parent we own (``var/``, 0700): group ``user``, mode 0710.
+
+    Search without read: the server user can reach its data directory by name but cannot list ``var/`` or
+    open the launcher's files (all 0600). A parent we do not own, or one already open to ``user``, is left.
+    """
+    st = parent.stat()
+    if st.st_uid != os.geteuid() or _closed_parent(parent / "data", user) != parent:
+        return
+    os.chown(parent, -1, user.pw_gid)
+    parent.chmod(0o710)
+
+
 def _check_traversable(path: Path, user: pwd.struct_passwd) -> None:
     """Raise if ``user`` cannot reach ``path`` (search permission on every parent directory).
 
@@ -244,6 +258,7 @@ def start_embedded_postgres(data_dir: Path, *, database: str = "ferry", port: in
     user = _server_user()
     data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     if user is not None:
+        _open_private_parent_to(data_dir.parent, user)
         _check_traversable(data_dir, user)
     bin_dir = server_binaries(postgres_bin_dir(), user, data_dir.parent)
     if not (data_dir / "PG_VERSION").exists():
@@ -262,7 +277,7 @@ def start_embedded_postgres(data_dir: Path, *, database: str = "ferry", port: in
     for name, value in options.items():
         command += ["-c", f"{name}={value}"]
     log_path = data_dir.with_name(data_dir.name + ".log")
-    with log_path.open("ab") as log:
+    with os.fdopen(open_private(log_path), "ab") as log:
         process = subprocess.Popen(
             command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=data_dir,
             start_new_session=True, preexec_fn=lambda: parent_death_signal(signal.SIGQUIT),

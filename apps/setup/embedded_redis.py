@@ -22,6 +22,8 @@ from pathlib import Path
 
 import redis
 
+from apps.core.private_files import private_dir
+
 
 def redis_reachable(url: str, *, timeout_s: float = 1.0) -> bool:
     """True when the Redis at ``url`` answers ``PING`` within ``timeout_s`` seconds (connect + reply)."""
@@ -113,7 +115,7 @@ def start_embedded_redis(var_dir: Path, *, port: int | None = None, ready_timeou
     """
     binary = redis_server_binary()
     directory = Path(var_dir) / "redis"
-    directory.mkdir(parents=True, exist_ok=True)
+    private_dir(directory)
     port = port or free_tcp_port()
     log_path = directory / "redis.log"
     command = [str(binary), "--port", str(port), "--bind", "127.0.0.1", "--dir", str(directory),

@@ -19,6 +19,7 @@ Pure functions (no processes started here), so the process list and the environm
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import secrets
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 BASE_DIR = Path(__file__).resolve().parents[2]
-TOKEN_NAMES = ("FERRY_AGENT_TOKEN", "FERRY_SERVICE_TOKEN", "FERRY_KV_LINK_SECRET")
+TOKEN_NAMES = ("FERRY_AGENT_TOKEN", "FERRY_SERVICE_TOKEN", "FERRY_KV_LINK_SECRET", "FERRY_CLIENT_API_KEY")
 DEMO_REMOTE_PREFILL_THRESHOLD_TOKENS = 256
 DEMO_LINK_BANDWIDTH_GBPS = 10  # the demo's emulated WAN between dc-prefill and dc-decode (apps.setup.demo)
 DEMO_WORKER_EXTRA_ARGS = f"--max-num-seqs 8 --kv-cache-memory 256MiB --kv-bandwidth-gbps {DEMO_LINK_BANDWIDTH_GBPS}"
@@ -117,7 +118,6 @@ def child_env(config: LaunchConfig, environ: dict[str, str], *, redis_url: str, 
         "FERRY_REMOTE_PREFILL_THRESHOLD_TOKENS": str(DEMO_REMOTE_PREFILL_THRESHOLD_TOKENS),
         "FERRY_WORKER_ENV": json.dumps({"TORCH_NUM_THREADS": threads, "OMP_NUM_THREADS": threads}),
         "FERRY_WORKER_EXTRA_ARGS": DEMO_WORKER_EXTRA_ARGS,
-        "FERRY_ROUTER_METRICS_URLS": f"{config.router_url}/metrics",
     }
     env = {**defaults, **environ, **tokens}
     # prefill and decode workers share the per-link KV secret (inference_worker serve: FERRY_KV_LINK_SECRET)
@@ -150,7 +150,8 @@ def procfile(config: LaunchConfig, *, python: str, tokenizer_dir: Path | None = 
         "agent": f"exec {py} -m inference_worker agent --port {config.agent_port} "
                  f"--state-dir {shlex.quote(str(var / 'agent'))} --log-level warning",
         "router": f"exec {py} -m inference_worker router --host {shlex.quote(config.host)} --port {config.router_port} "
-                  f"--routing-table {routing_table} --log-level warning"
+                  f"--routing-table {routing_table} --log-level warning "
+                  f"--api-keys {shlex.quote(str(var / 'router_api_keys.json'))}"
                   + (f" --tokenizer {shlex.quote(str(tokenizer_dir))}" if tokenizer_dir else ""),
     }
     if config.load:
@@ -163,3 +164,14 @@ def procfile(config: LaunchConfig, *, python: str, tokenizer_dir: Path | None = 
             f"--timeout-s 120 --out {out}; sleep 3; done"
         )
     return "".join(f"{name}: {command}\n" for name, command in lines.items())
+
+
+def router_api_keys_write(var_dir: Path, client_api_key: str) -> Path:
+    """``<var>/router_api_keys.json`` (0600) for ``make run``'s router: the launcher's client API key, stored as
+    its SHA-256 (the router's keys-file format, :mod:`inference_worker.router.auth`). Returns the path."""
+    path = Path(var_dir) / "router_api_keys.json"
+    body = {"keys": [{"name": "make-run", "key_sha256": hashlib.sha256(client_api_key.encode()).hexdigest()}]}
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        json.dump(body, fh)
+    return path

@@ -36,9 +36,17 @@ from honcho import manager as honcho_manager
 from honcho.environ import parse_procfile
 from honcho.printer import Message, Printer
 
+from apps.core.private_files import PRIVATE_UMASK, private_dir, tighten_tree
 from apps.setup.embedded_postgresql import start_embedded_postgres
 from apps.setup.embedded_redis import redis_reachable, start_embedded_redis
-from apps.setup.procfile import BASE_DIR, LaunchConfig, child_env, launcher_tokens, procfile
+from apps.setup.procfile import (
+    BASE_DIR,
+    LaunchConfig,
+    child_env,
+    launcher_tokens,
+    procfile,
+    router_api_keys_write,
+)
 from apps.setup.readiness import ReadinessTarget, wait_until_ready
 
 STOP_TIMEOUT_S = 45  # SIGTERM -> SIGKILL; the agent drains workers (demo drain timeout 10 s) within it
@@ -86,6 +94,7 @@ def run_setup(config: LaunchConfig, env: dict[str, str]) -> dict:
         RuntimeError: the command failed (its output was printed).
     """
     command = [sys.executable, "manage.py", "ferry_setup", "--json", "--agent-url", config.agent_url,
+               "--router-url", config.router_url,
                "--replicas", "1" if config.workers else "0"]
     summary: dict = {}
     with subprocess.Popen(command, cwd=BASE_DIR, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -104,15 +113,19 @@ def ready_banner(config: LaunchConfig, summary: dict, elapsed_s: float) -> list[
     """The lines printed once everything is ready: URLs, credentials, a curl to try."""
     users = {u["username"]: u for u in summary.get("users", [])}
     operator = users.get("operator", {})
+    client_api_key = summary.get("client_api_key", "<key>")
     password = operator.get("password") or "(printed on the first run; reset: manage.py changepassword operator)"
+    token = operator.get("token") or "<printed on the first run; new one: manage.py ferry_user --rotate-token operator>"
     body = '{"model": "gemma-3-270m", "prompt": "The ferry crossed the river and", "max_tokens": 24}'
     lines = [
         f"Ferry is ready ({elapsed_s:.0f} s)",
         f"  dashboard  {config.web_url}/   login: operator / {password}",
-        f"  API        {config.web_url}/api/v1/   header: Authorization: Token {operator.get('token', '?')}",
+        f"  API        {config.web_url}/api/v1/   header: Authorization: Token {token}",
         f"  admin      {config.web_url}/admin/   (user admin)",
-        f"  router     {config.router_url}/v1/completions   metrics: {config.router_url}/metrics",
-        f"  try        curl -s {config.router_url}/v1/completions -H 'Content-Type: application/json' -d '{body}'",
+        f"  router     {config.router_url}/v1/completions   header: Authorization: Bearer {client_api_key}   "
+        f"metrics: {config.router_url}/metrics",
+        f"  try        curl -s {config.router_url}/v1/completions -H 'Authorization: Bearer {client_api_key}' "
+        f"-H 'Content-Type: application/json' -d '{body}'",
         "  Ctrl-C stops everything.",
     ]
     return lines
@@ -235,6 +248,18 @@ def run_processes(config: LaunchConfig, env: dict[str, str], summary: dict, *, r
     return manager.returncode or 1
 
 
+def var_dir_make_private(var_dir: Path) -> int:
+    """Set the umask to 0077 (every process the launcher starts inherits it) and make ``var_dir`` private.
+
+    ``var_dir`` and ``var_dir/log`` become 0700 and what an earlier run left readable to group or others is
+    closed (:mod:`apps.core.private_files`). Returns the number of entries changed.
+    """
+    os.umask(PRIVATE_UMASK)
+    private_dir(var_dir)
+    private_dir(var_dir / "log")
+    return len(tighten_tree(var_dir))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     var_dir = Path(os.environ.get("FERRY_VAR_DIR") or BASE_DIR / "var").resolve()
@@ -246,8 +271,11 @@ def main(argv: list[str] | None = None) -> int:
         if port_in_use(host, port):
             say(f"error: the {what} port {host}:{port} is in use; stop what listens there or set {variable}=")
             return 2
-    (var_dir / "log").mkdir(parents=True, exist_ok=True)
+    tightened = var_dir_make_private(var_dir)
+    if tightened:
+        say(f"{var_dir}: closed {tightened} files and directories a previous run left readable to others")
     tokens = launcher_tokens(var_dir, dict(os.environ))
+    router_api_keys_write(var_dir, tokens["FERRY_CLIENT_API_KEY"])
     redis_url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
     embedded = None
     if redis_reachable(redis_url):
@@ -269,6 +297,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"(embedded-postgres, data in {postgres.data_dir})")
         env = child_env(config, dict(os.environ), redis_url=redis_url, database_url=database_url, tokens=tokens)
         summary = run_setup(config, env)
+        summary["client_api_key"] = tokens["FERRY_CLIENT_API_KEY"]  # the router's client key (var/router_api_keys.json)
         return run_processes(config, env, summary, ready_timeout_s=args.ready_timeout)
     except (RuntimeError, FileNotFoundError) as exc:
         say(f"error: {exc}")

@@ -11,9 +11,9 @@ Direct scraping needs one URL per replica. :func:`replica_endpoints` lists
 unless a test installed its own callable with ``set_endpoint_provider``.
 
 Routers (``python -m inference_worker router``) belong to no pool: their series name the pool
-in a label (``ferry_router_decisions_total{pool, decision}``). Direct scraping reads them from
-``settings.FERRY_ROUTER_METRICS_URLS`` (env ``FERRY_ROUTER_METRICS_URLS``, comma separated);
-Prometheus users add the job ``prometheus_router_scrape_config`` builds.
+in a label (``ferry_router_decisions_total{pool, decision}``). Direct scraping reads them from the
+router registry (:class:`apps.fleet.models.Router`, admin-only, validated base URLs: the poller
+fetches no URL an operator typed); Prometheus users add the job ``prometheus_router_scrape_config`` builds.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 
 from django.conf import settings
 
-from apps.fleet.selectors import replica_endpoint_rows
+from apps.fleet.selectors import replica_endpoint_rows, router_list
 
 
 @dataclass(frozen=True)
@@ -81,17 +81,8 @@ class RouterEndpoint:
 
 
 def router_endpoints() -> list[RouterEndpoint]:
-    """The routers from ``settings.FERRY_ROUTER_METRICS_URLS`` (a list, or a comma-separated string).
-
-    Raises ``ValueError`` naming the setting for a malformed URL.
-    """
-    urls = getattr(settings, "FERRY_ROUTER_METRICS_URLS", []) or []
-    if isinstance(urls, str):
-        urls = [u.strip() for u in urls.split(",") if u.strip()]
-    try:
-        return [RouterEndpoint(str(url)) for url in urls]
-    except ValueError as exc:
-        raise ValueError(f"FERRY_ROUTER_METRICS_URLS: {exc}") from exc
+    """The registered routers' metrics endpoints (``<url>/metrics``), read at every poll."""
+    return [RouterEndpoint(router.metrics_url) for router in router_list()]
 
 
 EndpointProvider = Callable[[], Iterable[ReplicaEndpoint]]

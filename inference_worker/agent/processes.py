@@ -4,6 +4,9 @@
   ``--host 127.0.0.1 --port <free port>`` (and ``--replica <name>`` for serve); requests may not set those, and the
   environment may only carry allow-listed variables (``FERRY_*``, thread counts, device masks), so
   no request can run an arbitrary command or inject code through ``PYTHONPATH``/``LD_PRELOAD``.
+* Workers get only the secrets they need: the agent's own environment is inherited without the
+  control plane's credentials (:data:`NOT_INHERITED`: the agent and service tokens, Django's secret key, the
+  database and Redis URLs); what a worker needs (the KV link secret) comes in the request's ``env``.
 * Each worker runs in its own session (so its own process group): a Ctrl-C aimed at the agent's
   terminal does not reach the workers and skip their drain; stop sends SIGTERM to the group,
   waits up to the drain timeout and then SIGKILLs the group.
@@ -82,6 +85,16 @@ def validate_args(args: list[str]) -> list[str]:
         if arg.split("=", 1)[0] in RESERVED_FLAGS:
             raise InvalidRequest(f"{arg.split('=', 1)[0]} is set by the agent; remove it from args")
     return list(args)
+
+
+NOT_INHERITED = frozenset({"FERRY_AGENT_TOKEN", "FERRY_SERVICE_TOKEN", "FERRY_CLIENT_API_KEY", "SECRET_KEY", "FERRY_SECRET_KEY",
+                           "DATABASE_URL", "REDIS_URL", "FERRY_POSTGRES_PASSWORD"})
+"""Variables of the agent's environment its children never inherit (a request's ``env`` may still set them)."""
+
+
+def inherited_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """``environ`` without :data:`NOT_INHERITED`: the base environment of every process the agent starts."""
+    return {key: value for key, value in environ.items() if key not in NOT_INHERITED}
 
 
 def validate_env(env: Mapping[str, str]) -> dict[str, str]:
@@ -251,7 +264,7 @@ class ProcessManager:
             log.flush()
             child = subprocess.Popen(  # noqa: S603 (argv validated above, no shell)
                 cmdline, cwd=self.cwd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                env={**os.environ, "PYTHONUNBUFFERED": "1", **env,
+                env={**inherited_env(os.environ), "PYTHONUNBUFFERED": "1", **env,
                      "FERRY_TERMINATION_MESSAGE_PATH": str(termination)},
                 start_new_session=True,
             )

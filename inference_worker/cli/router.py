@@ -8,7 +8,9 @@ Example::
 
 ``--routing-table`` is a JSON file (re-read when it changes) or the control plane's URL (pulled every
 ``--table-interval`` seconds with an ETag; the service token comes from ``--service-token`` or
-``$FERRY_SERVICE_TOKEN``). Without ``--api-keys`` the router accepts every client (development only).
+``$FERRY_SERVICE_TOKEN``). Clients need a key: ``--api-keys FILE`` (keys and rate limits) or one key in
+``$FERRY_ROUTER_API_KEY``; a router open to every client takes an explicit ``--no-auth`` (local tests only),
+and without any of the three it refuses to start.
 See :mod:`inference_worker.router` for the decisions. The ``--breaker-*`` options set the circuit breaker
 (:mod:`inference_worker.router.breaker`; defaults: eject above 5% errors over 30 s with at least 20
 requests, or after 5 failures in a row, for 30 s, then probe).
@@ -17,10 +19,13 @@ requests, or after 5 failures in a row, for 30 s, then probe).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import logging
 import os
 
 import uvicorn
+
+from inference_worker.router.auth import ApiKeys
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +37,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--routing-table", required=True, metavar="FILE|URL",
                         help="routing table JSON file, or the control plane's /api/v1/routing-table/ URL")
     parser.add_argument("--api-keys", default=None, metavar="FILE", help="client API keys and rate limits (JSON)")
+    parser.add_argument("--no-auth", action="store_true",
+                        help="accept every client without a key (local tests only; otherwise --api-keys or "
+                             "$FERRY_ROUTER_API_KEY is required)")
     parser.add_argument("--service-token", default=None,
                         help="bearer token for the control plane (default: $FERRY_SERVICE_TOKEN)")
     parser.add_argument("--tokenizer", default=None, metavar="DIR",
@@ -64,6 +72,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
 
 
+def client_keys(args: argparse.Namespace, environ) -> ApiKeys | None:  # noqa: ANN001 - a mapping
+    """The client keys: ``--api-keys`` FILE, else ``FERRY_ROUTER_API_KEY`` (one key, no rate limit), else None
+    with ``--no-auth``.
+
+    Raises:
+        ValueError: none of the three (a router never runs open by accident), or a bad keys file.
+    """
+    from inference_worker.router.auth import ApiKey, ApiKeys
+
+    if args.api_keys:
+        return ApiKeys.from_file(args.api_keys)
+    key = environ.get("FERRY_ROUTER_API_KEY", "")
+    if key:
+        return ApiKeys([ApiKey("FERRY_ROUTER_API_KEY", hashlib.sha256(key.encode()).digest(), None)])
+    if args.no_auth:
+        return None
+    raise ValueError("the router needs client keys: --api-keys FILE or FERRY_ROUTER_API_KEY; "
+                     "--no-auth accepts every client (local tests only)")
+
+
 def run(args: argparse.Namespace) -> int:
     """Serve until SIGTERM/SIGINT; returns the exit status.
 
@@ -72,7 +100,6 @@ def run(args: argparse.Namespace) -> int:
             ``--breaker-*`` value out of range.
     """
     from inference_worker.router.app import Router, RouterConfig
-    from inference_worker.router.auth import ApiKeys
     from inference_worker.router.breaker import BreakerConfig
 
     if not 0 < args.port < 65536:
@@ -80,9 +107,9 @@ def run(args: argparse.Namespace) -> int:
     if args.max_attempts < 1 or args.request_timeout <= 0 or args.connect_timeout <= 0 or args.table_interval <= 0:
         raise ValueError("--max-attempts, --request-timeout, --connect-timeout and --table-interval must be positive")
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    keys = ApiKeys.from_file(args.api_keys) if args.api_keys else None
+    keys = client_keys(args, os.environ)
     if keys is None:
-        log.warning("no --api-keys: the router accepts every client (development only)")
+        log.warning("--no-auth: the router accepts every client (local tests only)")
     config = RouterConfig(
         routing_table=args.routing_table, api_keys=keys,
         service_token=args.service_token or os.environ.get("FERRY_SERVICE_TOKEN"),

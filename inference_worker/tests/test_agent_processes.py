@@ -33,7 +33,7 @@ def agent(tmp_path_factory):
 
 
 def router_body(name, table_file, **labels):
-    return {"name": name, "args": ["router", "--routing-table", table_file, "--scrape-interval", "0"],
+    return {"name": name, "args": ["router", "--routing-table", table_file, "--scrape-interval", "0", "--no-auth"],
             "env": {"OMP_NUM_THREADS": "1"}, "labels": {"role": "router", **labels}, "drain_timeout_s": 10}
 
 
@@ -54,6 +54,15 @@ def test_start_two_and_both_become_ready_on_distinct_ports(agent, table_file):
         assert wait_for(lambda: all(p["ready"] for p in client.get("/v1/processes").json()), 60)
         listed = client.get("/v1/processes", params={"selector": "pool=q"}).json()
         assert [(p["name"], p["alive"], p["ready"], p["exit_code"]) for p in listed] == [("r-1", True, True, None)]
+
+
+def test_workers_do_not_inherit_the_agents_control_plane_secrets(agent):
+    """Issue 19: a worker's environment has what its request gave it, not the agent or service token."""
+    pid = get(agent, "r-0")["pid"]
+    with open(f"/proc/{pid}/environ", "rb") as fh:
+        environ = dict(item.split(b"=", 1) for item in fh.read().split(b"\0") if b"=" in item)
+    assert environ[b"OMP_NUM_THREADS"] == b"1"
+    assert not {b"FERRY_AGENT_TOKEN", b"FERRY_SERVICE_TOKEN", b"DATABASE_URL", b"SECRET_KEY"} & set(environ)
 
 
 def test_logs_tail_returns_the_last_lines(agent):

@@ -349,7 +349,7 @@ def test_router_sends_a_long_prompt_prefill_to_decode(prefill, decode, tokens, t
     port = free_port()
     router = subprocess.Popen([sys.executable, "-m", "inference_worker", "router", "--port", str(port),
                                "--routing-table", str(tmp_path / "table.json"), "--tokenizer",
-                               str(gemma_tokenizer_dir()), "--scrape-interval", "0", "--log-level", "warning"],
+                               str(gemma_tokenizer_dir()), "--scrape-interval", "0", "--log-level", "warning", "--no-auth"],
                               cwd=REPO_ROOT)
     url = f"http://127.0.0.1:{port}"
     try:

@@ -42,7 +42,7 @@ def test_ferry_user_existing_user_fails_unless_if_missing():
         call_command("ferry_user", "--role", "admin", "root2", stdout=StringIO())
     out = StringIO()
     call_command("ferry_user", "--role", "admin", "--if-missing", "root2", stdout=out)
-    assert out.getvalue().startswith("user root2 exists (password unchanged)\ntoken: ")
+    assert out.getvalue().startswith("user root2 exists (password and token unchanged;")
     assert User.objects.get(username="root2").is_staff
 
 

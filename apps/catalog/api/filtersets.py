@@ -3,9 +3,10 @@
 import django_filters
 
 from apps.catalog.models import ModelVersion
+from apps.core.filters import FilterSet
 
 
-class ModelVersionFilterSet(django_filters.FilterSet):
+class ModelVersionFilterSet(FilterSet):
     name = django_filters.CharFilter()
     name_contains = django_filters.CharFilter(field_name="name", lookup_expr="icontains")
 

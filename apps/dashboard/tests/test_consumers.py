@@ -62,6 +62,22 @@ async def test_anonymous_client_is_refused(pool, telemetry_keys):
         assert connected is False
 
 
+async def test_user_without_a_role_is_refused(pool, telemetry_keys):
+    def role_less_session():
+        from django.contrib.auth.models import User
+        from django.test import Client
+
+        client = Client()
+        client.force_login(User.objects.create_user("newcomer"))
+        client.session_key = client.cookies["sessionid"].value
+        return client
+
+    session = await closing_db(role_less_session)
+    for path in ("/ws/fleet/", f"/ws/pools/{pool.pk}/"):
+        connected, _ = await communicator(path, session).connect()
+        assert connected is False
+
+
 async def test_foreign_origin_is_refused(pool, operator_session, telemetry_keys):
     ws = communicator(f"/ws/pools/{pool.pk}/", operator_session, origin=(b"origin", b"http://evil.example"))
     connected, _ = await ws.connect()

@@ -166,3 +166,31 @@ def test_rollout_form_preselects_the_default_target_and_steps_that_end_by_themse
     plan = rollout_plan_create(name="from-the-form", pools=pools, target_model_version=v2, strategy="canary",
                                steps=DEFAULT_ROLLOUT_STEPS)
     assert [s["pause"]["seconds"] for s in plan.steps if "pause" in s] == [20, 20]
+
+
+def test_role_less_user_sees_only_the_no_role_page(pool, make_pool, make_model_version):
+    """A signed-in user with no role (an account an admin has not given one yet) reads no page."""
+    from django.contrib.auth.models import User
+
+    client = Client()
+    client.force_login(User.objects.create_user("newcomer", password="correct-horse-battery-9"))
+    plan = rollout_plan_create(name="r", pools=[pool, make_pool("prefill", role="prefill")],
+                               target_model_version=make_model_version("v2"),
+                               strategy="canary", steps=[{"set_weight": 10}])
+    for path in ("/", f"/pools/{pool.pk}/", "/rollouts/", f"/rollouts/{plan.pk}/", "/model-versions/"):
+        response = client.get(path)
+        assert (path, response.status_code) == (path, 403)
+        assert b'id="no-role"' in response.content and pool.name.encode() not in response.content
+
+
+def test_sign_in_is_locked_for_the_user_and_address_after_five_failures(operator_session):
+    """django-axes: the 5th failure for olga from one address locks that pair out (429), and then even the right
+    password is refused; the same user from another address still signs in."""
+    attacker = Client(REMOTE_ADDR="203.0.113.9")
+    for _ in range(4):
+        assert attacker.post("/login/", {"username": "olga", "password": "guess"}).status_code == 200
+    assert attacker.post("/login/", {"username": "olga", "password": "guess"}).status_code == 429
+    locked = attacker.post("/login/", {"username": "olga", "password": "correct-horse-battery-9"})
+    assert locked.status_code == 429 and b'id="locked-out"' in locked.content
+    elsewhere = Client(REMOTE_ADDR="198.51.100.7")
+    assert elsewhere.post("/login/", {"username": "olga", "password": "correct-horse-battery-9"}).status_code == 302

@@ -12,8 +12,8 @@ import hmac
 
 from django.conf import settings
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
+from knox.auth import TokenAuthentication
 from rest_framework.authentication import BaseAuthentication, get_authorization_header
-from rest_framework.authtoken.models import Token
 from rest_framework.exceptions import AuthenticationFailed
 from rest_framework.permissions import BasePermission
 
@@ -55,10 +55,10 @@ class ServiceTokenAuthentication(BaseAuthentication):
         expected = getattr(settings, "FERRY_SERVICE_TOKEN", "")
         if expected and hmac.compare_digest(token.encode(), expected.encode()):
             return ServicePrincipal(), token
-        found = Token.objects.select_related("user").filter(key=token).first()
-        if found is None or not found.user.is_active:
-            raise AuthenticationFailed("Invalid service token.")
-        return found.user, found
+        try:
+            return TokenAuthentication().authenticate_credentials(parts[1])  # a service user's (hashed) API token
+        except AuthenticationFailed as exc:
+            raise AuthenticationFailed("Invalid service token.") from exc
 
     def authenticate_header(self, request) -> str:  # noqa: ANN001 - DRF signature
         return self.keyword

@@ -2,10 +2,11 @@
 
 import django_filters
 
-from apps.fleet.models import Cluster, ClusterLink, Pool, Replica
+from apps.core.filters import FilterSet
+from apps.fleet.models import Cluster, ClusterLink, Pool, Replica, Router
 
 
-class ClusterFilterSet(django_filters.FilterSet):
+class ClusterFilterSet(FilterSet):
     name_contains = django_filters.CharFilter(field_name="name", lookup_expr="icontains")
 
     class Meta:
@@ -13,13 +14,19 @@ class ClusterFilterSet(django_filters.FilterSet):
         fields = ["name", "kind", "datacenter", "status"]
 
 
-class ClusterLinkFilterSet(django_filters.FilterSet):
+class RouterFilterSet(FilterSet):
+    class Meta:
+        model = Router
+        fields = ["name", "cluster"]
+
+
+class ClusterLinkFilterSet(FilterSet):
     class Meta:
         model = ClusterLink
         fields = ["source", "destination"]
 
 
-class PoolFilterSet(django_filters.FilterSet):
+class PoolFilterSet(FilterSet):
     cluster_name = django_filters.CharFilter(field_name="cluster__name")
 
     class Meta:
@@ -27,7 +34,7 @@ class PoolFilterSet(django_filters.FilterSet):
         fields = ["name", "cluster", "role", "model_version", "autoscaling_enabled"]
 
 
-class ReplicaFilterSet(django_filters.FilterSet):
+class ReplicaFilterSet(FilterSet):
     cluster = django_filters.NumberFilter(field_name="pool__cluster")
     pool_name = django_filters.CharFilter(field_name="pool__name")
 

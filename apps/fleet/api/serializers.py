@@ -6,15 +6,25 @@ from typing import Any
 
 from rest_framework import serializers
 
-from apps.fleet.models import MAX_REPLICAS, Cluster, ClusterLink, Pool, PoolTrack, Replica
+from apps.fleet.models import MAX_REPLICAS, Cluster, ClusterLink, Pool, PoolTrack, Replica, Router
 
 
 class ClusterSerializer(serializers.ModelSerializer):
     class Meta:
         model = Cluster
         fields = ["id", "name", "kind", "datacenter", "labels", "status", "kubeconfig_path", "kubeconfig_secret",
-                  "context", "namespace", "in_cluster", "agent_url", "gateway_httproute", "created_at", "updated_at"]
+                  "context", "namespace", "in_cluster", "agent_url", "gateway_httproute", "production", "created_at",
+                  "updated_at"]
         read_only_fields = ["status", "created_at", "updated_at"]
+
+
+class RouterSerializer(serializers.ModelSerializer):
+    cluster_name = serializers.CharField(source="cluster.name", read_only=True)
+
+    class Meta:
+        model = Router
+        fields = ["id", "name", "cluster", "cluster_name", "url", "created_at", "updated_at"]
+        read_only_fields = ["created_at", "updated_at"]
 
 
 class ClusterLinkSerializer(serializers.ModelSerializer):

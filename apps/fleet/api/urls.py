@@ -3,9 +3,10 @@
 from django.urls import path
 from rest_framework.routers import SimpleRouter
 
-from apps.fleet.api.views import ClusterLinkViewSet, ClusterViewSet, RoutingTableView
+from apps.fleet.api.views import ClusterLinkViewSet, ClusterViewSet, RouterViewSet, RoutingTableView
 
 router = SimpleRouter()
 router.register("clusters", ClusterViewSet, basename="cluster")
 router.register("cluster-links", ClusterLinkViewSet, basename="cluster-link")
+router.register("routers", RouterViewSet, basename="router")
 urlpatterns = [path("routing-table/", RoutingTableView.as_view(), name="routing-table"), *router.urls]

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from knox.auth import TokenAuthentication
 from rest_framework import status, viewsets
-from rest_framework.authentication import SessionAuthentication, TokenAuthentication
+from rest_framework.authentication import SessionAuthentication
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -18,8 +19,8 @@ from rest_framework.views import APIView
 from apps.accounts.roles import ADMIN
 from apps.fleet import selectors, services
 from apps.fleet.api.auth import IsServiceOrViewer, ServiceTokenAuthentication
-from apps.fleet.api.filtersets import ClusterFilterSet, ClusterLinkFilterSet
-from apps.fleet.api.serializers import ClusterLinkSerializer, ClusterSerializer
+from apps.fleet.api.filtersets import ClusterFilterSet, ClusterLinkFilterSet, RouterFilterSet
+from apps.fleet.api.serializers import ClusterLinkSerializer, ClusterSerializer, RouterSerializer
 
 
 class ClusterViewSet(viewsets.ModelViewSet):
@@ -40,6 +41,28 @@ class ClusterViewSet(viewsets.ModelViewSet):
 
     def perform_destroy(self, instance) -> None:  # noqa: ANN001 - DRF signature
         services.cluster_delete(cluster=instance)
+
+
+class RouterViewSet(viewsets.ModelViewSet):
+    """The router registry: the only router URLs the control plane fetches (admin writes, viewers read)."""
+
+    serializer_class = RouterSerializer
+    filterset_class = RouterFilterSet
+    ordering_fields = ["name", "created_at"]
+    ordering = ["name"]
+    write_role = ADMIN
+
+    def get_queryset(self):
+        return selectors.router_list()
+
+    def perform_create(self, serializer) -> None:  # noqa: ANN001 - DRF signature
+        serializer.instance = services.router_create(**serializer.validated_data)
+
+    def perform_update(self, serializer) -> None:  # noqa: ANN001 - DRF signature
+        serializer.instance = services.router_update(router=serializer.instance, **serializer.validated_data)
+
+    def perform_destroy(self, instance) -> None:  # noqa: ANN001 - DRF signature
+        services.router_delete(router=instance)
 
 
 class ClusterLinkViewSet(viewsets.ModelViewSet):

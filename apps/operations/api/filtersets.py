@@ -2,10 +2,11 @@
 
 import django_filters
 
+from apps.core.filters import FilterSet
 from apps.operations.models import Action
 
 
-class ActionFilterSet(django_filters.FilterSet):
+class ActionFilterSet(FilterSet):
     requested_by = django_filters.CharFilter(field_name="requested_by__username")
     created_after = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="gte")
     created_before = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="lt")

@@ -156,15 +156,17 @@ def test_routing_table_api_service_token_etag_and_304(client, settings, viewer_a
 
 def test_service_group_user_token_reads_the_routing_table(client, db):
     from django.contrib.auth.models import Group, User
-    from rest_framework.authtoken.models import Token
+
+    from apps.accounts.services import api_token_create
 
     user = User.objects.create_user("router-sa")
     user.groups.add(Group.objects.get_or_create(name="service")[0])
-    token = Token.objects.create(user=user)
-    assert client.get("/api/v1/routing-table/", HTTP_AUTHORIZATION=f"Bearer {token.key}").status_code == 200
+    token = api_token_create(user=user)
+    assert client.get("/api/v1/routing-table/", HTTP_AUTHORIZATION=f"Bearer {token}").status_code == 200
     plain = User.objects.create_user("nobody")
-    other = Token.objects.create(user=plain)
-    assert client.get("/api/v1/routing-table/", HTTP_AUTHORIZATION=f"Bearer {other.key}").status_code == 403
+    other = api_token_create(user=plain)
+    assert client.get("/api/v1/routing-table/", HTTP_AUTHORIZATION=f"Bearer {other}").status_code == 403
+    assert client.get("/api/v1/routing-table/", HTTP_AUTHORIZATION=f"Bearer {other[:-1]}x").status_code == 401
 
 
 def test_replicas_api_is_read_only_filtered_and_feeds_telemetry(viewer_api, admin_api, kube, kube_controller,

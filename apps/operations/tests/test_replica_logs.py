@@ -26,7 +26,7 @@ def logged_replica(agent, make_cluster, make_model_version, tmp_path, settings):
     table.write_text(json.dumps({"version": 1, "tracks": [], "pools": []}))
     with agent.client() as client:
         created = client.post("/v1/processes", json={
-            "name": "decode-stable-0", "args": ["router", "--routing-table", str(table), "--scrape-interval", "0"],
+            "name": "decode-stable-0", "args": ["router", "--routing-table", str(table), "--scrape-interval", "0", "--no-auth"],
             "env": {"OMP_NUM_THREADS": "1"}, "labels": {"pool": "decode"}, "drain_timeout_s": 5})
         assert created.status_code == 201, created.text
         assert wait_for(lambda: len(client.get("/v1/processes/decode-stable-0/logs",
@@ -70,3 +70,63 @@ def test_unreachable_agent_is_a_503_with_the_reason(viewer_api, logged_replica, 
     response = viewer_api.get(f"/api/v1/replicas/{logged_replica.pk}/logs/")
     assert response.status_code == 503
     assert "decode-stable-0" in response.json()["detail"]
+
+
+class _NotAnAgent:
+    """An HTTP server at a cluster's agent_url that is not an agent: answers every GET with ``body``."""
+
+    def __init__(self, body: bytes, content_type: str, status: int = 200):
+        import http.server
+        import threading
+
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 - http.server's name
+                outer.requests.append(self.headers.get("Authorization"))
+                self.send_response(status)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.requests: list[str | None] = []
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+SECRET_PAGE = b'{"detail": "internal-metadata: aws_secret_access_key=AKIA-LEAKED"}'
+
+
+@pytest.mark.parametrize(("body", "content_type", "status", "expected"), [
+    (SECRET_PAGE, "application/json", 200, 503),  # a JSON/HTML page is not a log: refused, not echoed
+    (SECRET_PAGE, "application/json", 500, 503),  # nor is an error body
+    (b"x" * (4 * 2**20 + 10), "text/plain", 200, 503),  # more than 4 MiB
+    (b"line one\x1b[31m red\x00\nline two\xff\n", "text/plain; charset=utf-8", 200, 200),
+])
+def test_logs_are_capped_text_never_a_remote_body_echoed(viewer_api, make_cluster, make_model_version, settings,
+                                                         body, content_type, status, expected):
+    from apps.fleet.services import pool_create
+
+    settings.FERRY_AGENT_TOKEN = "agent-token-not-for-strangers"
+    fake = _NotAnAgent(body, content_type, status)
+    try:
+        cluster = make_cluster("dc-fake", agent_url=fake.url)
+        pool = pool_create(name="decode", role="decode", replicas=1, cluster=cluster,
+                           model_version=make_model_version())
+        replica = Replica.objects.create(pool=pool, track="stable", name="decode-stable-0", last_seen=timezone.now())
+        response = viewer_api.get(f"/api/v1/replicas/{replica.pk}/logs/?tail=10")
+    finally:
+        fake.close()
+    assert response.status_code == expected
+    assert b"AKIA" not in response.content and len(response.content) < 4096
+    if expected == 200:
+        assert response.json()["lines"] == ["line one[31m red", "line two\ufffd"]

@@ -264,11 +264,11 @@ def test_restart_replica_deletes_the_pod_and_the_controller_replaces_it(mock, ba
         backend.restart_replica(POOL, "decode-a-stable-missing")
 
 
-def test_logs_read_the_worker_container_tail(mock, backend):
-    mock.k["get", PODS, kmock.subresource("log")] << b"loaded weights\nready\n"
-    assert backend.logs(POOL, "decode-a-stable-00000", tail=2) == "loaded weights\nready\n"
+def test_logs_read_the_worker_container_tail_capped_as_text(mock, backend):
+    mock.k["get", PODS, kmock.subresource("log")] << b"loaded weights\x1b[0m\nready\n"
+    assert backend.logs(POOL, "decode-a-stable-00000", tail=2) == "loaded weights[0m\nready\n"
     (request,) = mock.requests("GET", "/pods/decode-a-stable-00000/log")
-    assert request.params == {"container": "worker", "tailLines": "2"}
+    assert request.params == {"container": "worker", "tailLines": "2", "limitBytes": str(4 * 2**20)}
 
 
 def test_apply_router_creates_its_deployment_and_service(mock, backend):

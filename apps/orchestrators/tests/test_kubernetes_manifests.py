@@ -157,7 +157,9 @@ def test_router_deployment_and_service():
     assert container["args"] == ["router", "--routing-table", "http://web.ferry.svc:8000/api/v1/routing-table/",
                                  "--host", "0.0.0.0", "--port", "8000"]
     assert container["env"] == [{"name": "FERRY_SERVICE_TOKEN",
-                                 "valueFrom": {"secretKeyRef": {"name": "router-token", "key": "token"}}}]
+                                 "valueFrom": {"secretKeyRef": {"name": "router-token", "key": "token"}}},
+                                {"name": "FERRY_ROUTER_API_KEY",
+                                 "valueFrom": {"secretKeyRef": {"name": "router-token", "key": "client-api-key"}}}]
     svc = m.router_service_manifest(router)
     assert svc["spec"]["selector"] == {"app.kubernetes.io/name": "ferry-router"}
 

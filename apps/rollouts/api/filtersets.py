@@ -2,10 +2,11 @@
 
 import django_filters
 
+from apps.core.filters import FilterSet
 from apps.rollouts.models import GateMeasurement, RolloutPlan
 
 
-class RolloutPlanFilterSet(django_filters.FilterSet):
+class RolloutPlanFilterSet(FilterSet):
     pool = django_filters.NumberFilter(field_name="pools", distinct=True)
 
     class Meta:
@@ -13,7 +14,7 @@ class RolloutPlanFilterSet(django_filters.FilterSet):
         fields = ["name", "state", "strategy", "target_model_version"]
 
 
-class GateMeasurementFilterSet(django_filters.FilterSet):
+class GateMeasurementFilterSet(FilterSet):
     class Meta:
         model = GateMeasurement
         fields = ["rollout", "pool", "passed", "signal", "step_index"]

@@ -12,15 +12,26 @@ class RolloutPlanSerializer(serializers.ModelSerializer):
     pools = serializers.PrimaryKeyRelatedField(many=True, queryset=Pool.objects.all())
     created_by = serializers.CharField(source="created_by.username", read_only=True, default=None)
     allowed_verbs = serializers.SerializerMethodField(help_text="Verbs the current state allows.")
+    router_url = serializers.CharField(
+        source="router.url", read_only=True, default=None,
+        help_text="Read only: the URL of ``router``. Writes are refused: register the router (admin, "
+                  "/api/v1/routers/) and send its id as ``router``.")
 
     class Meta:
         model = RolloutPlan
         fields = ["id", "name", "pools", "target_model_version", "strategy", "steps", "gates", "state", "phase",
                   "current_step_index", "next_step_at", "max_surge", "progress_deadline_s", "max_weight_skew",
-                  "scale_down_delay_s", "router_url", "worker_args", "stable_model_version", "rollback_of", "progress",
+                  "scale_down_delay_s", "router", "router_url", "worker_args", "stable_model_version", "rollback_of", "progress",
                   "allowed_verbs", "message", "created_by", "created_at", "updated_at"]
         read_only_fields = ["state", "phase", "current_step_index", "next_step_at", "stable_model_version",
                             "rollback_of", "progress", "message", "created_by", "created_at", "updated_at"]
+
+    def to_internal_value(self, data):  # noqa: ANN001, ANN201 - DRF signature
+        if hasattr(data, "get") and data.get("router_url") not in (None, ""):
+            raise serializers.ValidationError({"router_url": [
+                "router_url is no longer accepted (the control plane fetches only registered routers): register "
+                "the router in /api/v1/routers/ (admin) and send its id as router."]})
+        return super().to_internal_value(data)
 
     def get_allowed_verbs(self, plan: RolloutPlan) -> list[str]:
         return allowed_verbs(plan.state)

@@ -113,3 +113,27 @@ def test_blue_green_with_pause_and_analysis_is_valid(operator_api, pd_pools, v2)
 
 def test_viewer_cannot_create_rollouts(viewer_api, pd_pools, v2):
     assert viewer_api.post("/api/v1/rollouts/", _body(pd_pools, v2), format="json").status_code == 403
+
+
+def test_rollouts_pick_a_registered_router_and_refuse_a_free_text_router_url(operator_api, admin_api, pd_pools, v2,
+                                                                            make_cluster):
+    """SSRF (issue 19): a rollout names a router of the admin's registry; router_url is refused, not fetched."""
+    for url in ("http://169.254.169.254", "file:///etc/passwd", "gopher://x:70/", "junk"):
+        r = operator_api.post("/api/v1/rollouts/", _body(pd_pools, v2, router_url=url), format="json")
+        assert (r.status_code, list(r.json())) == (400, ["router_url"])
+    # the registry is admin-only and validates URLs
+    cluster = pd_pools[0].cluster
+    assert operator_api.post("/api/v1/routers/", {"name": "r1", "cluster": cluster.pk, "url": "http://r1.example:8080"},
+                             format="json").status_code == 403
+    bad = admin_api.post("/api/v1/routers/", {"name": "r0", "cluster": cluster.pk, "url": "file:///etc/passwd"},
+                         format="json")
+    assert (bad.status_code, list(bad.json())) == (400, ["url"])
+    router = admin_api.post("/api/v1/routers/", {"name": "r1", "cluster": cluster.pk, "url": "http://r1.example:8080"},
+                            format="json").json()
+    elsewhere = admin_api.post("/api/v1/routers/", {"name": "r2", "cluster": make_cluster("dc-z").pk,
+                                                    "url": "http://r2.example:8080"}, format="json").json()
+    r = operator_api.post("/api/v1/rollouts/", _body(pd_pools, v2, router=elsewhere["id"]), format="json")
+    assert (r.status_code, list(r.json())) == (400, ["router"])
+    r = operator_api.post("/api/v1/rollouts/", _body(pd_pools, v2, router=router["id"]), format="json")
+    assert r.status_code == 201, r.json()
+    assert (r.json()["router"], r.json()["router_url"]) == (router["id"], "http://r1.example:8080")

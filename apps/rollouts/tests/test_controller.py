@@ -7,6 +7,7 @@ from django.db import connection
 
 from apps.fleet.models import Replica
 from apps.fleet.selectors import routing_table_current
+from apps.fleet.testing import router_for
 from apps.operations.models import Action
 from apps.rollouts import services
 from apps.rollouts.controller import rollout_tick
@@ -123,7 +124,7 @@ def test_pd_weight_waits_for_the_prefill_canary_within_skew(pd, v2, skew, weight
 
 @pytest.mark.django_db
 def test_step_waits_until_the_router_reports_the_new_table_version(make_pool, v2, fake_http):
-    pool, plan = _colocated_plan(make_pool, v2, [{"set_weight": 33}, {"pause": {}}], router_url=fake_http.url)
+    pool, plan = _colocated_plan(make_pool, v2, [{"set_weight": 33}, {"pause": {}}], router=router_for(fake_http.url))
     fake_http.router_version = table_version()  # the router applied the table of the start
     for _ in range(4):
         observe(pool)

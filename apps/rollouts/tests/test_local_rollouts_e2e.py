@@ -34,6 +34,7 @@ from apps.catalog.services import model_version_register
 from apps.fleet.models import Pool, Replica
 from apps.fleet.selectors import routing_table_current
 from apps.fleet.services import cluster_create, pool_create
+from apps.fleet.testing import router_for
 from apps.operations.models import Action
 from apps.operations.reconcile import reconcile_all
 from apps.operations.tests.celery_worker import CeleryWorker, purge_queues
@@ -161,7 +162,8 @@ def start(operator_api, **body) -> int:  # noqa: ANN001
 def test_canary_under_load_faulty_canary_abort_and_blue_green_switch_back(stack, operator_api):
     agent, router = stack["agent"], stack["router"]
     v1, v2, v3 = register("v1", "gemma-3-270m"), register("v2", "gemma-3-270m@bf16"), register("v3", "gemma-3-270m")
-    cluster = cluster_create(name="here", kind="local", agent_url=agent.base_url, datacenter="dc1")
+    cluster = cluster_create(name="here", kind="local", agent_url=agent.base_url, datacenter="dc1",
+                             production=False)  # the faulty canary is a rehearsal
     pool = pool_create(name="chat", cluster=cluster, role="colocated", model_version=v1, replicas=1,
                        drain_timeout_s=10)
     assert wait_for(lambda: Replica.objects.filter(pool=pool, track="stable", ready=True).exists()
@@ -184,7 +186,7 @@ def _canary_under_load(stack, operator_api, load, pool, v2) -> None:  # noqa: AN
     began = time.monotonic()
     plan_id = start(operator_api, name="v2 canary", pools=[pool.pk], target_model_version=v2.pk, strategy="canary",
                     steps=[{"set_weight": 25}, {"pause": {"seconds": 20}}, {"set_weight": 100}], max_surge=1,
-                    router_url=router.url)
+                    router=router_for(router.url, pool.cluster).pk)
     # step 0 (25%) applied, settled and acknowledged by the router -> the pause step (index 1) was applied
     wait_plan(plan_id, lambda p: p.current_step_index >= 2, READY_TIMEOUT_S, stack)
     at_25, decisions_25 = time.monotonic(), router.decisions()
@@ -224,7 +226,7 @@ def _faulty_canary_aborts(stack, operator_api, load, pool, v3) -> None:  # noqa:
     gate = {"signal": "error_rate", "threshold": 0.2, "comparison": "<", "window_s": 10, "failure_limit": 2}
     began = time.monotonic()
     plan_id = start(operator_api, name="v3 faulty canary", pools=[pool.pk], target_model_version=v3.pk,
-                    strategy="canary", worker_args="--fault-error-rate 0.5 --fault-seed 1", router_url=router.url,
+                    strategy="canary", worker_args="--fault-error-rate 0.5 --fault-seed 1", router=router_for(router.url, pool.cluster).pk,
                     steps=[{"set_weight": 50}, {"pause": {"seconds": 10}}, {"analysis": {"gates": [gate]}}])
     assert wait_for(lambda: processes(stack["agent"], "canary"), 30)
     (canary,) = processes(stack["agent"], "canary")
@@ -260,7 +262,7 @@ def _blue_green_switch_back_then_promote(stack, operator_api, load, pool, v3) ->
     began = time.monotonic()
     (blue,) = processes(agent, "stable")
     plan_id = start(operator_api, name="v3 blue-green", pools=[pool.pk], target_model_version=v3.pk,
-                    strategy="blue_green", steps=[], scale_down_delay_s=120, router_url=router.url)
+                    strategy="blue_green", steps=[], scale_down_delay_s=120, router=router_for(router.url, pool.cluster).pk)
     # until the preview is ready and the smoke test passed, all traffic stays on blue
     seen = []
     while True:
@@ -299,7 +301,7 @@ def _blue_green_switch_back_then_promote(stack, operator_api, load, pool, v3) ->
 
     # a second blue-green with a short delay: after the delay blue scales to zero and the pool runs v3
     plan_id = start(operator_api, name="v3 blue-green again", pools=[pool.pk], target_model_version=v3.pk,
-                    strategy="blue_green", steps=[], scale_down_delay_s=3, router_url=router.url)
+                    strategy="blue_green", steps=[], scale_down_delay_s=3, router=router_for(router.url, pool.cluster).pk)
     plan = wait_plan(plan_id, lambda p: "switched_at" in p.progress, READY_TIMEOUT_S, stack)
     assert processes(agent, "stable")[0]["pid"] == blue["pid"]  # blue kept during the delay
     plan = wait_plan(plan_id, lambda p: p.state == "promoted", 60, stack)

@@ -21,6 +21,7 @@ from django.utils import timezone
 
 from apps.fleet.models import PoolTrack, Replica
 from apps.fleet.selectors import routing_table_current
+from apps.fleet.testing import router_for
 from apps.rollouts import services
 from apps.rollouts.controller import rollout_tick
 from apps.rollouts.tests.conftest import due_now, table_weights
@@ -114,7 +115,7 @@ def demo_fleet(make_pool, v2, fake_http):
 
 def _canary(pools, v2, fake_http, steps, **fields):
     plan = services.rollout_plan_create(pools=list(pools), target_model_version=v2, name="c", strategy="canary",
-                                        steps=steps, router_url=fake_http.url, **fields)
+                                        steps=steps, router=router_for(fake_http.url), **fields)
     return services.rollout_start(plan=plan)
 
 
@@ -221,7 +222,7 @@ def test_blue_green_switch_and_switch_back_keep_replicas_for_every_version_with_
     for pool in pools:
         backend.observe(pool)
     plan = services.rollout_plan_create(pools=list(pools), target_model_version=v2, name="bg",
-                                        strategy="blue_green", steps=[], router_url=fake_http.url,
+                                        strategy="blue_green", steps=[], router=router_for(fake_http.url),
                                         scale_down_delay_s=0 if not abort else 3600)
     plan = services.rollout_start(plan=plan)
     if not abort:

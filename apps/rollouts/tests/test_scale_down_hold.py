@@ -7,6 +7,7 @@ draining worker with no same-version replica to retry on)."""
 import pytest
 
 from apps.fleet.models import PoolTrack
+from apps.fleet.testing import router_for
 from apps.rollouts import services
 from apps.rollouts.controller import rollout_tick
 from apps.rollouts.tests.conftest import due_now, observe, table_version, table_weights
@@ -22,7 +23,7 @@ def _canary(make_pool, v2, fake_http, steps):
     pool = make_pool("chat", role="colocated", replicas=1)
     observe(pool)
     plan = services.rollout_plan_create(pools=[pool], target_model_version=v2, name="c", strategy="canary",
-                                        steps=steps, router_url=fake_http.url)
+                                        steps=steps, router=router_for(fake_http.url))
     services.rollout_start(plan=plan)
     fake_http.router_version = table_version()
     return pool, plan
@@ -73,7 +74,7 @@ def test_blue_green_switch_back_stops_the_preview_after_the_router_applied_it(ma
     pool = make_pool("chat", role="colocated", replicas=1)
     observe(pool)
     plan = services.rollout_plan_create(pools=[pool], target_model_version=v2, name="bg", strategy="blue_green",
-                                        steps=[], scale_down_delay_s=60, router_url=fake_http.url)
+                                        steps=[], scale_down_delay_s=60, router=router_for(fake_http.url))
     services.rollout_start(plan=plan)
     observe(pool, endpoint=fake_http.url)
     assert rollout_tick(rollout_id=plan.pk, now=due_now(plan)) == "switched"

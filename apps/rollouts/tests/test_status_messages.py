@@ -11,6 +11,7 @@ from datetime import timedelta
 
 import pytest
 
+from apps.fleet.testing import router_for
 from apps.operations.models import Action
 from apps.rollouts import services
 from apps.rollouts.controller import rollout_tick
@@ -55,7 +56,7 @@ def test_every_tick_that_does_not_wait_clears_the_waiting_message(make_pool, v2,
         pool = make_pool(f"{strategy.replace('_', '-')}", role="colocated", replicas=2)
         observe(pool, endpoint=fake_http.url)
         plan = services.rollout_plan_create(pools=[pool], target_model_version=v2, name=strategy, strategy=strategy,
-                                            steps=steps, router_url=fake_http.url, scale_down_delay_s=0, gates=[])
+                                            steps=steps, router=router_for(fake_http.url), scale_down_delay_s=0, gates=[])
         services.rollout_start(plan=plan)
         for i in range(60):
             plan.refresh_from_db()

@@ -46,6 +46,13 @@ def test_canary_track_runs_the_plans_worker_args_after_the_global_ones(operator_
     settings.FERRY_WORKER_EXTRA_ARGS = "--max-num-seqs 2 --fault-error-rate 0"
     pool = make_pool("chat", role="colocated", replicas=1)
     observe(pool)
+    # fault injection is a rehearsal: refused while the cluster is production, accepted once it is not
+    r = operator_api.post("/api/v1/rollouts/", _body(pool, v2, worker_args="--fault-error-rate 0.5 --fault-seed 3"),
+                          format="json")
+    assert (r.status_code, list(r.json())) == (400, ["worker_args"])
+    assert "refused on a production cluster" in r.json()["worker_args"][0]
+    pool.cluster.production = False
+    pool.cluster.save(update_fields=["production"])
     r = operator_api.post("/api/v1/rollouts/", _body(pool, v2, worker_args="--fault-error-rate 0.5 --fault-seed 3"),
                           format="json")
     assert r.status_code == 201, r.json()
@@ -95,3 +102,20 @@ def test_blue_green_preview_gets_the_args_and_keeps_them_after_the_switch(make_p
     drive(plan, endpoint=fake_http.url)
     assert [(t.name, t.model_version.version, t.extra_args) for t in pool.tracks.all()] == [
         ("green", "v2", "--max-num-seqs 8")]
+
+
+@pytest.mark.parametrize(("line", "message"), [
+    ("--kv-host 0.0.0.0", "--kv-host cannot be set in worker arguments"),
+    ("--kv-link-secret aaaaaaaaaaaaaaaaaaaa", "--kv-link-secret cannot be set in worker arguments"),
+    ("--kv-port 9000", "--kv-port cannot be set in worker arguments"),
+    ("--device meta", "--device cannot be set in worker arguments"),
+    ("--max-num-seqs 100000", "--max-num-seqs must be within 1..1024"),
+    ("--kv-cache-memory 4TiB", "--kv-cache-memory must be at most"),
+    ("--kv-timeout 100000", "--kv-timeout must be within 0.1..600"),
+])
+def test_worker_args_outside_the_operator_allowlist_or_bounds_are_400(operator_api, make_pool, v2, line, message):
+    """Issue 19: listen addresses, secrets and unbounded sizes never come from an operator's worker_args."""
+    pool = make_pool("chat", role="colocated", replicas=1)
+    r = operator_api.post("/api/v1/rollouts/", _body(pool, v2, worker_args=line), format="json")
+    assert (r.status_code, list(r.json())) == (400, ["worker_args"])
+    assert message in r.json()["worker_args"][0]

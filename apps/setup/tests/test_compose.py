@@ -16,6 +16,8 @@ from django.core.management import get_commands
 from apps.setup.procfile import BASE_DIR
 
 COMPOSE = BASE_DIR / "docker-compose.yml"
+COMPOSE_SECRETS = ("FERRY_SECRET_KEY", "FERRY_AGENT_TOKEN", "FERRY_SERVICE_TOKEN", "FERRY_KV_LINK_SECRET",
+                   "FERRY_POSTGRES_PASSWORD", "FERRY_ROUTER_API_KEY")
 FERRY_SERVICES = {"setup", "web", "worker", "beat", "agent", "telemetry", "router", "prometheus-targets"}
 
 
@@ -37,7 +39,8 @@ def test_compose_has_the_whole_stack_and_every_ferry_process_comes_from_the_one_
     assert services["web"]["depends_on"]["setup"] == {"condition": "service_completed_successfully"}
     # the poller scrapes the router (router decisions per pool) where it listens, on the shared loopback
     assert services["router"]["command"][services["router"]["command"].index("--port") + 1] == "8080"
-    assert services["telemetry"]["environment"]["FERRY_ROUTER_METRICS_URLS"] == "http://127.0.0.1:8080/metrics"
+    setup = services["setup"]["command"]
+    assert setup[setup.index("--router-url") + 1] == "http://agent.ferry.internal:8080"  # registered, not env
     assert services["telemetry"]["environment"]["REDIS_URL"] == services["web"]["environment"]["REDIS_URL"]
 
 
@@ -52,9 +55,23 @@ def test_docker_compose_config_validates_the_file():
     binary = shutil.which("docker-compose")
     if binary is None:
         pytest.skip("docker-compose is not installed (apt-get install docker-compose; .ci/run does)")
+    secrets = {name: "x" * 32 for name in COMPOSE_SECRETS}
+    env = {"PATH": "/usr/bin:/bin", **secrets}
     result = subprocess.run([binary, "-f", str(COMPOSE), "config", "-q"], cwd=BASE_DIR, capture_output=True,
-                            text=True, timeout=60)
+                            text=True, timeout=60, env=env)
     assert (result.returncode, result.stderr) == (0, "")
+    # no default secrets: without any one of them compose refuses to start, naming it
+    for missing in COMPOSE_SECRETS:
+        env = {"PATH": "/usr/bin:/bin", **{k: v for k, v in secrets.items() if k != missing}}
+        result = subprocess.run([binary, "-f", str(COMPOSE), "config", "-q"], cwd=BASE_DIR, capture_output=True,
+                                text=True, timeout=60, env=env)
+        assert result.returncode != 0 and f"set {missing}" in result.stderr, (missing, result.stderr)
+
+
+def test_compose_publishes_web_and_router_on_loopback_and_not_prometheus(compose):
+    published = {name: s.get("ports", []) for name, s in compose["services"].items() if s.get("ports")}
+    assert published == {"web": ["${FERRY_PUBLISH_ADDRESS:-127.0.0.1}:8000:8000"],
+                         "agent": ["${FERRY_PUBLISH_ADDRESS:-127.0.0.1}:8080:8080"]}
 
 
 def test_promtool_accepts_the_prometheus_config():

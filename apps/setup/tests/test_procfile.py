@@ -17,7 +17,8 @@ def test_procfile_lists_every_process_of_the_product_each_execed():
     assert processes["web"] == ("exec /venv/bin/python -m daphne -b 127.0.0.1 -p 8000 --access-log "
                                 "/srv/ferry/var/log/web-access.log controlplane.asgi:application")
     assert processes["router"] == ("exec /venv/bin/python -m inference_worker router --host 127.0.0.1 --port 8080 "
-                                   "--routing-table http://127.0.0.1:8000/api/v1/routing-table/ --log-level warning")
+                                   "--routing-table http://127.0.0.1:8000/api/v1/routing-table/ --log-level warning "
+                                  "--api-keys /srv/ferry/var/router_api_keys.json")
     assert processes["agent"] == ("exec /venv/bin/python -m inference_worker agent --port 8100 "
                                   "--state-dir /srv/ferry/var/agent --log-level warning")
     assert "-Q operations,default" in processes["worker"] and "-Q reconcile" in processes["ticks"]
@@ -52,15 +53,11 @@ def test_child_env_keeps_user_values_but_not_their_redis_and_database_urls():
     assert (env["FERRY_AGENT_TOKEN"], env["FERRY_SERVICE_TOKEN"]) == ("a" * 20, "s" * 20)
 
 
-def test_telemetry_scrapes_the_launched_router_unless_told_otherwise():
+def test_routers_reach_telemetry_through_the_registry_not_the_environment():
     tokens = {"FERRY_AGENT_TOKEN": "a", "FERRY_SERVICE_TOKEN": "s", "FERRY_KV_LINK_SECRET": "k"}
     env = child_env(LaunchConfig(host="0.0.0.0", router_port=9091), {}, redis_url="redis://r:1/0",
                     database_url="postgres://p@d:1/f", tokens=tokens)
-    assert env["FERRY_ROUTER_METRICS_URLS"] == "http://127.0.0.1:9091/metrics"
-    env = child_env(LaunchConfig(), {"FERRY_ROUTER_METRICS_URLS": "http://r:1"}, redis_url="redis://r:1/0",
-                    database_url="postgres://p@d:1/f",
-                    tokens=tokens)
-    assert env["FERRY_ROUTER_METRICS_URLS"] == "http://r:1"
+    assert "FERRY_ROUTER_METRICS_URLS" not in env  # routers are registered (ferry_setup --router-url)
 
 
 def test_a_users_worker_env_keeps_its_values_and_gains_the_kv_link_secret():
@@ -78,7 +75,29 @@ def test_tokens_are_created_once_with_mode_0600_and_the_environment_wins(tmp_pat
     first = launcher_tokens(tmp_path, {})
     path = tmp_path / "launcher_tokens.json"
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
-    assert sorted(first) == ["FERRY_AGENT_TOKEN", "FERRY_KV_LINK_SECRET", "FERRY_SERVICE_TOKEN"]
+    assert sorted(first) == ["FERRY_AGENT_TOKEN", "FERRY_CLIENT_API_KEY", "FERRY_KV_LINK_SECRET", "FERRY_SERVICE_TOKEN"]
     assert all(len(v) >= 40 for v in first.values())
     assert launcher_tokens(tmp_path, {}) == first
     assert launcher_tokens(tmp_path, {"FERRY_AGENT_TOKEN": "x" * 16})["FERRY_AGENT_TOKEN"] == "x" * 16
+
+
+def test_make_runs_router_requires_the_generated_client_key(tmp_path):
+    """Issue 19: ``make run`` generates a client API key (kept with the other launcher tokens) and its router
+    reads it, hashed, from a 0600 keys file; the load generator gets the key in its environment."""
+    import hashlib
+    import stat
+
+    from apps.setup.procfile import router_api_keys_write
+
+    tokens = launcher_tokens(tmp_path, {})
+    key = tokens["FERRY_CLIENT_API_KEY"]
+    assert len(key) >= 40
+    path = router_api_keys_write(tmp_path, key)
+    assert json.loads(path.read_text()) == {"keys": [{"name": "make-run",
+                                                      "key_sha256": hashlib.sha256(key.encode()).hexdigest()}]}
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600 and key not in path.read_text()
+    config = LaunchConfig(var_dir=tmp_path, load=True)
+    lines = dict(line.split(": ", 1) for line in procfile(config, python="py").splitlines())
+    assert f"--api-keys {tmp_path}/router_api_keys.json" in lines["router"] and "--no-auth" not in lines["router"]
+    env = child_env(config, {}, redis_url="redis://r:1/0", database_url="postgres://p@d:1/f", tokens=tokens)
+    assert env["FERRY_CLIENT_API_KEY"] == key  # bench/serve_load.py sends it as a Bearer key

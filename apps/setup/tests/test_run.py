@@ -25,13 +25,15 @@ def _sleeper() -> subprocess.Popen:
 
 
 def test_banner_shows_urls_first_run_password_token_and_a_curl():
-    summary = {"users": [{"username": "operator", "role": "operator", "password": "pw-1", "token": "tok-1"}]}
+    summary = {"users": [{"username": "operator", "role": "operator", "password": "pw-1", "token": "tok-1"}],
+               "client_api_key": "ck-1"}
     lines = ready_banner(LaunchConfig(host="0.0.0.0", port=8001, router_port=8081), summary, 83.4)
     assert lines[0] == "Ferry is ready (83 s)"
     assert lines[1] == "  dashboard  http://127.0.0.1:8001/   login: operator / pw-1"
     assert lines[2] == "  API        http://127.0.0.1:8001/api/v1/   header: Authorization: Token tok-1"
-    assert lines[4] == "  router     http://127.0.0.1:8081/v1/completions   metrics: http://127.0.0.1:8081/metrics"
-    assert lines[5].startswith("  try        curl -s http://127.0.0.1:8081/v1/completions ")
+    assert lines[4] == ("  router     http://127.0.0.1:8081/v1/completions   header: Authorization: Bearer ck-1   "
+                        "metrics: http://127.0.0.1:8081/metrics")
+    assert lines[5].startswith("  try        curl -s http://127.0.0.1:8081/v1/completions -H 'Authorization: Bearer ck-1' ")
     later = ready_banner(LaunchConfig(), {"users": [{"username": "operator", "password": None, "token": "t"}]}, 1)
     assert "changepassword operator" in later[1]
 

@@ -2,10 +2,11 @@
 
 import django_filters
 
+from apps.core.filters import FilterSet
 from apps.telemetry.models import Alert, AlertRule
 
 
-class AlertRuleFilterSet(django_filters.FilterSet):
+class AlertRuleFilterSet(FilterSet):
     fleet_default = django_filters.BooleanFilter(field_name="pool", lookup_expr="isnull")
 
     class Meta:
@@ -13,7 +14,7 @@ class AlertRuleFilterSet(django_filters.FilterSet):
         fields = ["name", "pool", "signal", "severity", "enabled"]
 
 
-class AlertFilterSet(django_filters.FilterSet):
+class AlertFilterSet(FilterSet):
     rule_name = django_filters.CharFilter(field_name="rule__name")
 
     class Meta:

@@ -16,11 +16,15 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from apps.accounts.roles import ADMIN
+from apps.core.filters import query_float
 from apps.fleet.models import Pool
 from apps.telemetry import selectors, services
 from apps.telemetry.api.filtersets import AlertFilterSet, AlertRuleFilterSet
 from apps.telemetry.api.serializers import AlertRuleSerializer, AlertSerializer
 from apps.telemetry.models import AlertRule
+
+# The latest Unix time a ?since= may name (year 9999): beyond it a float no longer names a second.
+MAX_UNIX_TIME_S = 253402300799.0
 
 
 def _service(call, **kwargs):
@@ -85,15 +89,13 @@ class SignalsViewSet(viewsets.ViewSet):
         operation_id="signals_pool_history",
         responses={200: dict},
         parameters=[POOL_ID,
-                    OpenApiParameter("since", float, description="Only records at or after this Unix time (s).")],
+                    OpenApiParameter("since", {"type": "number", "format": "double", "minimum": 0,
+                                                  "maximum": MAX_UNIX_TIME_S},
+                                     description="Only records at or after this Unix time (s).")],
         description="A pool's records of the last 15 minutes, oldest first.",
     )
     @action(detail=True, methods=["get"])
     def history(self, request: Request, pk: str) -> Response:
         pool = get_object_or_404(Pool, pk=pk)
-        raw = request.query_params.get("since")
-        try:
-            since = float(raw) if raw is not None else None
-        except ValueError as exc:
-            raise ValidationError({"since": f"{raw!r} is not a Unix time in seconds"}) from exc
+        since = query_float(request.query_params, "since", min_value=0.0, max_value=MAX_UNIX_TIME_S)
         return Response({"pool_id": pool.pk, "records": selectors.telemetry_history(pool_id=pool.pk, since_s=since)})

@@ -1,4 +1,4 @@
-"""Where telemetry finds routers: ``FERRY_ROUTER_METRICS_URLS``, their metrics URLs, and the Prometheus job."""
+"""Where telemetry finds routers: the router registry, their metrics URLs, and the Prometheus job."""
 
 import pytest
 
@@ -25,16 +25,22 @@ def test_malformed_router_urls_are_refused(url):
         RouterEndpoint(url)
 
 
-def test_router_endpoints_come_from_the_setting_as_a_list_or_a_comma_separated_string(settings):
-    settings.FERRY_ROUTER_METRICS_URLS = ["http://a:8080", "http://b:8080/metrics"]
-    assert [r.metrics_url for r in router_endpoints()] == ["http://a:8080/metrics", "http://b:8080/metrics"]
-    settings.FERRY_ROUTER_METRICS_URLS = " http://a:8080 , ,http://b:9/m "
-    assert [r.metrics_url for r in router_endpoints()] == ["http://a:8080/metrics", "http://b:9/m"]
-    settings.FERRY_ROUTER_METRICS_URLS = []
+@pytest.mark.django_db
+def test_router_endpoints_are_the_registered_routers(cluster, settings):
+    """The poller scrapes only the registry (admin-written, validated); a setting naming URLs is not read."""
+    from django.core.exceptions import ValidationError
+
+    from apps.fleet.services import router_create
+
+    settings.FERRY_ROUTER_METRICS_URLS = ["http://169.254.169.254:80"]  # the removed setting: ignored
     assert router_endpoints() == []
-    settings.FERRY_ROUTER_METRICS_URLS = ["a:8080"]
-    with pytest.raises(ValueError, match="^FERRY_ROUTER_METRICS_URLS: router metrics URL 'a:8080'"):
-        router_endpoints()
+    router_create(name="r-b", cluster=cluster, url="https://b.example:8443")
+    router_create(name="r-a", cluster=cluster, url="http://a.example:8080")
+    assert [r.metrics_url for r in router_endpoints()] == ["http://a.example:8080/metrics", "https://b.example:8443/metrics"]
+    for url in ("file:///etc/passwd", "gopher://a:70/", "a:8080", "http://a.example:8080/metrics", "http://u:p@a.example:1",
+                "http://a.example:8080/?q=1", "junk"):
+        with pytest.raises(ValidationError):
+            router_create(name="bad", cluster=cluster, url=url)
 
 
 def test_a_router_key_never_equals_a_replica_key():

@@ -10,7 +10,6 @@ import pytest
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.core.management import call_command
-from django.core.management.base import CommandError
 from prometheus_client import start_http_server
 
 from apps.telemetry.broadcast import FLEET_GROUP, pool_group
@@ -198,7 +197,10 @@ def test_router_decisions_reach_the_pool_they_name_scraped_once_for_every_cluste
 
 
 @pytest.mark.django_db
-def test_telemetry_command_refuses_a_malformed_router_url(settings):
-    settings.FERRY_ROUTER_METRICS_URLS = ["http://127.0.0.1:8080", "127.0.0.1:8081"]
-    with pytest.raises(CommandError, match="FERRY_ROUTER_METRICS_URLS: router metrics URL '127.0.0.1:8081'"):
-        call_command("telemetry", "--polls", "1", stdout=io.StringIO())
+def test_telemetry_command_names_the_registered_routers(cluster):
+    from apps.fleet.services import router_create
+
+    router_create(name="r1", cluster=cluster, url="http://127.0.0.1:1")
+    out = io.StringIO()
+    call_command("telemetry", "--polls", "1", "--interval", "0.1", stdout=out)
+    assert "routers: http://127.0.0.1:1/metrics" in out.getvalue()

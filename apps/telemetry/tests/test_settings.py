@@ -9,7 +9,7 @@ from django.conf import settings
 
 PRINT_SETTINGS = (
     "import django, json; django.setup(); from django.conf import settings; "
-    "print(json.dumps([settings.FERRY_PROMETHEUS_URL, settings.FERRY_ROUTER_METRICS_URLS]))"
+    "print(json.dumps([settings.FERRY_PROMETHEUS_URL, getattr(settings, 'FERRY_ROUTER_METRICS_URLS', None)]))"
 )
 
 
@@ -21,8 +21,7 @@ def read_settings(**environ: str) -> list:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def test_prometheus_url_and_router_urls_come_from_the_environment():
-    assert read_settings() == ["", []]
+def test_prometheus_url_comes_from_the_environment_and_router_urls_no_longer_do():
+    assert read_settings() == ["", None]
     assert read_settings(FERRY_PROMETHEUS_URL="http://prometheus:9090",
-                         FERRY_ROUTER_METRICS_URLS="http://127.0.0.1:8080/metrics, http://r2:8080") == [
-        "http://prometheus:9090", ["http://127.0.0.1:8080/metrics", "http://r2:8080"]]
+                         FERRY_ROUTER_METRICS_URLS="http://127.0.0.1:8080/metrics") == ["http://prometheus:9090", None]

@@ -19,7 +19,7 @@ from django.db import transaction
 from django_celery_beat.models import IntervalSchedule, PeriodicTask
 
 from apps.accounts.roles import ADMIN, OPERATOR
-from apps.accounts.selectors import user_token_get
+from apps.accounts.selectors import user_exists
 from apps.accounts.services import user_create_with_role
 from apps.operations.management.commands.ferry_beat_setup import beat_setup
 from apps.setup.demo import demo_fleet_load
@@ -47,10 +47,10 @@ def extra_periodic_tasks_ensure() -> list[PeriodicTask]:
 
 
 def user_ensure(username: str, role: str) -> dict[str, str | None]:
-    """Create ``username`` with ``role`` unless it exists; returns username, role, password (new only), token."""
-    token = user_token_get(username=username)
-    if token is not None:
-        return {"username": username, "role": role, "password": None, "token": token}
+    """Create ``username`` with ``role`` unless it exists; returns username, role, password and token (both for
+    a new user only: tokens are stored hashed and cannot be shown again)."""
+    if user_exists(username=username):
+        return {"username": username, "role": role, "password": None, "token": None}
     created = user_create_with_role(username=username, role=role)
     return {"username": username, "role": role, "password": created.password, "token": created.token}
 
@@ -60,11 +60,13 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser) -> None:  # noqa: ANN001 - Django signature
         parser.add_argument("--agent-url", default="http://127.0.0.1:8100", help="local agent of the demo clusters")
+        parser.add_argument("--router-url", default=None,
+                            help="base URL of the router in front of the demo pools (registered as demo-router)")
         parser.add_argument("--replicas", type=int, default=1, help="replicas of each new demo pool")
         parser.add_argument("--no-demo", action="store_true", help="skip the demo fleet")
         parser.add_argument("--json", action="store_true", dest="emit_json", help=f"print a last line '{JSON_PREFIX}{{...}}'")
 
-    def handle(self, *args, agent_url: str, replicas: int, no_demo: bool, emit_json: bool, **options) -> None:
+    def handle(self, *args, agent_url: str, router_url: str | None, replicas: int, no_demo: bool, emit_json: bool, **options) -> None:
         call_command("migrate", interactive=False, verbosity=0)
         self.stdout.write("database migrated")
         try:
@@ -76,13 +78,14 @@ class Command(BaseCommand):
                 self.stdout.write(f"user {user['username']} ({user['role']}) created: password {user['password']}  "
                                   f"API token {user['token']}")
             else:
-                self.stdout.write(f"user {user['username']} exists (password unchanged): API token {user['token']}")
+                self.stdout.write(f"user {user['username']} exists (password and API token unchanged; new token: "
+                                  f"manage.py ferry_user --rotate-token {user['username']})")
         for task in [*beat_setup(), *extra_periodic_tasks_ensure()]:
             self.stdout.write(f"periodic task {task.name}: {task.task} every {task.interval.every}s")
         pools = {}
         if not no_demo:
             try:
-                fleet = demo_fleet_load(agent_url=agent_url, replicas=replicas)
+                fleet = demo_fleet_load(agent_url=agent_url, replicas=replicas, router_url=router_url)
             except (ValidationError, FileNotFoundError) as exc:
                 raise CommandError(f"demo fleet: {exc}") from exc
             for line in fleet.created:

@@ -25,15 +25,12 @@ class Command(BaseCommand):
     def handle(self, *args, interval: float, window: float, polls: int | None, **options):
         if not (0 < interval <= 60) or window <= 0:
             raise CommandError("--interval must be in (0, 60] s and --window positive")
-        try:
-            routers = router_endpoints()
-        except ValueError as exc:
-            raise CommandError(str(exc)) from exc
+        routers = router_endpoints()  # re-read at every poll: the registry may change while the poller runs
         stop = threading.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
         poller = TelemetryPoller(window_s=window, interval_s=interval)
-        scraped = ", ".join(r.metrics_url for r in routers) or "none (set FERRY_ROUTER_METRICS_URLS)"
+        scraped = ", ".join(r.metrics_url for r in routers) or "none registered (admin: /api/v1/routers/)"
         self.stdout.write(f"telemetry poller: every {interval:g} s, window {window:g} s; routers: {scraped}")
         try:
             done = poller.run(stop, max_polls=polls)
