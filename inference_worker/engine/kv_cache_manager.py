@@ -156,6 +156,30 @@ class HybridKVCacheManager:
             self._digests[request_id] = known
         return known
 
+    def request_block_digests(self, request_id: str, prompt_token_ids: list[int], output_token_ids: list[int],
+                              num_tokens: int) -> list[bytes]:
+        """Digests of the full blocks of the request's first ``num_tokens`` tokens (computed once per request).
+
+        Raises:
+            ValueError: prefix caching is off (there is no root to chain from).
+        """
+        if self.prefix_root is None:
+            raise ValueError("block digests need prefix caching (a prefix root)")
+        return self._digests_for(request_id, prompt_token_ids, output_token_ids, num_tokens)[: num_tokens // self.block_size]
+
+    def readable_block_ids(self, request_id: str, digests: list[bytes]) -> tuple[list[int], ...]:
+        """The request's block tables where a nulled entry k is replaced by the cached block of ``digests[k]``
+        when that block still holds its KV (freed sliding blocks stay cached until reused); else 0 (null)."""
+        tables = []
+        for manager, pool in zip(self.managers, self.block_pools, strict=True):
+            table = []
+            for k, block in enumerate(manager.req_to_blocks.get(request_id, [])):
+                if block.is_null and k < len(digests) and digests[k] in pool.cached_blocks:
+                    block = pool.cached_blocks[digests[k]]
+                table.append(block.block_id)
+            tables.append(table)
+        return tuple(tables)
+
     def allocate_slots(
         self, request_id: str, num_computed_tokens: int, num_new_tokens: int,
         computed_blocks: list[list[KVCacheBlock]] | None = None,
