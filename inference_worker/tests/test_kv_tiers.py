@@ -195,20 +195,20 @@ class GatedStore(DirectoryKVStore):
         super().__init__(*args, **kwargs)
         self.gate = threading.Event()
 
-    def _read(self, key):
+    def get(self, key):
         self.gate.wait(30)
-        return super()._read(key)
+        return super().get(key)
 
 
 def test_a_loading_request_waits_in_its_own_state_while_others_keep_decoding(gemma, written, tmp_path):
     store = GatedStore(pristine(written, "disk", tmp_path), 1 << 30)
     engine = new_engine(gemma, tiers(store))
     engine.add_request("decoding", [2] + list(range(500, 520)), max_tokens=8, arrival_time=0.0)
-    engine.add_request("loading", written["prompts"][0], max_tokens=MAX_TOKENS, arrival_time=1.0)
+    loading = engine.add_request("loading", written["prompts"][0], max_tokens=MAX_TOKENS, arrival_time=1.0)
     decoded = []
     for _ in range(6):
         decoded += [u.new_token_ids for u in engine.step() if u.request_id == "decoding"]
-        assert engine.scheduler.requests["loading"].status == RequestStatus.WAITING_FOR_KV
+        assert loading.status == RequestStatus.WAITING_FOR_KV
     assert len(decoded) == 6  # one token per step while the other request's KV loads
     store.gate.set()
     tokens = []
