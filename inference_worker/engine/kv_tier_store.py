@@ -129,6 +129,10 @@ class KVStore:
             self._touch(key, time.time())
         return data
 
+    def touch(self, key: str, now_s: float | None = None) -> None:
+        """Set the entry's last access to ``now_s`` (seconds since the epoch; default: now)."""
+        self._touch(check_key(key), time.time() if now_s is None else now_s)
+
     def delete(self, key: str) -> bool:
         """Remove ``key``; False when it was not there."""
         check_key(key)

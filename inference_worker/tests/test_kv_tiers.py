@@ -20,12 +20,14 @@ import threading
 import pytest
 import torch
 
+from inference_worker.engine.block_hash import block_digests
 from inference_worker.engine.kv_events import BlockRemoved, BlockStored
 from inference_worker.engine.kv_tier_record import decode_record, encode_record, tier_key
 from inference_worker.engine.kv_tier_store import DirectoryKVStore, MemoryKVStore
 from inference_worker.engine.kv_tiers import KVTierOptions
 from inference_worker.engine.paged_engine import PagedEngineCore
 from inference_worker.engine.request import RequestStatus
+from inference_worker.router.prefix_index import FULL, SLIDING, PrefixIndex
 from inference_worker.tests.support.models import GEMMA, load_prepared
 from inference_worker.tests.support.models import assert_same_under_divergence_rule as check_divergence
 
@@ -172,10 +174,23 @@ def test_corrupted_truncated_and_other_weights_entries_are_counted_and_recompute
 def test_an_entry_idle_past_its_ttl_is_gone_from_disk_and_from_the_events(gemma, tmp_path):
     store = DirectoryKVStore(tmp_path / "disk", 1 << 30)
     engine = new_engine(gemma, tiers(store, entry_ttl_s=60))
-    run(engine, [[2] + list(range(1000, 1040))])
+    prompt = [2] + list(range(1000, 1040))
+    run(engine, [prompt])
     engine.connector.flush()
     stored = [e for e in engine.kv_cache_manager.take_events() if getattr(e, "tier", None) == "disk"]
     assert all(isinstance(e, BlockStored) for e in stored) and len(stored) == 2 * (43 // BS)
+    # The router's prefix index (part 1's event format) reads the disk tier's events: a 32-token hit at
+    # the disk tier's weight for the same prompt; none once the entry has expired.
+    index = PrefixIndex()
+    index.retain({"r0": "v1"})
+    digests = block_digests(engine.kv_cache_manager.prefix_root, prompt + [7] * 8, BS)
+
+    def router_hit(events, seq, snapshot):
+        assert index.apply("r0", {"worker_id": "w", "seq": seq, "snapshot": snapshot,
+                                  "events": [e.as_dict() for e in events]})
+        return index.hit_tokens("r0", digests, len(prompt) + 8, {FULL: None, SLIDING: 512}, BS)
+
+    assert router_hit([*engine.connector.snapshot_events()], len(stored), True) == (32, 32 * 0.6)
     [entry] = store.entries()
     assert engine.connector.sweep(now=entry.last_access_s + 59) == 0  # not idle long enough
     assert engine.connector.sweep(now=entry.last_access_s + 61) == 1
@@ -183,6 +198,7 @@ def test_an_entry_idle_past_its_ttl_is_gone_from_disk_and_from_the_events(gemma,
     removed = [e for e in engine.kv_cache_manager.take_events() if getattr(e, "tier", None) == "disk"]
     assert all(isinstance(e, BlockRemoved) for e in removed)
     assert {(e.digest, e.group) for e in removed} == {(e.digest, e.group) for e in stored}
+    assert router_hit(removed, len(stored) + len(removed), False) == (0, 0.0)
     assert engine.connector.snapshot_events() == []
     assert engine.connector.tier_stats()["disk"]["expiries"] == 1
     engine.connector.close()
