@@ -168,15 +168,23 @@ class HybridKVCacheManager:
         return self._digests_for(request_id, prompt_token_ids, output_token_ids, num_tokens)[: num_tokens // self.block_size]
 
     def readable_block_ids(self, request_id: str, digests: list[bytes]) -> tuple[list[int], ...]:
-        """The request's block tables where a nulled entry k is replaced by the cached block of ``digests[k]``
-        when that block still holds its KV (freed sliding blocks stay cached until reused); else 0 (null)."""
+        """Per group, the blocks holding the request's KV that can be trusted, for saving it elsewhere.
+
+        Entry k below ``len(digests)`` (a full block) is the block registered under ``digests[k]`` — registered
+        blocks hold KV computed or received for exactly those tokens, including sliding blocks already nulled
+        in the table but still cached — or 0 when there is none (evicted, or only partly written such as a PD
+        import's first sliding block, which is never registered). Later entries (the partial last block,
+        written by this request's own steps) are the table's.
+        """
         tables = []
         for manager, pool in zip(self.managers, self.block_pools, strict=True):
             table = []
             for k, block in enumerate(manager.req_to_blocks.get(request_id, [])):
-                if block.is_null and k < len(digests) and digests[k] in pool.cached_blocks:
-                    block = pool.cached_blocks[digests[k]]
-                table.append(block.block_id)
+                if k < len(digests):
+                    cached = pool.cached_blocks.get(digests[k])
+                    table.append(0 if cached is None else cached.block_id)
+                else:
+                    table.append(block.block_id)
             tables.append(table)
         return tuple(tables)
 
