@@ -22,6 +22,13 @@ prefills every prompt itself (no ``/internal/prefill``, no KV receiver). ``--mod
 version in KV payloads (KV from another version is refused). ``--pool``, ``--track`` and
 ``--replica`` only label the metrics.
 
+KV tiers (:mod:`inference_worker.engine.kv_tiers`): ``--kv-offload-host SIZE``, ``--kv-offload-disk PATH:SIZE``
+and ``--kv-shared URI:SIZE`` keep finished contexts' KV beyond the engine's cache (host memory, a local
+directory, a directory shared by every worker of these weights); entries idle longer than ``--kv-entry-ttl``
+seconds (default 1800) are removed. Entries are signed with the tier secret (``--kv-tier-secret`` or
+``FERRY_KV_TIER_SECRET``, >= 16 bytes, required for a disk or shared tier; the same on every worker sharing
+a store). Tiers need prefix caching.
+
 ``--fault-kv MODE`` (prefill role) damages the KV hand-off on purpose to rehearse a bad KV link
 (``corrupt``, ``truncate``, ``wrong-key``, ``wrong-version``, ``delay:S``, ``die-mid-send``); never set
 it on a worker that takes production traffic. ``--fault-kv header`` (take the mode per request from the
