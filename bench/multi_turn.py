@@ -43,7 +43,10 @@ Prints a table and writes ``bench/results/multi_turn.json``.
 4-6: caching off; a warm worker (all turns on one worker); turns 1-3 on a worker with a disk tier
 (``--kv-offload-disk``), that worker restarted, turns 4-6 (the disk tier); turns 1-3 on worker A and turns
 4-6 on a worker B that never saw the sessions, both on one shared directory (``--kv-shared``). Writes
-``bench/results/multi_turn_tiers.json``.
+``bench/results/multi_turn_tiers.json``. One run (2026-12-01, default workload, 2 shared CPUs at load average
+11-18 from other work, so latencies are noisy): turns 4-6 had 35516 prompt tokens; cached warm 30608, restart
+(disk) 30672 (100.2% of warm), second worker (shared) 30672 (100.2%); TTFT p50 off 28599 ms, warm 5957 ms
+(4.80x), restart 5310 ms (5.39x), second worker 14069 ms (2.03x; its phase ran at the highest load).
 
     .venv/bin/python bench/multi_turn.py [--concurrency 4] [--seed 0] [--device cuda]
 """
