@@ -39,6 +39,15 @@ re-encodings whose length differs from ``completion_tokens``). Reported per mode
 
 Prints a table and writes ``bench/results/multi_turn.json``.
 
+``--tiers`` (issue 17, acceptance 4) runs four scenarios on the same workload instead and compares turns
+4-6: caching off; a warm worker (all turns on one worker); turns 1-3 on a worker with a disk tier
+(``--kv-offload-disk``), that worker restarted, turns 4-6 (the disk tier); turns 1-3 on worker A and turns
+4-6 on a worker B that never saw the sessions, both on one shared directory (``--kv-shared``). Writes
+``bench/results/multi_turn_tiers.json``. One run (2026-12-01, default workload, 2 shared CPUs at load average
+11-18 from other work, so latencies are noisy): turns 4-6 had 35516 prompt tokens; cached warm 30608, restart
+(disk) 30672 (100.2% of warm), second worker (shared) 30672 (100.2%); TTFT p50 off 28599 ms, warm 5957 ms
+(4.80x), restart 5310 ms (5.39x), second worker 14069 ms (2.03x; its phase ran at the highest load).
+
     .venv/bin/python bench/multi_turn.py [--concurrency 4] [--seed 0] [--device cuda]
 """
 
@@ -72,7 +81,7 @@ from inference_worker.tests.support.worker import WorkerProcess  # noqa: E402
 from inference_worker.tokenization import load_tokenizer  # noqa: E402
 
 ENGINE_DEFAULT_BLOCK_SIZE = 16  # PagedLLMEngine's block_size default (inference_worker/engine/paged_engine.py)
-WORKER_METRICS = re.compile(r"^(ferry_prompt_tokens\w*|ferry_prefix_cache\w*|ferry_kv_events\w*)(\{[^}]*\})? "
+WORKER_METRICS = re.compile(r"^(ferry_prompt_tokens\w*|ferry_prefix_cache\w*|ferry_kv_events\w*|ferry_kv_tier\w*)(\{[^}]*\})? "
                             r"([0-9.eE+-]+)$")
 KV_EVENTS_PATH = "/v1/kv-events"  # inference_worker.server.kv_cache_routes.KV_EVENTS_PATH (that module imports torch)
 
@@ -291,6 +300,78 @@ def print_table(modes: list[dict], ratios: dict, ideal: dict) -> None:
               f"worker metrics delta {mode['worker_metrics_delta']}")
 
 
+TIER_SECRET = "bench-only-kv-tier-secret-0123456789"  # the workers of one bench run share it (one host)
+SPLIT_TURN = 3  # turns 1-3, then a restart or another worker, then turns 4-6
+
+
+def run_phases(name: str, phases: list[list[str]], args: argparse.Namespace, workload: MultiTurnWorkload) -> dict:
+    """A scenario of issue 17: each phase is a fresh worker with its flags; with two phases the first runs
+    turns 1-3 and the second turns 4-6 (the sessions' answers carried over), else one worker runs them all."""
+    history: dict[str, list[list[int]]] = {}
+    tokenizer = load_tokenizer(model_cache_dir() / args.model)
+    records, metrics = [], []
+    for i, flags in enumerate(phases):
+        stop = SPLIT_TURN if len(phases) == 2 and i == 0 else None
+        with WorkerProcess(*flags, model=args.model, ready_timeout_s=600, env={"FERRY_KV_TIER_SECRET": TIER_SECRET}
+                           ) as worker:
+            warm_up(worker.base_url, args.model, args.seed)
+            before = worker_metrics(worker.base_url)
+            turns, wall_s = asyncio.run(run_sessions(
+                worker.base_url, args.model, workload, concurrency=args.concurrency, session_rate=math.inf,
+                seed=args.seed, encode=lambda text: tokenizer.encode(text, add_special_tokens=False).ids,
+                timeout_s=args.timeout_s, history=history, stop_turn=stop))
+            time.sleep(2.5)  # > the worker's stats interval: tier counters reach /metrics
+            after = worker_metrics(worker.base_url)
+        failed = [t for t in turns if not t.result.ok]
+        if failed:
+            raise RuntimeError(f"{name}: {len(failed)} turns failed, first: {failed[0].result.error}")
+        records += [record(t) for t in turns]
+        metrics.append({k: after[k] - before.get(k, 0.0) for k in sorted(after) if "tier" in k or "prefix" in k})
+        print(f"{name} phase {i + 1}: {len(turns)} requests in {wall_s:.1f} s", flush=True)
+    late = [r for r in records if r["turn"] >= SPLIT_TURN]
+    return {"scenario": name, "phases": phases, "worker_metrics_delta": metrics,
+            "turns_4_6": {"num_requests": len(late), "num_prompt_tokens": sum(r["num_prompt_tokens"] for r in late),
+                          "num_cached_tokens": sum(r["num_cached_tokens"] for r in late),
+                          "ttft_ms_p50": percentile([r["ttft_s"] for r in late], 50) * 1e3,
+                          "ttft_ms_p90": percentile([r["ttft_s"] for r in late], 90) * 1e3},
+            "requests": records}
+
+
+def run_tier_scenarios(args: argparse.Namespace, workload: MultiTurnWorkload, common: list[str]) -> None:
+    """Issue 17 acceptance 4: caching off, a warm worker, a restarted worker (disk tier) and a second worker
+    (shared tier), compared on turns 4-6; writes ``bench/results/multi_turn_tiers.json``."""
+    import tempfile
+
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="ferry-kv-tiers-") as tmp:
+        disk = ["--kv-offload-disk", f"{tmp}/disk:4GiB"]
+        shared = ["--kv-shared", f"file://{tmp}/shared:4GiB"]
+        scenarios = [("off", [common + ["--no-prefix-caching"]]), ("warm", [common]),
+                     ("restart_disk", [common + disk, common + disk]),
+                     ("second_worker_shared", [common + shared, common + shared])]
+        results = {name: run_phases(name, phases, args, workload) for name, phases in scenarios}
+    warm, off = results["warm"]["turns_4_6"], results["off"]["turns_4_6"]
+    summary = {}
+    for name in ("warm", "restart_disk", "second_worker_shared"):
+        late = results[name]["turns_4_6"]
+        summary[name] = {**{k: v for k, v in late.items()},
+                         "hit_tokens_vs_warm": late["num_cached_tokens"] / warm["num_cached_tokens"],
+                         "ttft_p50_off_over_this": off["ttft_ms_p50"] / late["ttft_ms_p50"]}
+    summary["off"] = off
+    out = args.out.with_name("multi_turn_tiers.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"model": args.model, "host": platform.node(), "cpu_count": os.cpu_count(),
+                               "config": vars(workload.config) | {"concurrency": args.concurrency},
+                               "bench_wall_s": time.perf_counter() - started, "turns_4_6": summary,
+                               "scenarios": results}, indent=2, default=str))
+    print(f"{'scenario':>22} {'prompt tok':>10} {'cached':>7} {'vs warm':>8} {'TTFT p50':>9} {'off/this':>8}")
+    for name, row in summary.items():
+        print(f"{name:>22} {row['num_prompt_tokens']:>10} {row['num_cached_tokens']:>7} "
+              f"{row.get('hit_tokens_vs_warm', math.nan):>8.2f} {row['ttft_ms_p50']:>9.0f} "
+              f"{row.get('ttft_p50_off_over_this', math.nan):>8.2f}")
+    print(f"turns 4-6 only; wrote {out} ({time.perf_counter() - started:.0f} s)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="gemma-3-270m")
@@ -307,6 +388,9 @@ def main() -> None:
                         help="passed to the workers (needs serve --block-size); default: the engine's 16")
     parser.add_argument("--device", default=None, help="worker --device (default: the worker's choice)")
     parser.add_argument("--timeout-s", type=float, default=900.0, help="per request")
+    parser.add_argument("--tiers", action="store_true",
+                        help="issue 17 scenarios instead: off, warm, restart with a disk tier, a second worker with "
+                             "a shared tier (turns 4-6 compared); writes multi_turn_tiers.json")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "multi_turn.json")
     args = parser.parse_args()
     if args.concurrency < 1 or args.repeats < 1:
@@ -326,6 +410,9 @@ def main() -> None:
     block_size = args.block_size or ENGINE_DEFAULT_BLOCK_SIZE
     switch = "--no-prefix-caching" in options
     workload = MultiTurnWorkload.from_config(config)
+    if args.tiers:
+        run_tier_scenarios(args, workload, common)
+        return
     num_prompt_tokens = workload.num_prompt_tokens()
     computed = workload.ideal_prefill_tokens(block_size, args.concurrency)
     ideal = {"block_size": block_size, "concurrency": args.concurrency, "num_prompt_tokens": num_prompt_tokens,

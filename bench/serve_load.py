@@ -203,6 +203,7 @@ class TurnResult:
 async def run_sessions(base_url: str, model: str, workload: MultiTurnWorkload, *, concurrency: int,
                        session_rate: float, seed: int, encode: Callable[[str], list[int]] | None,
                        timeout_s: float, transport: httpx.AsyncBaseTransport | None = None,
+                       history: dict[str, list[list[int]]] | None = None, stop_turn: int | None = None,
                        ) -> tuple[list[TurnResult], float]:
     """Run multi-turn sessions: sessions arrive in start order with Poisson gaps (``session_rate`` per second;
     ``math.inf``: all at once, a closed loop), at most ``concurrency`` in flight, a session's turns one after
@@ -210,6 +211,8 @@ async def run_sessions(base_url: str, model: str, workload: MultiTurnWorkload, *
 
     A turn's answer is the server's returned token ids, else ``encode(text)``; a failed turn (or no ids and
     no ``encode``) ends its session, recorded in its result. ``transport``: httpx's (tests give a mock server).
+    ``history`` (session id -> answers so far, updated in place) resumes sessions at their next turn and
+    ``stop_turn`` ends them before that turn index: a run split in phases (e.g. turns 1-3, a restart, 4-6).
     Returns (turns in completion order, wall seconds).
     """
     url = base_url.rstrip("/") + "/v1/completions"
@@ -222,8 +225,9 @@ async def run_sessions(base_url: str, model: str, workload: MultiTurnWorkload, *
 
         async def one_session(session: Session) -> None:
             async with limiter:
-                answers: list[list[int]] = []
-                for k, turn in enumerate(session.turns):
+                answers: list[list[int]] = [] if history is None else history.setdefault(session.session_id, [])
+                for k in range(len(answers), len(session.turns) if stop_turn is None else stop_turn):
+                    turn = session.turns[k]
                     prompt = session.prompt(answers)
                     result = await one_request(client, url, model, prompt, turn.max_tokens, False,
                                                headers={SESSION_HEADER: session.session_id}, return_token_ids=True)

@@ -154,6 +154,23 @@ class WorkerMetrics:
         self._prefix_blocks = Gauge(
             "ferry_prefix_cache_blocks", "KV blocks registered in the prefix cache (reusable), by KV-cache group.",
             [*labels, "group"], registry=r)
+        tier_labels = [*labels, "tier"]
+        self._tier_counters = {
+            "hit_tokens": Counter("ferry_kv_tier_hits", "Prompt tokens loaded from a KV tier (not computed).",
+                                  tier_labels, registry=r),
+            "read_bytes": Counter("ferry_kv_tier_read_bytes", "Bytes of KV tier entries read.", tier_labels, registry=r),
+            "written_bytes": Counter("ferry_kv_tier_written_bytes", "Bytes of KV tier entries written.", tier_labels,
+                                     registry=r),
+            "load_seconds": Counter("ferry_kv_tier_load_seconds", "Seconds spent reading and checking KV tier entries "
+                                    "(loader thread).", tier_labels, registry=r),
+            "expiries": Counter("ferry_kv_tier_expiries", "KV tier entries removed after their idle TTL.", tier_labels,
+                                registry=r),
+        }
+        self._tier_usage = Gauge("ferry_kv_tier_usage_bytes", "Bytes held by a KV tier's entries.", tier_labels,
+                                 registry=r)
+        self._tier_failures = Counter(
+            "ferry_kv_tier_integrity_failures", "KV tier entries refused when loaded, by reason (truncated, format, "
+            "signature, weights); each is deleted and the prompt recomputed.", [*tier_labels, "reason"], registry=r)
         self._kv_events = Counter(
             "ferry_kv_events", "KV cache events produced (blocks stored/removed, cleared); see GET /v1/kv-events.",
             labels, registry=r)
@@ -211,7 +228,9 @@ class WorkerMetrics:
         """Advance the prefix-cache series from engine counters (``PagedLLMEngine.prefix_cache_stats``).
 
         ``stats``/``previous``: ``query_tokens``, ``hit_tokens``, per group ``evictions`` (cumulative)
-        and ``cached_blocks`` (now); counters grow by the difference to ``previous`` (empty at start).
+        and ``cached_blocks`` (now), and per KV tier (``tiers``, when configured) hits, bytes read and
+        written, load seconds, expiries, integrity failures by reason (cumulative) and usage bytes (now);
+        counters grow by the difference to ``previous`` (empty at start).
         """
         for counter, key in ((self._prefix_queries, "query_tokens"), (self._prefix_hits, "hit_tokens")):
             delta = stats[key] - previous.get(key, 0)
@@ -224,6 +243,17 @@ class WorkerMetrics:
                 child.inc(delta)
         for group, num_blocks in stats["cached_blocks"].items():
             self._prefix_blocks.labels(**self.identity, group=group).set(num_blocks)
+        for tier, current in stats.get("tiers", {}).items():
+            before = previous.get("tiers", {}).get(tier, {})
+            for key, counter in self._tier_counters.items():
+                delta = current[key] - before.get(key, 0)
+                if delta > 0:
+                    counter.labels(**self.identity, tier=tier).inc(delta)
+            self._tier_usage.labels(**self.identity, tier=tier).set(current["usage_bytes"])
+            for reason, count in current["integrity_failures"].items():
+                delta = count - before.get("integrity_failures", {}).get(reason, 0)
+                if delta > 0:
+                    self._tier_failures.labels(**self.identity, tier=tier, reason=reason).inc(delta)
 
     def kv_events(self, num_produced: int, num_sent: int, num_bytes_sent: int) -> None:
         """Add KV events produced by the engine, and events and bytes sent to KV-event subscribers."""

@@ -22,6 +22,13 @@ prefills every prompt itself (no ``/internal/prefill``, no KV receiver). ``--mod
 version in KV payloads (KV from another version is refused). ``--pool``, ``--track`` and
 ``--replica`` only label the metrics.
 
+KV tiers (:mod:`inference_worker.engine.kv_tiers`): ``--kv-offload-host SIZE``, ``--kv-offload-disk PATH:SIZE``
+and ``--kv-shared URI:SIZE`` keep finished contexts' KV beyond the engine's cache (host memory, a local
+directory, a directory shared by every worker of these weights); entries idle longer than ``--kv-entry-ttl``
+seconds (default 1800) are removed. Entries are signed with the tier secret (``--kv-tier-secret`` or
+``FERRY_KV_TIER_SECRET``, >= 16 bytes, required for a disk or shared tier; the same on every worker sharing
+a store). Tiers need prefix caching.
+
 ``--fault-kv MODE`` (prefill role) damages the KV hand-off on purpose to rehearse a bad KV link
 (``corrupt``, ``truncate``, ``wrong-key``, ``wrong-version``, ``delay:S``, ``die-mid-send``); never set
 it on a worker that takes production traffic. ``--fault-kv header`` (take the mode per request from the
@@ -67,6 +74,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--block-size", type=int, default=None, help="tokens per KV cache block (default 16)")
     parser.add_argument("--no-prefix-caching", action="store_true",
                         help="turn off prefix caching (reuse of identical prompt prefixes' KV; on by default)")
+    parser.add_argument("--kv-offload-host", default=None, metavar="SIZE",
+                        help="host-memory KV tier beyond --kv-cache-memory (e.g. 2GiB; off by default)")
+    parser.add_argument("--kv-offload-disk", default=None, metavar="PATH:SIZE",
+                        help="local-disk KV tier: a directory and its byte budget (e.g. /var/cache/ferry-kv:20GiB)")
+    parser.add_argument("--kv-shared", default=None, metavar="URI:SIZE",
+                        help="shared KV tier: a directory every worker of these weights mounts (path or file://), "
+                             "and its byte budget")
+    parser.add_argument("--kv-entry-ttl", type=float, default=1800.0, metavar="S",
+                        help="KV tier entries idle (no read or write) longer than this are removed (default 30 min)")
+    parser.add_argument("--kv-tier-secret", default=None,
+                        help="secret (>= 16 bytes) keying the KV tier records' tags; the same on every worker "
+                             "sharing a store (default: env FERRY_KV_TIER_SECRET)")
     parser.add_argument("--dtype", default=None, help="weight/compute dtype (float32, bfloat16, float16)")
     parser.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
     parser.add_argument("--fault-error-rate", type=float, default=0.0, metavar="F",
@@ -130,6 +149,47 @@ def validate(args: argparse.Namespace) -> None:
         from inference_worker.engine.kv_cache_sizing import parse_kv_cache_memory  # torch-free
 
         parse_kv_cache_memory(args.kv_cache_memory)
+    tier_stores(args)
+
+
+def tier_secret(args: argparse.Namespace) -> bytes | None:
+    """The KV tier secret from ``--kv-tier-secret`` or ``FERRY_KV_TIER_SECRET`` (None if neither)."""
+    value = args.kv_tier_secret or os.environ.get("FERRY_KV_TIER_SECRET")
+    return value.encode() if value else None
+
+
+def tier_stores(args: argparse.Namespace) -> list:
+    """The KV tier stores the options ask for, fastest first (host, disk, shared); [] when none.
+
+    Raises:
+        ValueError: a bad ``PATH:SIZE``, a TTL <= 0, prefix caching off, or a disk/shared tier without a
+            tier secret of >= 16 bytes.
+    """
+    from inference_worker.engine.kv_cache_sizing import parse_kv_cache_memory
+    from inference_worker.engine.kv_tier_store import DirectoryKVStore, MemoryKVStore, parse_store_spec
+
+    stores: list = []
+    if args.kv_offload_host:
+        kind, size = parse_kv_cache_memory(args.kv_offload_host)
+        if kind != "bytes":
+            raise ValueError(f"--kv-offload-host takes bytes with a unit (e.g. 2GiB), got {args.kv_offload_host!r}")
+        stores.append(MemoryKVStore(int(size)))
+    for option, value, tier in (("--kv-offload-disk", args.kv_offload_disk, "disk"),
+                                ("--kv-shared", args.kv_shared, "shared")):
+        if value:
+            path, size = parse_store_spec(option, value)
+            stores.append(DirectoryKVStore(path, size, tier))
+    if not stores:
+        return stores
+    if args.kv_entry_ttl <= 0:
+        raise ValueError(f"--kv-entry-ttl must be > 0 seconds, got {args.kv_entry_ttl}")
+    if args.no_prefix_caching:
+        raise ValueError("KV tiers need prefix caching: drop --no-prefix-caching or the --kv-offload/--kv-shared options")
+    secret = tier_secret(args)
+    if (args.kv_offload_disk or args.kv_shared) and (secret is None or len(secret) < 16):
+        raise ValueError("a disk or shared KV tier needs a tier secret of >= 16 bytes "
+                         "(--kv-tier-secret or FERRY_KV_TIER_SECRET)")
+    return stores
 
 
 def link_secret(args: argparse.Namespace) -> bytes | None:
@@ -140,12 +200,20 @@ def link_secret(args: argparse.Namespace) -> bytes | None:
 
 def load_model(args: argparse.Namespace, metrics: WorkerMetrics) -> ServedModel:
     """Build the engine and everything the routes need (runs in the loader thread)."""
+    import secrets
+
+    from inference_worker.engine.kv_tiers import KVTierOptions
     from inference_worker.server.engine_adapter import build_served_model
 
+    stores = tier_stores(args)
+    kv_tiers = None
+    if stores:  # a host-only tier never leaves the process: a random secret is enough
+        kv_tiers = KVTierOptions(stores=stores, secret=tier_secret(args) or secrets.token_bytes(32),
+                                 model_id=args.served_model_name or args.model, entry_ttl_s=args.kv_entry_ttl)
     return build_served_model(args.model, metrics=metrics, max_num_seqs=args.max_num_seqs,
                               max_model_len=args.max_model_len, kv_cache_memory=args.kv_cache_memory, dtype=args.dtype,
                               device=args.device, block_size=args.block_size,
-                              enable_prefix_caching=not args.no_prefix_caching)
+                              enable_prefix_caching=not args.no_prefix_caching, kv_tiers=kv_tiers)
 
 
 def run(args: argparse.Namespace) -> int:

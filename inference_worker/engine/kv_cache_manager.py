@@ -156,6 +156,38 @@ class HybridKVCacheManager:
             self._digests[request_id] = known
         return known
 
+    def request_block_digests(self, request_id: str, prompt_token_ids: list[int], output_token_ids: list[int],
+                              num_tokens: int) -> list[bytes]:
+        """Digests of the full blocks of the request's first ``num_tokens`` tokens (computed once per request).
+
+        Raises:
+            ValueError: prefix caching is off (there is no root to chain from).
+        """
+        if self.prefix_root is None:
+            raise ValueError("block digests need prefix caching (a prefix root)")
+        return self._digests_for(request_id, prompt_token_ids, output_token_ids, num_tokens)[: num_tokens // self.block_size]
+
+    def readable_block_ids(self, request_id: str, digests: list[bytes]) -> tuple[list[int], ...]:
+        """Per group, the blocks holding the request's KV that can be trusted, for saving it elsewhere.
+
+        Entry k below ``len(digests)`` (a full block) is the block registered under ``digests[k]`` — registered
+        blocks hold KV computed or received for exactly those tokens, including sliding blocks already nulled
+        in the table but still cached — or 0 when there is none (evicted, or only partly written such as a PD
+        import's first sliding block, which is never registered). Later entries (the partial last block,
+        written by this request's own steps) are the table's.
+        """
+        tables = []
+        for manager, pool in zip(self.managers, self.block_pools, strict=True):
+            table = []
+            for k, block in enumerate(manager.req_to_blocks.get(request_id, [])):
+                if k < len(digests):
+                    cached = pool.cached_blocks.get(digests[k])
+                    table.append(0 if cached is None else cached.block_id)
+                else:
+                    table.append(block.block_id)
+            tables.append(table)
+        return tuple(tables)
+
     def allocate_slots(
         self, request_id: str, num_computed_tokens: int, num_new_tokens: int,
         computed_blocks: list[list[KVCacheBlock]] | None = None,

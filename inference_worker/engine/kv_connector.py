@@ -35,10 +35,17 @@ class ExternalKV:
         first_positions: per KV-cache group, the first position the loaded KV covers (sliding
             groups receive only the window); blocks holding an earlier position are never
             registered in the prefix cache (a partly written block).
+        load_async: the KV is not here yet (DualPath cold path: a tier read runs off the step loop); the
+            scheduler parks the request, without blocks, until ``get_finished_loads`` names it, then asks
+            again (``num_tokens`` and ``first_positions`` are unused).
+        num_cached_tokens: tokens reported to the client as cached (a tier load: all of ``num_tokens``;
+            a PD import: 0 here, the engine adds the prefill worker's hit).
     """
 
     num_tokens: int
     first_positions: tuple[int, ...]
+    load_async: bool = False
+    num_cached_tokens: int = 0
 
 
 class KVConnector:
@@ -55,6 +62,13 @@ class KVConnector:
 
     def request_finished(self, request: Request, block_ids: tuple[list[int], ...]) -> None:
         """``request`` finished or was aborted; its blocks are still allocated and freed right after."""
+
+    def get_finished_loads(self) -> set[str]:
+        """Ids of parked requests (``load_async``) whose KV is now ready or whose load failed (called each step)."""
+        return set()
+
+    def wait_for_any_load(self, timeout_s: float) -> None:
+        """Block up to ``timeout_s`` seconds for an async load to finish (an idle engine with parked requests)."""
 
     # ---- runner side ---------------------------------------------------------------------
     def start_load_kv(self) -> None:

@@ -10,10 +10,12 @@ attention type (``full_attention`` / ``sliding_attention``); ``tier`` is where t
 
 from __future__ import annotations
 
+import threading
 from collections import deque
 from dataclasses import dataclass
 
 DEVICE_TIER = "device"
+TIERS = (DEVICE_TIER, "host", "disk", "shared")
 
 
 @dataclass(frozen=True)
@@ -60,21 +62,25 @@ class KVEventQueue:
     """Events not yet taken by the engine, bounded: past ``max_events`` the oldest are dropped.
 
     Dropping is safe because consumers re-synchronise from a snapshot (a gap in sequence numbers
-    is detected downstream); ``num_dropped`` counts them.
+    is detected downstream); ``num_dropped`` counts them. Thread-safe: the KV tiers' writer thread puts
+    tier events while the engine thread puts and takes.
     """
 
     def __init__(self, max_events: int = 100_000) -> None:
         self._events: deque[KVEvent] = deque(maxlen=max_events)
+        self._lock = threading.Lock()
         self.num_dropped = 0
 
     def put(self, event: KVEvent) -> None:
         """Append one event (O(1))."""
-        if len(self._events) == self._events.maxlen:
-            self.num_dropped += 1
-        self._events.append(event)
+        with self._lock:
+            if len(self._events) == self._events.maxlen:
+                self.num_dropped += 1
+            self._events.append(event)
 
     def take(self) -> list[KVEvent]:
         """Remove and return every queued event, oldest first."""
-        events = list(self._events)
-        self._events.clear()
+        with self._lock:
+            events = list(self._events)
+            self._events.clear()
         return events

@@ -81,12 +81,13 @@ class PagedLLMEngine:
         kernel: ``"sdpa"`` (paged fast path) or ``"reference"`` (gather + pure-torch reference).
         kv_cache_memory, block_size, max_num_batched_tokens, enable_prefix_caching: as ``PagedEngineCore``.
         weights_sha256: salt of the block digests (default: ``loaded.sha256``).
+        kv_tiers: host/disk/shared KV tiers (``kv_tiers.KVTierOptions``); None: none.
     """
 
     def __init__(self, loaded: LoadedModel, *, max_num_seqs: int = 8, max_model_len: int | None = None,
                  kernel: str = "sdpa", kv_cache_memory: int | float | str | None = None, block_size: int = 16,
                  max_num_batched_tokens: int = 2048, enable_prefix_caching: bool = True,
-                 weights_sha256: str | None = None) -> None:
+                 weights_sha256: str | None = None, kv_tiers: Any = None) -> None:
         if kernel not in ("sdpa", "reference"):
             raise ValueError(f"unknown attention kernel {kernel!r}; choose 'sdpa' or 'reference'")
         self.loaded = loaded
@@ -96,6 +97,7 @@ class PagedLLMEngine:
             max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
             sampler=_sample_with(self.sampler), attention="paged" if kernel == "sdpa" else "reference",
             enable_prefix_caching=enable_prefix_caching, weights_sha256=weights_sha256 or loaded.sha256,
+            kv_tiers=kv_tiers,
         )
         self.max_model_len = self.core.max_model_len
         self._seqs: dict[str, _Sequence] = {}
@@ -284,7 +286,7 @@ class PagedLLMEngine:
 
     def kv_events_snapshot(self) -> list[KVEvent]:
         """The prefix cache as it is now: ``AllCleared`` then a ``BlockStored`` per cached block."""
-        return self.core.kv_cache_manager.snapshot_events()
+        return self.core.kv_events_snapshot()
 
     def abort_request(self, request_id: str) -> bool:
         """Stop a request and free its KV blocks now; the next ``step`` reports it with ``"abort"``."""

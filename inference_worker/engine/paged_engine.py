@@ -20,7 +20,9 @@ import torch
 from inference_worker.engine.block_hash import prefix_root
 from inference_worker.engine.kv_cache_manager import HybridKVCacheManager
 from inference_worker.engine.kv_cache_sizing import plan_kv_cache, resolve_kv_cache_bytes
+from inference_worker.engine.kv_events import KVEvent
 from inference_worker.engine.kv_handoff import connector_for
+from inference_worker.engine.kv_tiers import KVTierOptions, TieredConnector, tier_windows
 from inference_worker.engine.model_runner import ModelRunner, PagedKVCache, SampleFn, greedy_sampler
 from inference_worker.engine.request import Request, RequestStatus
 from inference_worker.engine.sched_output import RequestUpdate
@@ -47,6 +49,8 @@ class PagedEngineCore:
         enable_prefix_caching: reuse the KV of earlier requests' identical prefixes (default on).
         weights_sha256: salts the block digests (KV is only valid for its weights); None: a random
             salt, so digests are valid in this engine only (the worker always passes the hash).
+        kv_tiers: host/disk/shared KV tiers (:mod:`~inference_worker.engine.kv_tiers`); None: none.
+            Needs prefix caching and ``weights_sha256``.
 
     Raises:
         ValueError: on an invalid ``kv_cache_memory``, a budget too small for one block per
@@ -66,6 +70,7 @@ class PagedEngineCore:
         attention: str = "paged",
         enable_prefix_caching: bool = True,
         weights_sha256: str | None = None,
+        kv_tiers: KVTierOptions | None = None,
     ) -> None:
         if attention not in ("paged", "reference"):
             raise ValueError(f"attention must be 'paged' or 'reference', got {attention!r}")
@@ -101,7 +106,13 @@ class PagedEngineCore:
             device=self.device,
             use_reference=attention == "reference",
         )
-        self.connector = connector_for(kv_cache, config)
+        if kv_tiers is not None and kv_tiers.stores:
+            if weights_sha256 is None:
+                raise ValueError("KV tiers need the weights sha256 (entries are only valid for their weights)")
+            self.connector = TieredConnector(kv_cache, tier_windows(config), kv_manager=self.kv_cache_manager,
+                                             options=kv_tiers, weights_sha256=weights_sha256, kv_dtype=kv_dtype)
+        else:
+            self.connector = connector_for(kv_cache, config)
         self.scheduler = Scheduler(
             self.kv_cache_manager,
             max_num_seqs=max_num_seqs,
@@ -162,20 +173,36 @@ class PagedEngineCore:
         if scheduler_output.num_cached_tokens and self.admission_listener is not None:
             self.admission_listener(dict(scheduler_output.num_cached_tokens))  # before the first token is computed
         runner_output = self.runner.execute_model(scheduler_output)
+        if scheduler_output.is_empty and self.scheduler.loading:  # only parked requests: wait for a load
+            self.connector.wait_for_any_load(0.01)
         self.num_steps += 1
         return self.scheduler.update_from_output(scheduler_output, runner_output)
 
     def reset_prefix_cache(self) -> int:
-        """Forget every cached block (blocks in use keep their KV); returns how many were forgotten."""
+        """Forget every cached block (blocks in use keep their KV), and this worker's KV tier entries
+        (see ``TieredConnector.reset``); returns how many device blocks were forgotten."""
+        if isinstance(self.connector, TieredConnector):
+            self.connector.reset()
         return self.kv_cache_manager.reset_prefix_cache()
 
+    def kv_events_snapshot(self) -> list[KVEvent]:
+        """Every tier now as events: ``AllCleared``, the device blocks, then the tiers' blocks."""
+        events = self.kv_cache_manager.snapshot_events()
+        if isinstance(self.connector, TieredConnector):
+            events += self.connector.snapshot_events()
+        return events
+
     def prefix_cache_stats(self) -> dict[str, Any]:
-        """Counters since start: ``query_tokens``, ``hit_tokens``; per group ``evictions`` and ``cached_blocks``."""
+        """Counters since start: ``query_tokens``, ``hit_tokens``; per group ``evictions`` and ``cached_blocks``;
+        ``tiers``: per KV tier (``TieredConnector.tier_stats``) when tiers are configured."""
         kv = self.kv_cache_manager
         names = [group.attention_type for group in kv.groups]
-        return {"query_tokens": kv.num_query_tokens, "hit_tokens": kv.num_hit_tokens,
-                "evictions": dict(zip(names, kv.get_num_evictions(), strict=True)),
-                "cached_blocks": dict(zip(names, kv.get_num_cached_blocks(), strict=True))}
+        stats = {"query_tokens": kv.num_query_tokens, "hit_tokens": kv.num_hit_tokens,
+                 "evictions": dict(zip(names, kv.get_num_evictions(), strict=True)),
+                 "cached_blocks": dict(zip(names, kv.get_num_cached_blocks(), strict=True))}
+        if isinstance(self.connector, TieredConnector):
+            stats["tiers"] = self.connector.tier_stats()
+        return stats
 
     def last_logits(self, request_id: str) -> torch.Tensor | None:
         """Logits ``[vocab]`` (float32) the request's last token was sampled from, if sampled in the last step."""

@@ -8,11 +8,13 @@ from typing import Any
 
 
 class RequestStatus(enum.Enum):
-    """Life cycle: WAITING -> RUNNING -> (PREEMPTED -> WAITING queue -> RUNNING)* -> FINISHED_*."""
+    """Life cycle: WAITING (-> WAITING_FOR_KV -> WAITING) -> RUNNING -> (PREEMPTED -> WAITING queue -> RUNNING)* -> FINISHED_*."""
 
     WAITING = "waiting"
     RUNNING = "running"
     PREEMPTED = "preempted"
+    WAITING_FOR_KV = "waiting_for_kv"
+    """Parked without blocks while its KV loads from a tier off the step loop (DualPath)."""
     FINISHED_STOPPED = "finished_stopped"
     FINISHED_LENGTH_CAPPED = "finished_length_capped"
     FINISHED_ABORTED = "finished_aborted"

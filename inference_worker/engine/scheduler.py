@@ -70,6 +70,7 @@ class Scheduler:
         self.requests: dict[str, Request] = {}
         self.waiting: list[Request] = []  # sorted by arrival (preempted requests go back in place)
         self.running: list[Request] = []  # sorted by arrival; the tail is preempted first
+        self.loading: dict[str, Request] = {}  # parked while a connector loads their KV (WAITING_FOR_KV)
         self._order: dict[str, tuple[float, int]] = {}
         self._counter = itertools.count()
         self._finished_req_ids: set[str] = set()
@@ -157,8 +158,8 @@ class Scheduler:
 
     @property
     def num_waiting(self) -> int:
-        """Requests waiting (new or preempted)."""
-        return len(self.waiting)
+        """Requests waiting (new or preempted, or parked while their KV loads)."""
+        return len(self.waiting) + len(self.loading)
 
     @property
     def num_running(self) -> int:
@@ -167,7 +168,7 @@ class Scheduler:
 
     def has_unfinished_requests(self) -> bool:
         """True while any request is waiting or running."""
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.loading)
 
     def _preempt(self, request: Request) -> None:
         self.kv_cache_manager.free(request.request_id)
@@ -190,13 +191,21 @@ class Scheduler:
         ``max_num_seqs`` run and budget remains; a prompt longer than the budget is chunked;
         the first request whose blocks do not fit stops admission (FCFS, no skipping). An
         admitted request starts from the tokens available to it: the connector's external KV,
-        or else the prefix-cache hit (its blocks adopted in the same all-or-nothing allocation).
+        or else the prefix-cache hit (its blocks adopted in the same all-or-nothing allocation). A
+        request whose KV the connector must first load (a KV tier, ``load_async``) is parked without
+        blocks (``WAITING_FOR_KV``) and the next waiting request is considered; it rejoins the waiting
+        queue in arrival order once the connector reports the load finished (DualPath).
         Finally each scheduled request's ``num_computed_tokens`` advances by its scheduled
         count.
         """
         kv = self.kv_cache_manager
         budget = self.max_num_batched_tokens
         output = SchedulerOutput()
+        for request_id in self.connector.get_finished_loads():
+            parked = self.loading.pop(request_id, None)
+            if parked is not None:
+                parked.status = RequestStatus.WAITING
+                self._insert_sorted(self.waiting, parked)
         scheduled: list[tuple[Request, int]] = []
 
         index = 0
@@ -233,6 +242,11 @@ class Scheduler:
                 request = self.waiting[0]
                 hit, computed_blocks = 0, None
                 external = self.connector.get_num_new_matched_tokens(request, request.num_computed_tokens)
+                if external is not None and external.load_async:  # DualPath: park it; others go on
+                    self.waiting.pop(0)
+                    request.status = RequestStatus.WAITING_FOR_KV
+                    self.loading[request.request_id] = request
+                    continue
                 if external is None and request.num_computed_tokens == 0:
                     hit, computed_blocks = kv.get_computed_blocks(
                         request.request_id, request.prompt_token_ids, request.output_token_ids)
@@ -246,6 +260,7 @@ class Scheduler:
                 elif kv.enable_prefix_caching:
                     kv.record_query(request.num_tokens, hit)
                 request.num_computed_tokens = num_computed
+                hit += external.num_cached_tokens if external is not None else 0
                 if request.num_cached_tokens is None:
                     request.num_cached_tokens = hit
                     output.num_cached_tokens[request.request_id] = hit
@@ -329,6 +344,8 @@ class Scheduler:
     def _finish(self, request: Request, status: RequestStatus) -> None:
         if request.status == RequestStatus.RUNNING:
             self.running.remove(request)
+        elif request.status == RequestStatus.WAITING_FOR_KV:
+            del self.loading[request.request_id]
         else:
             self.waiting.remove(request)
         request.status = status

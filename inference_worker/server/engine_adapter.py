@@ -6,6 +6,8 @@ The only module of the server that imports ``inference_worker.engine``; the rout
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from inference_worker.engine.kv_handoff import kv_layout
@@ -22,7 +24,7 @@ from inference_worker.tokenization import ChatTemplate
 def build_served_model(model: str, *, metrics: WorkerMetrics | None = None, max_num_seqs: int | None = None,
                        max_model_len: int | None = None, kv_cache_memory: str | None = None,
                        dtype: str | None = None, device: str | None = None, block_size: int | None = None,
-                       enable_prefix_caching: bool = True) -> ServedModel:
+                       enable_prefix_caching: bool = True, kv_tiers: Any = None) -> ServedModel:
     """Load ``model`` into an ``LLMEngine`` and wrap it for the server (the engine thread is not started).
 
     Args:
@@ -34,6 +36,7 @@ def build_served_model(model: str, *, metrics: WorkerMetrics | None = None, max_
         dtype / device: compute dtype and torch device (default: cuda when available, else cpu).
         block_size: tokens per KV block (engine default when None).
         enable_prefix_caching: reuse the KV of identical prompt prefixes (``--no-prefix-caching`` turns it off).
+        kv_tiers: host/disk/shared KV tiers (``engine.kv_tiers.KVTierOptions``); None: none.
 
     Raises:
         ValueError: an invalid option, or a model that cannot be loaded.
@@ -50,7 +53,8 @@ def build_served_model(model: str, *, metrics: WorkerMetrics | None = None, max_
         engine_kwargs["block_size"] = block_size
     loaded = load_model(model, dtype=dtype, device=device)
     sha = loaded.sha256 or weights_sha256(loaded.path)
-    engine = LLMEngine(loaded, enable_prefix_caching=enable_prefix_caching, weights_sha256=sha, **engine_kwargs)
+    engine = LLMEngine(loaded, enable_prefix_caching=enable_prefix_caching, weights_sha256=sha, kv_tiers=kv_tiers,
+                       **engine_kwargs)
     tokenizer = engine.tokenizer
     chat_template = ChatTemplate.for_tokenizer_dir(loaded.path) if loaded.path.is_dir() else None
 

@@ -124,3 +124,28 @@ def test_groups_must_share_block_size():
                 KVCacheGroupSpec(SLIDING_ATTENTION, (1,), 4, 4, 4),
             ]
         )
+
+
+def test_readable_blocks_for_a_tier_save_are_registered_blocks_only():
+    """Saving a context to a KV tier reads only blocks registered under the request's digests (a nulled
+    sliding block still cached counts; a PD import's partly written first sliding block never does) and
+    the partial last block."""
+    kv = HybridKVCacheManager(
+        [KVCacheGroupSpec(FULL_ATTENTION, (2,), None, 40, BS), KVCacheGroupSpec(SLIDING_ATTENTION, (0, 1), W, 40, BS)],
+        enable_prefix_caching=True, prefix_root=b"\x01" * 32)
+    tokens = list(range(100, 111))  # 11 tokens: 5 full blocks and a partial one
+    # A PD import of 10 tokens: sliding KV from position 10 - (W-1) = 7, so sliding block 3 (6, 7) is partly written.
+    kv.allocate_slots("pd", 10, 1)
+    kv.set_first_registrable_blocks("pd", [0, 7])
+    kv.cache_blocks("pd", 11, tokens[:10], tokens[10:])
+    digests = kv.request_block_digests("pd", tokens[:10], tokens[10:], 11)
+    full, sliding = kv.get_block_ids("pd")
+    assert kv.readable_block_ids("pd", digests) == (full, [0, 0, 0, 0, sliding[4], sliding[5]])
+    # A request that computed the same tokens itself: its sliding blocks 0..3 are registered (pd's are not),
+    # blocks 4 and the full ones were registered by pd first; nulled blocks stay readable while cached.
+    kv.allocate_slots("own", 0, 11)
+    kv.cache_blocks("own", 11, tokens[:10], tokens[10:])
+    own_full, before = kv.get_block_ids("own")
+    kv.allocate_slots("own", 11, 1)  # nulls sliding blocks 0..3 (positions <= 7, before the window of 11)
+    assert kv.get_block_ids("own")[1][:4] == [0, 0, 0, 0]
+    assert kv.readable_block_ids("own", digests) == (full[:5] + [own_full[5]], before[:4] + [sliding[4], before[5]])
