@@ -27,7 +27,9 @@ These Actions carry no ``pool`` lock (``Action.pool`` is empty: a rollout change
 one tick and must not be refused by, or block, the operator's one-action-per-pool lock, which the operator's
 ``pool.scale`` Action itself holds); their target is the pool (``target_type="pool"``) and
 ``params["requester"]`` says who asked: a user's name, ``autoscaler``, or ``rollout:7``. Every service takes an
-``idempotency_key``: a second call with the same key returns the first Action and writes nothing.
+``idempotency_key``: a second call with the same key returns the first Action and writes nothing. While one of
+them is pending or running, reconcile leaves the pool alone (:func:`apps.operations.reconcile.pool_busy`), so it
+never races a track Action with a ``pool.apply`` of its own.
 
 The services never call a backend. The handlers run in the Action's execution (the Celery task enqueued on
 commit), or through :func:`actions_execute` which a caller runs once its own transaction has committed.
