@@ -12,9 +12,12 @@ max_surge 1: never more than two model workers at a time) lives through three re
 2. canary v2 -> v3 started with ``worker_args="--fault-error-rate 0.5"`` and an error-rate gate: the gate fails,
    the rollout is aborted with the failing measurement recorded, traffic returns to stable, and once the
    router applied that table no client request fails.
-3. blue-green v2 -> v3: the switch waits for the preview's readiness and a real smoke completion; a switch-back
+3. canary v2 -> v3 started with worker options that keep it from ever becoming ready (issue 20): it fails at the
+   progress deadline, the canary is removed and no client request fails.
+4. blue-green v2 -> v3: the switch waits for the preview's readiness and a real smoke completion; a switch-back
    within the scale-down delay restores blue (the ``stable`` track) without restarting it (same pid); a
    second blue-green with a 3 s delay scales blue to zero and promotes.
+5. rollback of that blue-green (back to v2) under load: promoted, 0 failed client requests.
 
 One test function: the flow shares processes and the pool, and the transactional database is flushed between
 tests.
@@ -173,7 +176,9 @@ def test_canary_under_load_faulty_canary_abort_and_blue_green_switch_back(stack,
         assert wait_for(lambda: load.results and load.results[-1][1] == 200, 30), load.results[-3:]
         _canary_under_load(stack, operator_api, load, pool, v2)
         _faulty_canary_aborts(stack, operator_api, load, pool, v3)
+        _never_ready_canary_fails_and_is_removed(stack, operator_api, load, pool, v3)
         _blue_green_switch_back_then_promote(stack, operator_api, load, pool, v3)
+        _rollback_under_load(stack, operator_api, load, pool)
     finally:
         load.stop()
     assert not any(loop.errors for loop in stack["loops"]), {loop.name: loop.errors[:3] for loop in stack["loops"]}
@@ -253,6 +258,49 @@ def _faulty_canary_aborts(stack, operator_api, load, pool, v3) -> None:  # noqa:
     assert wait_for(lambda: processes(stack["agent"], "canary") == [], 30)
     assert table_weights() == {"stable": ("v2", 100)}
     assert failures(load.between(applied)) == []
+
+
+def _never_ready_canary_fails_and_is_removed(stack, operator_api, load, pool, v3) -> None:  # noqa: ANN001
+    """Issue 20, acceptance 1: a canary whose worker options keep it from ever becoming ready (a KV cache too
+    small for one block: the model never finishes loading) fails at the progress deadline, its track is removed
+    (an unready replica is the first to go) and the pool takes a new rollout (the next stage starts one)."""
+    router = stack["router"]
+    began = time.monotonic()
+    plan_id = start(operator_api, name="v3 never ready", pools=[pool.pk], target_model_version=v3.pk,
+                    strategy="canary", worker_args="--kv-cache-memory 1KiB", router_url=router.url,
+                    progress_deadline_s=15, steps=[{"set_weight": 50}, {"pause": {}}])
+    assert wait_for(lambda: processes(stack["agent"], "canary"), 30)
+    plan = wait_plan(plan_id, lambda p: p.state != "progressing", 60, stack)
+    assert plan.state == "failed", plan.message
+    assert plan.message.startswith("progress deadline of 15s exceeded while waiting for here/chat canary: 0 of 1 "
+                                   "replica ready"), plan.message
+    assert not Replica.objects.filter(pool=pool, track="canary", ready=True).exists()  # it never became ready
+    plan = wait_plan(plan_id, lambda p: not p.progress.get("cleanup"), 60, stack)
+    assert (plan.state, plan.phase) == ("failed", "")
+    assert wait_for(lambda: processes(stack["agent"], "canary") == [], 30)
+    assert table_weights() == {"stable": ("v2", 100)}
+    deleted = Action.objects.get(kind="pool.track_delete", params__requester=f"rollout:{plan_id}")
+    assert wait_for(lambda: Action.objects.get(pk=deleted.pk).status == "succeeded", 30)
+    assert failures(load.between(began)) == []  # the canary never got traffic: it was never ready
+
+
+def _rollback_under_load(stack, operator_api, load, pool) -> None:  # noqa: ANN001
+    """Issue 20, acceptance 2: a rollback of the promoted blue-green (back to v2) under load, 0 failed requests."""
+    began = time.monotonic()
+    promoted = RolloutPlan.objects.filter(state="promoted").order_by("-id").first()
+    r = operator_api.post(f"/api/v1/rollouts/{promoted.pk}/rollback/")
+    assert r.status_code == 201, r.json()
+    plan = wait_plan(r.json()["id"], lambda p: p.state != "progressing", READY_TIMEOUT_S + 60, stack)
+    assert plan.state == "promoted", plan.message
+    assert wait_for(lambda: router_applied(stack, routing_table_current().version), 10)
+    assert wait_for(lambda: processes(stack["agent"], "green") == [], 30)
+    (blue,) = processes(stack["agent"], "blue")  # the preview of an active green track is blue
+    assert blue["labels"]["ferry.io/model-version"] == "v2"
+    assert table_weights() == {"blue": ("v2", 100)}
+    back = time.monotonic()
+    assert wait_for(lambda: [r[2] for r in load.between(back)][-2:] == ["blue", "blue"], 10)
+    assert failures(load.between(began)) == []
+    assert len(load.between(began)) >= 10
 
 
 def _blue_green_switch_back_then_promote(stack, operator_api, load, pool, v3) -> None:  # noqa: ANN001
