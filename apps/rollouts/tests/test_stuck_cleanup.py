@@ -120,6 +120,11 @@ def test_force_abort_removes_the_new_tracks_whatever_their_readiness(operator_ap
     delete = Action.objects.get(kind="pool.track_delete", target_id=str(decode3.pk))
     assert (delete.params, delete.status) == ({"track": "canary", "requester": f"rollout:{plan.pk}"}, "pending")
     assert rollout_tick(rollout_id=plan.pk) == "skipped"
+    listed = operator_api.get("/api/v1/actions/", {"requester": f"rollout:{plan.pk}"}).json()["results"]
+    assert {"rollout.start", "rollout.step", "pool.track_set", "pool.track_delete"} <= {a["kind"] for a in listed}
+    assert {(a["requester"], a["requested_by"]) for a in listed} == {(f"rollout:{plan.pk}", None)}
+    by_otto = operator_api.get("/api/v1/actions/", {"requester": "otto"}).json()["results"]
+    assert [(a["kind"], a["params"]) for a in by_otto] == [("rollout.abort", {"force": True}), ("rollout.abort", {})]
 
     r = operator_api.post(f"/api/v1/rollouts/{plan.pk}/abort/", {"force": True}, format="json")
     assert (r.status_code, r.json()) == (409, {"detail": "Rollout 'stuck' is aborted and its cleanup is done: "
