@@ -8,10 +8,14 @@ Protocol, server -> client (JSON):
   (``apps.dashboard.selectors``: ``fleet_snapshot``, ``pool_snapshot``);
 - the telemetry layer's messages as broadcast (``telemetry.signals``, ``telemetry.fleet``,
   ``telemetry.alert``, each with ``seq``) plus ``stream`` naming the group they came from
-  (``fleet`` or ``pool.<id>``); a rollout's group also forwards ``rollout.state`` messages.
+  (``fleet`` or ``pool.<id>``); a rollout's group also forwards the ``rollout.state`` messages that
+  :mod:`apps.rollouts.broadcast` sends after every committed change of the plan.
 
 Client -> server: ``{"type": "resync", "stream": ...}`` when the client sees a gap in a stream's
 sequence numbers (or after reconnecting); the consumer answers with that stream's snapshot.
+``{"type": "seq", "stream": ...}`` asks for the stream's last sequence number (answer
+``{"type": "seq", "stream": ..., "seq": n}``): the client asks every few seconds, so a dropped *final*
+message (no later one to reveal the gap) is noticed and resynced too.
 
 Connections without an authenticated user, or from a user without a role, are refused (close before
 accept: HTTP 403 at the handshake); the ASGI stack (``controlplane.asgi``) also rejects foreign origins. An authenticated
@@ -29,8 +33,10 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from apps.accounts.roles import user_role
 from apps.dashboard import selectors
 from apps.fleet.models import Pool
+from apps.rollouts.broadcast import rollout_group
 from apps.rollouts.models import RolloutPlan
 from apps.telemetry.broadcast import FLEET_GROUP, pool_group
+from apps.telemetry.history import SignalHistory
 
 
 def reads(func):
@@ -43,9 +49,6 @@ CLOSE_NO_ROLE = 4403
 CLOSE_NOT_FOUND = 4404
 
 
-def rollout_group(rollout_id: int) -> str:
-    """The Channels group of one rollout (``rollout.<id>``); messages of type ``rollout.state`` are forwarded."""
-    return f"rollout.{rollout_id}"
 
 
 class StreamConsumer(AsyncJsonWebsocketConsumer):
@@ -85,13 +88,23 @@ class StreamConsumer(AsyncJsonWebsocketConsumer):
             await self.channel_layer.group_discard(group, self.channel_name)
 
     async def receive_json(self, content, **kwargs) -> None:
-        if not isinstance(content, dict) or content.get("type") != "resync":
-            await self.send_json({"type": "error", "message": 'Only {"type": "resync", "stream": ...} is accepted.'})
+        kind = content.get("type") if isinstance(content, dict) else None
+        if kind not in ("resync", "seq"):
+            await self.send_json({"type": "error", "message": 'Only {"type": "resync" or "seq", "stream": ...} is '
+                                                              "accepted."})
             return
         stream = content.get("stream")
         targets = [stream] if stream in self.streams else list(self.streams)
         for name in targets:
-            await self.send_json(await self.snapshot(name))
+            if kind == "seq":
+                await self.send_json({"type": "seq", "stream": name, "seq": await self.current_seq(name)})
+            else:
+                await self.send_json(await self.snapshot(name))
+
+    @reads
+    def current_seq(self, stream: str) -> int:
+        """The last sequence number sent to ``stream``'s group (a Redis read)."""
+        return SignalHistory().current_seq(self.streams[stream])
 
     async def _forward(self, event: dict, stream: str) -> None:
         await self.send_json({**event, "stream": stream})
@@ -153,7 +166,8 @@ class RolloutConsumer(StreamConsumer):
     def snapshot(self, stream: str) -> dict:
         kind, _, ident = stream.partition(".")
         if kind == "rollout":
-            return {"type": "snapshot", "stream": stream, "seq": None, "rollout": selectors.rollout_detail(int(ident))}
+            seq = SignalHistory().current_seq(rollout_group(ident))  # read first: later messages have larger numbers
+            return {"type": "snapshot", "stream": stream, "seq": seq, "rollout": selectors.rollout_detail(int(ident))}
         return selectors.pool_snapshot(int(ident))
 
     async def rollout_state(self, event: dict) -> None:

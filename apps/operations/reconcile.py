@@ -7,7 +7,8 @@ One tick (``operations.reconcile``, every ``FERRY_RECONCILE_INTERVAL_S`` from be
    twice). Pending Actions not queued for ``FERRY_ACTION_REQUEUE_S`` are enqueued again.
 2. Each pool's backend is observed (one backend session per cluster); the cluster's ``status``
    becomes ``ready`` or ``unreachable``; the pool's ``Replica`` rows are refreshed.
-3. For a pool with no active Action: a track whose backend replica count or model version differs
+3. For a pool with no pending or running Action (neither one holding its lock nor a track Action of
+   :mod:`apps.operations.tracks`, e.g. a rollout's ``pool.track_delete`` still stopping a track): a track whose backend replica count or model version differs
    from the desired one (or a backend track that is not desired) -> a ``pool.apply`` Action; else a
    replica that is not alive (a crashed worker) -> a ``pool.restart_replica`` Action, with backoff
    (:func:`restart_backoff_s`) counted from its death, and a reason that carries its termination
@@ -43,6 +44,9 @@ from apps.orchestrators.base import BackendError, BackendUnavailable, ObservedRe
 from apps.telemetry.selectors import telemetry_history
 
 logger = logging.getLogger(__name__)
+
+RECONCILE = "reconcile"
+"""The requester of the Actions a reconcile tick creates (their first log line: ``requested by reconcile``)."""
 
 
 @dataclass
@@ -107,7 +111,7 @@ def _create(pool: Pool, kind: str, params: dict, key: str, reason: str) -> bool:
     try:
         action, created = services.action_create(kind=kind, target_type="pool", target_id=str(pool.pk),
                                                  target_repr=str(pool), pool=pool, params=params,
-                                                 idempotency_key=key)
+                                                 idempotency_key=key, requester=RECONCILE)
     except ConflictError:
         return False  # someone else locked the pool since we looked: next tick
     if created:
@@ -137,12 +141,24 @@ def replica_failure(replica: ObservedReplica) -> str:
     return f"{text}: {replica.message}" if replica.message else text
 
 
+def pool_busy(pool: Pool) -> bool:
+    """Whether an Action on ``pool`` is pending or running: one holding the pool lock (``Action.pool``), or a
+    track Action (:mod:`apps.operations.tracks`: target ``pool``, no lock) that is still converging a track.
+
+    Reconcile acts only on an idle pool: while a rollout's ``pool.track_delete`` stops a track's replicas, the
+    backend still shows them, and a ``pool.apply`` for that "not desired" track would race it."""
+    active = Action.objects.filter(status__in=Action.ACTIVE_STATUSES)
+    return (active.filter(pool=pool).exists()
+            or active.filter(target_type="pool", target_id=str(pool.pk)).exists())
+
+
 def pool_converge(pool: Pool, observed: ObservedState, *, now_s: float | None = None) -> str | None:
-    """Request the Action that moves ``pool`` toward its desired state; returns its kind or None.
+    """Request the Action that moves ``pool`` toward its desired state; returns its kind or None (also when the
+    pool is busy, :func:`pool_busy`).
 
     ``now_s`` (Unix seconds, default now) decides whether a dead replica's restart backoff is over.
     """
-    if Action.objects.filter(pool=pool, status__in=Action.ACTIVE_STATUSES).exists():
+    if pool_busy(pool):
         return None
     drift = pool_drift(pool, observed)
     if drift:

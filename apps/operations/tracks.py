@@ -11,8 +11,8 @@ controller (which owns the split between tracks and their traffic weights while 
 * :func:`pool_track_create` and :func:`pool_track_set` write one row and record one ``pool.track_set`` Action.
   A change that reaches the backend (a new track, ``replicas``, ``model_version``, ``extra_args``) leaves the
   Action pending: it is enqueued after commit, and its handler reads the row as it is then (absolute desired
-  state, so a late or repeated run converges to the same thing) and calls ``scale_track`` (replicas only;
-  ``NotFound`` -> ``apply_pool_track``) or ``apply_pool_track`` with the full spec. A change of ``weight`` or
+  state, so a late, repeated or reordered run converges to the same thing) and calls ``apply_pool_track`` with
+  the row's full spec (never ``scale_track`` alone: see :func:`pool_track_set_handler`). A change of ``weight`` or
   ``active`` alone reaches only the routing table, which the caller publishes: its Action is recorded as
   succeeded at once.
 * :func:`pool_track_delete` deletes the row; its ``pool.track_delete`` Action calls ``delete_track`` unless a
@@ -27,7 +27,9 @@ These Actions carry no ``pool`` lock (``Action.pool`` is empty: a rollout change
 one tick and must not be refused by, or block, the operator's one-action-per-pool lock, which the operator's
 ``pool.scale`` Action itself holds); their target is the pool (``target_type="pool"``) and
 ``params["requester"]`` says who asked: a user's name, ``autoscaler``, or ``rollout:7``. Every service takes an
-``idempotency_key``: a second call with the same key returns the first Action and writes nothing.
+``idempotency_key``: a second call with the same key returns the first Action and writes nothing. While one of
+them is pending or running, reconcile leaves the pool alone (:func:`apps.operations.reconcile.pool_busy`), so it
+never races a track Action with a ``pool.apply`` of its own.
 
 The services never call a backend. The handlers run in the Action's execution (the Celery task enqueued on
 commit), or through :func:`actions_execute` which a caller runs once its own transaction has committed.
@@ -248,19 +250,22 @@ def _pool(action: Action) -> Pool:
 
 @register(POOL_TRACK_SET)
 def pool_track_set_handler(action: Action) -> None:
-    """Apply the track's current row: ``scale_track`` for a replicas-only change, else the full spec."""
+    """Apply the track's current row, whole (``apply_pool_track``: replicas, model version, worker options).
+
+    Never ``scale_track`` alone, even for a replicas-only change: the Actions of one track may run in any
+    order (Celery, a retry, reconcile's requeue), and scaling a backend track whose version or options a
+    later Action changes started replicas of the old spec (on Kubernetes: pods of the old template that the
+    template change then had to roll). ``apply_pool_track`` is idempotent on both backends (an unchanged spec
+    patches nothing and restarts nothing)."""
     pool, name = _pool(action), action.params.get("track", "")
     track = PoolTrack.objects.select_related("model_version").filter(pool=pool, name=name).first()
     if track is None:
         services.action_log_append(action_id=action.pk, message=f"track {name} is no longer desired: nothing to do")
         return
     with backend_session(pool.cluster) as backend:
-        if set(action.params.get("changes", {})) <= {"replicas", "weight", "active"}:
-            done = track_scale(backend, pool, track)
-        else:
-            backend.apply_pool_track(track_spec(pool, track))
-            done = f"applied {name} ({track.replicas} replicas, {track.model_version.version})"
-    services.action_log_append(action_id=action.pk, message=done)
+        backend.apply_pool_track(track_spec(pool, track))
+    services.action_log_append(action_id=action.pk,
+                               message=f"applied {name} ({track.replicas} replicas, {track.model_version.version})")
 
 
 def track_scale(backend: OrchestratorBackend, pool: Pool, track: PoolTrack) -> str:

@@ -8,6 +8,7 @@ scale goes through the Deployment's scale subresource; readiness comes from the 
 * 5xx, 429, timeouts and connection errors -> exponential backoff (``backoff_s * 2**attempt``, capped at
   ``max_backoff_s``) for at most ``max_attempts`` attempts, then ``BackendUnavailable``;
 * 404 -> ``NotFound``; 400/422 -> ``InvalidSpec``; anything else -> ``BackendError``.
+Deletes are idempotent: gone or being deleted counts as deleted; ``observe`` skips objects being deleted.
 
 Gateway API traffic splitting (HTTPRoute backendRefs weights, Accepted status): :mod:`.kubernetes_gateway`.
 
@@ -91,17 +92,9 @@ _TRANSPORT_ERRORS = (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError
 class KubernetesBackend(HTTPRouteWeights, OrchestratorBackend):
     """OrchestratorBackend on one Kubernetes cluster (namespaces come from each ``PoolRef``)."""
 
-    def __init__(
-        self,
-        api_client: client.ApiClient,
-        *,
-        max_attempts: int = 5,
-        backoff_s: float = 0.2,
-        max_backoff_s: float = 5.0,
-        max_conflict_retries: int = 5,
-        request_timeout_s: float = 10.0,
-        sleep: Callable[[float], None] = time.sleep,
-    ) -> None:
+    def __init__(self, api_client: client.ApiClient, *, max_attempts: int = 5, backoff_s: float = 0.2,
+                 max_backoff_s: float = 5.0, max_conflict_retries: int = 5, request_timeout_s: float = 10.0,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
         if max_attempts < 1 or max_conflict_retries < 0:
             raise ValueError("max_attempts must be >= 1 and max_conflict_retries >= 0")
         if not request_timeout_s > 0:
@@ -286,15 +279,26 @@ class KubernetesBackend(HTTPRouteWeights, OrchestratorBackend):
         return APPLIED
 
     def delete_track(self, pool: PoolRef, track: str) -> None:
-        name = f"{pool.pool_name}-{track}"
-        body = client.V1DeleteOptions(propagation_policy="Foreground")
-        for delete in (self.apps.delete_namespaced_deployment, self.core.delete_namespaced_service,
-                       self.policy.delete_namespaced_pod_disruption_budget,
-                       self.networking.delete_namespaced_network_policy):
+        """Delete the track's Deployment (foreground), Service, PDB and NetworkPolicy. Idempotent: an object that is
+        gone (404) or already being deleted (a 409 while another delete updates its finalizers) counts as deleted.
+        Raises ``Conflict`` for a 409 on an object that is not being deleted."""
+        name, body = f"{pool.pool_name}-{track}", client.V1DeleteOptions(propagation_policy="Foreground")
+        for delete, read in ((self.apps.delete_namespaced_deployment, self.apps.read_namespaced_deployment),
+                             (self.core.delete_namespaced_service, self.core.read_namespaced_service),
+                             (self.policy.delete_namespaced_pod_disruption_budget,
+                              self.policy.read_namespaced_pod_disruption_budget),
+                             (self.networking.delete_namespaced_network_policy,
+                              self.networking.read_namespaced_network_policy)):
             try:
                 self._call(delete, name, pool.namespace, body=body)
             except NotFound:
                 pass  # already gone: deleting twice is deleting once
+            except Conflict:
+                try:
+                    if self._call(read, name, pool.namespace).metadata.deletion_timestamp is None:
+                        raise  # the Conflict: a 409 on an object nobody is deleting
+                except NotFound:
+                    pass  # gone since
 
     def restart_replica(self, pool: PoolRef, replica: str) -> None:
         pod = self._call(self.core.read_namespaced_pod, replica, pool.namespace)
@@ -325,8 +329,8 @@ class KubernetesBackend(HTTPRouteWeights, OrchestratorBackend):
         for deployment in deployments.items:
             labels = deployment.metadata.labels or {}
             track = labels.get(LABEL_TRACK)
-            if labels.get(LABEL_POOL) != pool.pool_name or track is None:
-                continue
+            if labels.get(LABEL_POOL) != pool.pool_name or track is None or deployment.metadata.deletion_timestamp:
+                continue  # a Deployment being deleted is going away (delete_track): not a track, as its pods
             status = deployment.status
             tracks[track] = ObservedTrack(
                 track=track,

@@ -8,7 +8,9 @@ validate and return ``ROUTING_TABLE``.
 
 Failure policy matches the Kubernetes backend: transport errors, timeouts and 5xx are retried with
 exponential backoff and then raise ``BackendUnavailable``; 404 -> ``NotFound``, 409 -> ``Conflict``,
-400/422 -> ``InvalidSpec``; 401 -> ``BackendError`` (wrong token: retrying will not help).
+400/422 -> ``InvalidSpec``; 401 -> ``BackendError`` (wrong token: retrying will not help). Deletes are
+idempotent: stopping a process that is gone, or that another request is already stopping (the agent's
+409), succeeds once it is gone (``_stop``).
 """
 
 from __future__ import annotations
@@ -40,6 +42,9 @@ from apps.orchestrators.base import (
     log_text,
     validate_weights,
 )
+
+STOP_POLL_S = 0.5
+"""Seconds between two stops of a process that another request is already stopping (HTTP 409)."""
 
 
 class LocalAgentBackend(OrchestratorBackend):
@@ -139,10 +144,29 @@ class LocalAgentBackend(OrchestratorBackend):
             pass  # a retried or duplicate start already created it
 
     def _stop(self, name: str, drain_timeout_s: float) -> None:
-        try:
-            self._request("DELETE", f"/v1/processes/{name}", timeout_s=drain_timeout_s + 15)
-        except NotFound:
-            pass  # already stopped: stopping twice is stopping once
+        """Stop process ``name`` and return once it is gone; idempotent.
+
+        404 (already gone) is success: stopping twice is stopping once. 409 means another caller's stop (or
+        a restart) is draining it: ask again every ``STOP_POLL_S`` until the agent answers 404 (gone) or 2xx
+        (restarted meanwhile, now stopped by us), for at most ``drain_timeout_s + 15`` seconds of waiting.
+
+        Raises:
+            BackendUnavailable: still being stopped after that wait (retryable).
+        """
+        budget_s = drain_timeout_s + 15
+        waited_s = 0.0
+        while True:
+            try:
+                self._request("DELETE", f"/v1/processes/{name}", timeout_s=budget_s)
+                return
+            except NotFound:
+                return
+            except Conflict as exc:
+                if waited_s >= budget_s:
+                    raise BackendUnavailable(f"process {name!r} is still being stopped by another request after "
+                                             f"{waited_s:.0f}s: {exc}") from exc
+            self._sleep(STOP_POLL_S)
+            waited_s += STOP_POLL_S
 
     def _processes(self, pool: PoolRef, track: str | None = None) -> list[dict[str, Any]]:
         selector = f"{LABEL_POOL}={pool.pool_name}" + (f",{LABEL_TRACK}={track}" if track else "")

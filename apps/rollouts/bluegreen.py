@@ -314,7 +314,7 @@ def cleanup(plan: RolloutPlan, now: datetime) -> str:
         track_delete(plan, view, _names(plan, view)[1])
     version = publish()
     plan.typed_progress.cleanup = False
-    plan.next_step_at = None
+    plan.phase, plan.next_step_at = Phase.NONE, None  # no longer reverting: the cleanup is done
     step_action_log(plan, f"reverted: preview tracks removed (routing table v{version})")
     return "reverted"
 

@@ -336,6 +336,6 @@ def canary_cleanup(plan: RolloutPlan, now: datetime) -> str:
         track_delete(plan, view, NEW_TRACK)
     version = publish()
     plan.typed_progress.cleanup = False
-    plan.next_step_at = None
+    plan.phase, plan.next_step_at = Phase.NONE, None  # no longer reverting: the cleanup is done
     step_action_log(plan, f"reverted: canary tracks removed (routing table v{version})")
     return "reverted"

@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from apps.rollouts import bluegreen, transitions
 from apps.rollouts.canary import canary_cleanup, canary_converge, canary_mode, canary_tick
-from apps.rollouts.desired import pool_views, record_action, run_switches
+from apps.rollouts.desired import pool_views, publish, record_action, run_switches, track_delete, track_write
 from apps.rollouts.gateway import gateway_sync
 from apps.rollouts.models import RolloutPlan
 from apps.rollouts.steps import RolloutFailure, step_position
@@ -26,7 +26,7 @@ Phase = RolloutPlan.Phase
 
 
 def revert(plan: RolloutPlan, *, event: str, reason: str, kind: str, requested_by=None,  # noqa: ANN001
-           now: datetime | None = None) -> None:
+           now: datetime | None = None, record: bool = True) -> None:
     """Abort or fail ``plan`` (row locked by the caller): traffic back to stable now, cleanup after.
 
     A blue-green switch already requested is switched back: the caller runs :func:`run_switches` once its
@@ -54,7 +54,39 @@ def revert(plan: RolloutPlan, *, event: str, reason: str, kind: str, requested_b
     plan.message = reason
     plan.step_started_at = now
     plan.next_step_at = now if started else None
-    record_action(plan, kind, lines, requested_by=requested_by, succeeded=kind != "rollout.fail", error=reason)
+    if record:  # a forced abort records one Action for the revert and its cleanup together
+        record_action(plan, kind, lines, requested_by=requested_by, succeeded=kind != "rollout.fail", error=reason)
+
+
+def force_cleanup(plan: RolloutPlan, *, switch_back: bool) -> list[str]:
+    """Remove the rollout's new-version tracks now, whatever their readiness (``plan`` row locked by the caller).
+
+    The operator's way out when a cleanup cannot converge (e.g. the old track has no ready replica, so the
+    ordinary revert keeps waiting): per pool the old track gets the pool's total replicas, all the traffic
+    (weight 100) and the active flag; the new track (``canary``, or the blue-green preview) is deleted, one
+    ``pool.track_set`` / ``pool.track_delete`` Action each, and a blue-green switch is switched back. Ends the
+    cleanup (``progress.cleanup`` false, phase none). ``switch_back``: request the blue-green switch back here
+    (False when :func:`revert` just did). Returns the lines for the Action that records it."""
+    prog, lines = plan.typed_progress, []
+    views = pool_views(plan)
+    if switch_back and plan.strategy == RolloutPlan.Strategy.BLUE_GREEN:
+        bluegreen.revert_switch(plan, views)
+    for view in views:
+        old = prog.stable_tracks.get(view.key)
+        new = prog.new_tracks.get(view.key) if plan.strategy == RolloutPlan.Strategy.BLUE_GREEN else "canary"
+        if old is None or old not in view.tracks:
+            continue
+        if track_write(plan, view.tracks[old], replicas=max(view.total, view.tracks[old].replicas), weight=100,
+                       active=True):
+            lines.append(f"{view.pool}: {old} takes all the traffic and {view.total} replica(s)")
+        if new and new != old and track_delete(plan, view, new):
+            ready = view.ready.get(new, 0)
+            lines.append(f"{view.pool}: {new} track removed ({ready} ready replica(s))")
+    version = publish()
+    prog.cleanup, prog.applied_weight = False, 0
+    plan.phase, plan.next_step_at = Phase.NONE, None
+    lines.append(f"force cleanup done: routing table v{version}")
+    return lines
 
 
 def status_text(plan: RolloutPlan) -> str:

@@ -164,9 +164,11 @@ def publish() -> int:
 def record_action(plan: RolloutPlan, kind: str, lines: list[str], *, params: dict | None = None,
                   requested_by=None, idempotency_key: str | None = None,  # noqa: ANN001 - a user
                   succeeded: bool = True, error: str = "") -> Action:
-    """Write one finished ``rollout.<verb>`` Action for ``plan`` with its log lines (``error``: why it failed)."""
+    """Write one finished ``rollout.<verb>`` Action for ``plan`` with its log lines (``error``: why it failed).
+
+    Its first log line names who asked: the user, else ``rollout:<id>`` (the Actions API's ``requester``)."""
     now = timezone.now()
-    log = [{"at": now.isoformat(), "message": f"requested by {requested_by or 'rollout controller'}"},
+    log = [{"at": now.isoformat(), "message": f"requested by {requested_by or requester(plan)}"},
            *({"at": now.isoformat(), "message": line} for line in lines)]
     return Action.objects.create(
         kind=kind, target_type="rollout", target_id=str(plan.pk), target_repr=plan.name[:200],

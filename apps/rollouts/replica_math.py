@@ -57,8 +57,9 @@ def next_replicas(*, desired: Mapping[str, int], ready: Mapping[str, int], targe
     """One move of the desired replicas toward ``target`` (tracks by name) under the surge limit.
 
     Tracks below target grow into the room ``total + max_surge - sum(desired)``;
-    tracks above target shrink only by the ready replicas in excess of ``min(total, sum(target))`` (so
-    ready capacity never falls below it). With ``max_surge = 0`` and no other move possible, one replica of
+    tracks above target first lose their replicas that are not ready (they serve nothing: a canary that
+    never becomes ready must still go to 0), then shrink by the ready replicas in excess of
+    ``min(total, sum(target))`` (so ready capacity never falls below it). With ``max_surge = 0`` and no other move possible, one replica of
     the first shrinking track is removed. Call again as replicas become ready; it returns
     ``desired`` unchanged when nothing can move yet.
 
@@ -79,6 +80,9 @@ def next_replicas(*, desired: Mapping[str, int], ready: Mapping[str, int], targe
     excess = ready_now - min(total, sum(target.values()))
     grew = out != dict(desired)
     for name in sorted(out):
+        unready = desired[name] - min(ready.get(name, 0), desired[name])
+        if out[name] > target[name] and unready > 0:  # serves nothing: the first to go, whatever else is ready
+            out[name] -= min(out[name] - target[name], unready)
         if out[name] > target[name] and excess > 0:
             cut = min(out[name] - target[name], excess)
             out[name] -= cut

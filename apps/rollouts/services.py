@@ -22,7 +22,7 @@ from apps.fleet.models import Pool, Router
 from apps.fleet.worker_args import InvalidWorkerArgs, parse_worker_args
 from apps.rollouts import bluegreen, transitions
 from apps.rollouts.canary import NEW_TRACK, canary_converge
-from apps.rollouts.controller import revert
+from apps.rollouts.controller import force_cleanup, revert
 from apps.rollouts.desired import active_track_name, pool_views, record_action, run_switches, track_ensure
 from apps.rollouts.gateway import gateway_sync
 from apps.rollouts.models import RolloutPlan
@@ -289,14 +289,37 @@ def rollout_promote(*, plan: RolloutPlan, requested_by: AbstractBaseUser | None 
 
 
 def rollout_abort(*, plan: RolloutPlan, requested_by: AbstractBaseUser | None = None,
-                  reason: str = "") -> RolloutPlan:
+                  reason: str = "", force: bool = False) -> RolloutPlan:
     """Abort: traffic back to stable at once (when stable has a ready replica), pending steps cancelled,
     the new tracks removed by the following ticks; a blue-green switch is switched back (its
-    ``pool.switch_active`` Action runs after the commit). Raises ConflictError once finished."""
+    ``pool.switch_active`` Action runs after the commit).
+
+    ``force``: a cleanup that always converges (:func:`apps.rollouts.controller.force_cleanup`): the new-version
+    tracks are removed now whatever their readiness, recorded as one ``rollout.abort`` Action (``params.force``)
+    and one ``pool.*`` Action per track change. Allowed while the rollout runs and also after an abort or a
+    failure whose cleanup has not finished (the way out of a cleanup that waits for ever).
+
+    Raises:
+        ConflictError: finished (promoted, or aborted/failed with nothing left to clean up).
+    """
     with transaction.atomic():
         plan = _locked(plan)
-        message = reason or f"Aborted by {requested_by or 'system'} at {step_position(plan)}."
-        revert(plan, event="abort", reason=message, kind="rollout.abort", requested_by=requested_by)
+        cleaning = plan.state in (RolloutPlan.State.ABORTED, RolloutPlan.State.FAILED) and plan.typed_progress.cleanup
+        if force and cleaning:
+            message = reason or f"Cleanup forced by {requested_by or 'system'} ({plan.state}: {plan.message})"
+            lines = [message]
+        else:
+            if force and plan.state in (RolloutPlan.State.ABORTED, RolloutPlan.State.FAILED):
+                raise ConflictError(f"Rollout {plan.name!r} is {plan.state} and its cleanup is done: nothing to "
+                                    "force.")
+            message = reason or f"Aborted by {requested_by or 'system'} at {step_position(plan)}."
+            revert(plan, event="abort", reason=message, kind="rollout.abort", requested_by=requested_by,
+                   record=not force)
+            lines = [message]
+        if force:
+            lines += force_cleanup(plan, switch_back=cleaning) if plan.typed_progress.started else []
+            plan.message = f"{message} Forced cleanup: new-version tracks removed."
+            record_action(plan, "rollout.abort", lines, requested_by=requested_by, params={"force": True})
         plan.save()
         if plan.typed_progress.cleanup:
             _enqueue_after_commit(plan)

@@ -254,3 +254,45 @@ async def test_pool_snapshot_and_updates_carry_the_routers_local_and_remote_pref
     finally:
         await ws.disconnect()
         await asyncio.to_thread(poller.close)
+
+
+async def test_a_dropped_final_message_is_noticed_by_asking_for_the_streams_last_seq(
+        pool, operator_session, telemetry_keys):
+    """Regression (issue 20): a gap showed only when a later message arrived, so a lost last message went unseen.
+    The client asks for each stream's last sequence number every few seconds (static/dashboard/js/common.js)."""
+    history = SignalHistory()
+    group, stream = pool_group(pool.pk), f"pool.{pool.pk}"
+    ws = communicator(f"/ws/pools/{pool.pk}/", operator_session)
+    connected, _ = await ws.connect()
+    assert connected
+    assert (await ws.receive_json_from(timeout=5))["seq"] == 0
+    await ws.send_json_to({"type": "seq", "stream": stream})
+    assert await ws.receive_json_from(timeout=5) == {"type": "seq", "stream": stream, "seq": 0}
+    await asyncio.to_thread(history.next_seq, group)  # seq 1 is taken and never delivered, and nothing follows
+    await ws.send_json_to({"type": "seq", "stream": stream})
+    assert await ws.receive_json_from(timeout=5) == {"type": "seq", "stream": stream, "seq": 1}
+    await ws.disconnect()
+
+
+async def test_a_rollout_snapshot_carries_its_groups_last_seq_and_saving_the_plan_sends_rollout_state(
+        make_pool, make_model_version, operator_session, telemetry_keys):
+    from apps.rollouts.services import rollout_pause, rollout_start
+
+    decode = await db_thread(make_pool)("decode", role="colocated")
+    target = await db_thread(make_model_version)("v2")
+    plan = await db_thread(rollout_plan_create)(name="to-v2", pools=[decode], target_model_version=target,
+                                                strategy="canary", steps=[{"set_weight": 10}, {"pause": {}}])
+    first = await asyncio.to_thread(SignalHistory().current_seq, rollout_group(plan.pk))
+    assert first == 1  # the plan's creation was saved and sent (nobody listened)
+    ws = communicator(f"/ws/rollouts/{plan.pk}/", operator_session)
+    connected, _ = await ws.connect()
+    assert connected
+    snapshots = {m["stream"]: m for m in [await ws.receive_json_from(timeout=5) for _ in range(2)]}
+    assert snapshots[f"rollout.{plan.pk}"]["seq"] == first
+    await closing_db(rollout_start, plan=plan)
+    await closing_db(rollout_pause, plan=plan)
+    got = [await ws.receive_json_from(timeout=5) for _ in range(2)]
+    assert [(m["type"], m["stream"], m["seq"], m["state"]) for m in got] == [
+        ("rollout.state", f"rollout.{plan.pk}", first + 1, "progressing"),
+        ("rollout.state", f"rollout.{plan.pk}", first + 2, "paused")]
+    await ws.disconnect()

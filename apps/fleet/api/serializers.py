@@ -6,10 +6,11 @@ from typing import Any
 
 from rest_framework import serializers
 
+from apps.core.serializers import StrictFieldsMixin
 from apps.fleet.models import MAX_REPLICAS, Cluster, ClusterLink, Pool, PoolTrack, Replica, Router
 
 
-class ClusterSerializer(serializers.ModelSerializer):
+class ClusterSerializer(StrictFieldsMixin, serializers.ModelSerializer):
     class Meta:
         model = Cluster
         fields = ["id", "name", "kind", "datacenter", "labels", "status", "kubeconfig_path", "kubeconfig_secret",
@@ -18,7 +19,7 @@ class ClusterSerializer(serializers.ModelSerializer):
         read_only_fields = ["status", "created_at", "updated_at"]
 
 
-class RouterSerializer(serializers.ModelSerializer):
+class RouterSerializer(StrictFieldsMixin, serializers.ModelSerializer):
     cluster_name = serializers.CharField(source="cluster.name", read_only=True)
 
     class Meta:
@@ -27,7 +28,7 @@ class RouterSerializer(serializers.ModelSerializer):
         read_only_fields = ["created_at", "updated_at"]
 
 
-class ClusterLinkSerializer(serializers.ModelSerializer):
+class ClusterLinkSerializer(StrictFieldsMixin, serializers.ModelSerializer):
     source_name = serializers.CharField(source="source.name", read_only=True)
     destination_name = serializers.CharField(source="destination.name", read_only=True)
 
@@ -52,7 +53,9 @@ class PoolTrackSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class PoolSerializer(serializers.ModelSerializer):
+class PoolSerializer(StrictFieldsMixin, serializers.ModelSerializer):
+    how_to_change = {"tracks": "Tracks are read-only here: the rollout controller writes them (POST /api/v1/rollouts/), "
+                               "the total replicas change with POST /api/v1/pools/{id}/scale/."}
     replicas = serializers.IntegerField(
         min_value=0, max_value=MAX_REPLICAS, required=False,
         help_text="Required on create. Total desired replicas over all tracks. Set on create; change it with POST .../scale/.",

@@ -168,3 +168,30 @@ def test_link_source_cidrs_and_cluster_gateway_route_are_validated_with_400s(adm
     assert r.status_code == 400 and r.json()["gateway_httproute"] == ["Only Kubernetes clusters take this field."]
     assert admin_api.patch(f"/api/v1/clusters/{kube.pk}/", {"gateway_httproute": "Chat_Route"},
                            format="json").status_code == 400
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        ({"tracks": [{"name": "canary", "replicas": 3}]},
+         {"tracks": ["Tracks are read-only here: the rollout controller writes them (POST /api/v1/rollouts/), the "
+                     "total replicas change with POST /api/v1/pools/{id}/scale/."]}),
+        ({"created_at": "2026-01-01T00:00:00Z", "drain_timeout_s": 60}, {"created_at": ["This field is read-only."]}),
+        ({"drain_timeout": 60}, {"drain_timeout": ["Unknown field: it is not part of this resource."]}),
+    ],
+)
+def test_a_write_with_a_field_the_pool_api_does_not_write_is_400_and_changes_nothing(admin_api, pool, body, expected):
+    """Regression (issue 20): PATCH with ``tracks`` answered 200 and changed nothing."""
+    before = admin_api.get(f"/api/v1/pools/{pool.pk}/").json()
+    r = admin_api.patch(f"/api/v1/pools/{pool.pk}/", body, format="json")
+    assert (r.status_code, r.json()) == (400, expected)
+    assert admin_api.get(f"/api/v1/pools/{pool.pk}/").json() == before
+
+
+def test_cluster_and_link_writes_refuse_read_only_and_unknown_fields(admin_api, make_cluster):
+    a, b = make_cluster("dc-x"), make_cluster("dc-y")
+    r = admin_api.patch(f"/api/v1/clusters/{a.pk}/", {"status": "ready"}, format="json")
+    assert (r.status_code, r.json()) == (400, {"status": ["This field is read-only."]})
+    r = admin_api.post("/api/v1/cluster-links/", {"source": a.pk, "destination": b.pk, "bandwidth_gbps": 10,
+                                                   "rtt_ms": 1, "latency_ms": 1}, format="json")
+    assert (r.status_code, r.json()) == (400, {"latency_ms": ["Unknown field: it is not part of this resource."]})

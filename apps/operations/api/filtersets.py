@@ -8,6 +8,9 @@ from apps.operations.models import Action
 
 class ActionFilterSet(FilterSet):
     requested_by = django_filters.CharFilter(field_name="requested_by__username")
+    requester = django_filters.CharFilter(
+        field_name="requester",
+        help_text="Who asked (exact): a user's name, autoscaler, rollout:<id>, reconcile or system.")
     created_after = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="gte")
     created_before = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="lt")
 

@@ -3,8 +3,10 @@
 import pytest
 
 from apps.core.errors import ConflictError
-from apps.operations import handlers
+from apps.fleet.models import PoolTrack
+from apps.operations import handlers, tracks
 from apps.operations.models import Action
+from apps.operations.pools import pool_scale_by_system
 from apps.operations.services import (
     EXECUTE_ACTION_TASK,
     action_cancel,
@@ -12,6 +14,7 @@ from apps.operations.services import (
     action_create,
     action_enqueue,
     action_finish,
+    action_requester,
     action_retry,
 )
 from apps.operations.tasks import execute_action
@@ -131,3 +134,40 @@ def test_api_lists_filters_retries_and_cancels(operator_api, viewer_api, pool):
 
 def test_actions_are_read_only_through_the_api(admin_api):
     assert admin_api.post("/api/v1/actions/", {"kind": "pool.scale"}, format="json").status_code == 405
+
+
+def test_api_requester_names_the_user_autoscaler_rollout_reconcile_or_system_and_filters_on_it(
+        operator_api, viewer_api, make_pool, django_assert_num_queries):
+    first, second = make_pool("decode-a"), make_pool("decode-b")
+    user = operator_api.post(f"/api/v1/pools/{first.pk}/scale/", {"replicas": 4}, format="json").json()["id"]
+    auto, _ = pool_scale_by_system(pool=second, replicas=3, reason="queue depth", idempotency_key="a-1")
+    stable = PoolTrack.objects.get(pool=first, name="stable")
+    rollout = tracks.pool_track_set(track=stable, requester="rollout:7", idempotency_key="r-1", replicas=1).pk
+    by_user = tracks.pool_track_set(track=stable, requester="otto", requested_by=operator_api.user,
+                                    idempotency_key="u-1", replicas=5).pk
+    reconcile, _ = action_create(kind="pool.apply", target_type="pool", target_id=str(first.pk), requester="reconcile")
+    system, _ = action_create(kind="pool.apply", target_type="pool", target_id=str(second.pk))
+    expected = {user: ("otto", "otto"), auto.pk: (None, "autoscaler"), rollout: (None, "rollout:7"),
+                by_user: ("otto", "otto"), reconcile.pk: (None, "reconcile"), system.pk: (None, "system")}
+
+    with django_assert_num_queries(4):  # token, role, count, page: no query per Action
+        listed = viewer_api.get("/api/v1/actions/").json()
+    assert {a["id"]: (a["requested_by"], a["requester"]) for a in listed["results"]} == expected
+    for who in ("otto", "autoscaler", "rollout:7", "reconcile", "system"):
+        found = viewer_api.get("/api/v1/actions/", {"requester": who}).json()["results"]
+        assert sorted(a["id"] for a in found) == sorted(i for i, (_, r) in expected.items() if r == who)
+    assert viewer_api.get("/api/v1/actions/", {"requester": "rollout:8"}).json()["count"] == 0
+    assert viewer_api.get(f"/api/v1/actions/{rollout}/").json()["requester"] == "rollout:7"
+    assert {a.pk: action_requester(a) for a in Action.objects.all()} == {i: r for i, (_, r) in expected.items()}
+    cancelled = operator_api.post(f"/api/v1/actions/{user}/cancel/").json()  # one Action, not annotated
+    assert (cancelled["requested_by"], cancelled["requester"]) == ("otto", "otto")
+
+
+def test_schema_documents_the_requester_field_and_filter(viewer_api):
+    schema = viewer_api.get("/api/v1/schema/?format=json").json()
+    field = schema["components"]["schemas"]["Action"]["properties"]["requester"]
+    assert (field["type"], field["readOnly"]) == ("string", True)
+    assert field["description"].startswith("Who asked: a user's name, `autoscaler`, `rollout:<id>`")
+    params = {p["name"]: p for p in schema["paths"]["/api/v1/actions/"]["get"]["parameters"]}
+    assert params["requester"]["schema"] == {"type": "string"}
+    assert params["requester"]["description"].startswith("Who asked (exact)")

@@ -7,7 +7,10 @@ from apps.core.errors import ConflictError
 from apps.fleet.models import PoolTrack
 from apps.operations import tracks
 from apps.operations.models import Action
-from apps.orchestrators.tests.kube_mock import DEPLOYMENTS, SERVICES
+from apps.operations.reconcile import reconcile_all
+from apps.operations.tasks import execute_action
+from apps.orchestrators.tests.kube_mock import DEPLOYMENTS, PODS, SERVICES
+from inference_worker.tests.support.agent import wait_for
 
 from .conftest import NS
 
@@ -76,7 +79,7 @@ def test_track_set_handler_creates_then_scales_the_deployment(kube, k8s_pool, ma
     assert tracks.actions_execute(action_ids=[scaled.pk]) == {scaled.pk: "succeeded"}
     assert tracks.actions_execute(action_ids=[scaled.pk]) == {scaled.pk: "skipped"}  # a duplicate delivery
     assert kube.obj(DEPLOYMENTS, NS, "decode-a-canary")["spec"]["replicas"] == 2
-    assert _messages(scaled)[-2:] == ["scaled canary to 2", "succeeded"]
+    assert _messages(scaled)[-2:] == ["applied canary (2 replicas, v2)", "succeeded"]
 
 
 def test_a_late_track_set_applies_the_row_as_it_is_now(kube, k8s_pool):
@@ -122,3 +125,43 @@ def test_a_handler_for_a_deleted_pool_fails_with_a_clear_error(pool):
     Action.objects.filter(pk=action.pk).update(target_id="999999")
     assert tracks.actions_execute(action_ids=[action.pk]) == {action.pk: "failed"}
     assert Action.objects.get(pk=action.pk).error == "pool.switch_active: pool 999999 no longer exists"
+
+
+def backend_apply(pool):
+    """The never-applied pool's first ``pool.apply`` (reconcile's), run to completion."""
+    reconcile_all()
+    apply = Action.objects.get(kind="pool.apply", status="pending")
+    assert execute_action.apply(args=[apply.pk]).get() == "succeeded"
+
+
+def _pod_versions(kube, track):
+    return sorted(obj.raw["metadata"]["labels"]["ferry.io/model-version"]
+                  for (resource, _, _), obj in list(kube.k.objects.items())
+                  if resource == PODS and not obj.deleted and obj.raw["metadata"]["labels"].get("ferry.io/track") == track)
+
+
+@pytest.mark.parametrize("order", ["as recorded", "replicas first"])
+def test_track_actions_run_in_any_order_leave_only_replicas_of_the_rows_version(
+        kube, kube_controller, k8s_pool, make_model_version, order):
+    """Regression (a canary finalize on Kubernetes stuck at "canary: 2 replicas, going to 0 once the replacements
+    are ready"): the finalize writes the stable track's model version and then its replicas, two Actions that a
+    worker may run in either order. A replicas-only Action that scaled the Deployment still templated with the
+    old version started a v1 pod, which the later template change never replaced (no controller rolls a pod
+    whose version the routing table does not expect here). Every ``pool.track_set`` now applies the row's
+    whole spec, so the order does not matter."""
+    stable = _stable(k8s_pool)
+    backend_apply(k8s_pool)
+    assert wait_for(lambda: _pod_versions(kube, "stable") == ["v1"], 10)
+    emptied = tracks.pool_track_set(track=stable, requester=WHO, idempotency_key="k-1", replicas=0)
+    assert tracks.actions_execute(action_ids=[emptied.pk]) == {emptied.pk: "succeeded"}
+    assert wait_for(lambda: _pod_versions(kube, "stable") == [], 10)
+
+    version = tracks.pool_track_set(track=stable, requester=WHO, idempotency_key="k-2",
+                                    model_version=make_model_version("v2"))
+    replicas = tracks.pool_track_set(track=stable, requester=WHO, idempotency_key="k-3", replicas=2)
+    first, second = (version, replicas) if order == "as recorded" else (replicas, version)
+    assert tracks.actions_execute(action_ids=[first.pk]) == {first.pk: "succeeded"}
+    assert wait_for(lambda: len(_pod_versions(kube, "stable")) == 2, 10)  # the controller acted on the first
+    assert tracks.actions_execute(action_ids=[second.pk]) == {second.pk: "succeeded"}
+    assert _pod_versions(kube, "stable") == ["v2", "v2"]
+    assert _messages(replicas)[-2:] == ["applied stable (2 replicas, v2)", "succeeded"]

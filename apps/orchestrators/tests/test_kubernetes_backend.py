@@ -247,6 +247,52 @@ def test_delete_track_removes_its_objects_and_is_idempotent(mock, backend):
     assert backend.observe(POOL).tracks == {}
 
 
+def pending_deletion(mock, name, *, answer_409=False, deleting=True):
+    """Make DELETEs of Deployment ``name`` act as on an API server whose foreground deletion of it is pending
+    (kmock deletes at once): the object stays, with ``deletionTimestamp`` and the ``foregroundDeletion``
+    finalizer, and the DELETE answers 200 with it (or 409, as while another delete updates its finalizers).
+    ``deleting=False`` keeps the object as it was (a 409 on an object nobody is deleting)."""
+    kept = mock.obj(DEPLOYMENTS, NS, name)
+    if deleting:
+        kept["metadata"].update(deletionTimestamp="2026-12-01T12:36:30Z", finalizers=["foregroundDeletion"])
+
+    def keep(request):
+        if not request.url.path.endswith(f"/deployments/{name}"):
+            return NotImplemented  # another object: the emulator (or another reaction) serves it
+        mock.k.objects[DEPLOYMENTS, NS, name].create(kept)
+        if answer_409:
+            raise kmock.KubernetesError(status=409, reason="Conflict", message="the object has been modified")
+        return kept
+
+    mock.k["delete", DEPLOYMENTS] << keep
+
+
+def test_deleting_a_track_already_being_deleted_succeeds_and_observe_leaves_it_out(mock, backend):
+    backend.apply_pool_track(spec(replicas=2, track="canary"))
+    assert backend.observe(POOL).tracks["canary"].desired_replicas == 2
+    pending_deletion(mock, "decode-a-canary")
+    backend.delete_track(POOL, "canary")  # the rollout's pool.track_delete: the pods drain first
+    backend.delete_track(POOL, "canary")  # a second writer while it is still going away
+    assert mock.obj(DEPLOYMENTS, NS, "decode-a-canary")["metadata"]["deletionTimestamp"] == "2026-12-01T12:36:30Z"
+    assert (mock.obj(SERVICES, NS, "decode-a-canary"), mock.obj(PDBS, NS, "decode-a-canary")) == (None, None)
+    assert len(mock.requests("DELETE", "/deployments/decode-a-canary")) == 2
+    assert backend.observe(POOL).tracks == {}  # going away: not a track that reconcile would delete again
+
+
+def test_a_409_on_deleting_a_track_being_deleted_is_success_and_on_one_not_being_deleted_is_conflict(mock, backend):
+    backend.apply_pool_track(spec(track="canary"))
+    pending_deletion(mock, "decode-a-canary", answer_409=True)
+    backend.delete_track(POOL, "canary")
+    assert len(mock.requests("GET", "/deployments/decode-a-canary")) == 1  # read once: deletionTimestamp set
+    assert mock.obj(SERVICES, NS, "decode-a-canary") is None
+
+    backend.apply_pool_track(spec(track="blue"))
+    pending_deletion(mock, "decode-a-blue", answer_409=True, deleting=False)
+    with pytest.raises(Conflict, match="^delete_namespaced_deployment: Conflict$"):
+        backend.delete_track(POOL, "blue")
+    assert mock.obj(SERVICES, NS, "decode-a-blue") is not None  # stopped at the Deployment
+
+
 def test_restart_replica_deletes_the_pod_and_the_controller_replaces_it(mock, backend, controller):
     backend.apply_pool_track(spec(replicas=1))
     assert backend.wait_track_ready(POOL, "stable", 1, timeout_s=10)

@@ -3,6 +3,7 @@
 
 from rest_framework import serializers
 
+from apps.core.serializers import StrictFieldsMixin
 from apps.fleet.models import Pool
 from apps.rollouts.models import GateMeasurement, RolloutPlan
 from apps.rollouts.transitions import allowed_verbs
@@ -43,3 +44,12 @@ class GateMeasurementSerializer(serializers.ModelSerializer):
         fields = ["id", "rollout", "step_index", "gate_index", "pool", "track", "signal", "value", "threshold",
                   "comparison", "window_s", "passed", "consecutive_failures", "detail", "measured_at"]
         read_only_fields = fields
+
+
+class RolloutAbortSerializer(StrictFieldsMixin, serializers.Serializer):
+    """The optional body of ``POST /api/v1/rollouts/{id}/abort/``."""
+
+    force = serializers.BooleanField(
+        default=False,
+        help_text="Remove the new-version tracks now, whatever their readiness, and end the cleanup (also "
+                  "allowed on an aborted or failed rollout whose cleanup has not finished). Recorded as Actions.")

@@ -16,7 +16,11 @@ from rest_framework.response import Response
 from apps.accounts.roles import OPERATOR
 from apps.rollouts import selectors, services
 from apps.rollouts.api.filtersets import GateMeasurementFilterSet, RolloutPlanFilterSet
-from apps.rollouts.api.serializers import GateMeasurementSerializer, RolloutPlanSerializer
+from apps.rollouts.api.serializers import (
+    GateMeasurementSerializer,
+    RolloutAbortSerializer,
+    RolloutPlanSerializer,
+)
 
 VERB_SERVICES = {
     "start": services.rollout_start,
@@ -72,10 +76,15 @@ class RolloutPlanViewSet(viewsets.ModelViewSet):
     def promote(self, request: Request, pk: str | None = None) -> Response:
         return self._verb(request, "promote")
 
-    @extend_schema(request=None, responses=RolloutPlanSerializer, summary="Abort: traffic back to stable")
+    @extend_schema(request=RolloutAbortSerializer, responses=RolloutPlanSerializer,
+                   summary="Abort: traffic back to stable; with force, remove the new-version tracks now")
     @action(detail=True, methods=["post"])
     def abort(self, request: Request, pk: str | None = None) -> Response:
-        return self._verb(request, "abort")
+        body = RolloutAbortSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        plan = services.rollout_abort(plan=self.get_object(), requested_by=request.user,
+                                      force=body.validated_data["force"])
+        return Response(self.get_serializer(selectors.rollout_list().get(pk=plan.pk)).data)
 
     @extend_schema(request=None, responses={201: RolloutPlanSerializer},
                    summary="After promotion: start a new rollout back to the previous version")

@@ -15,9 +15,11 @@ max_surge 1: never more than two model workers at a time) lives through three re
 3. blue-green v2 -> v3: the switch waits for the preview's readiness and a real smoke completion; a switch-back
    within the scale-down delay restores blue (the ``stable`` track) without restarting it (same pid); a
    second blue-green with a 3 s delay scales blue to zero and promotes.
+4. rollback of that blue-green (back to v2) under load: promoted, 0 failed client requests (issue 20).
 
 One test function: the flow shares processes and the pool, and the transactional database is flushed between
-tests.
+tests. A second one (issue 20, acceptance 1): a canary that never becomes ready fails at its deadline, is removed,
+and the pool takes a new rollout.
 """
 
 from __future__ import annotations
@@ -156,6 +158,47 @@ def start(operator_api, **body) -> int:  # noqa: ANN001
     return plan_id
 
 
+def test_a_canary_that_never_becomes_ready_fails_is_removed_and_the_pool_takes_a_new_rollout(stack, operator_api):
+    """Issue 20, acceptance 1: a canary whose worker options keep it from ever becoming ready (a KV cache too
+    small for one block: the model never finishes loading) fails at the progress deadline, its track is removed
+    (an unready replica is the first to go), no client request fails, and a new rollout of the pool starts."""
+    agent, router = stack["agent"], stack["router"]
+    v1, v2 = register("v1", "gemma-3-270m"), register("v2", "gemma-3-270m@bf16")
+    cluster = cluster_create(name="here", kind="local", agent_url=agent.base_url, datacenter="dc1")
+    pool = pool_create(name="chat", cluster=cluster, role="colocated", model_version=v1, replicas=1,
+                       drain_timeout_s=10)
+    assert wait_for(lambda: Replica.objects.filter(pool=pool, track="stable", ready=True).exists()
+                    and router_applied(stack, routing_table_current().version), READY_TIMEOUT_S), (
+        stack["celery"].log()[-3000:])
+    load = Load(router.url)
+    load.start()
+    try:
+        assert wait_for(lambda: load.results and load.results[-1][1] == 200, 30), load.results[-3:]
+        began = time.monotonic()
+        plan_id = start(operator_api, name="v2 never ready", pools=[pool.pk], target_model_version=v2.pk,
+                        strategy="canary", worker_args="--kv-cache-memory 1KiB", router_url=router.url,
+                        progress_deadline_s=15, steps=[{"set_weight": 50}, {"pause": {}}])
+        assert wait_for(lambda: processes(agent, "canary"), 30)
+        plan = wait_plan(plan_id, lambda p: p.state != "progressing", 60, stack)
+        assert plan.state == "failed", plan.message
+        assert plan.message == ("progress deadline of 15s exceeded while waiting for here/chat canary: 0 of 1 "
+                                "replica ready"), plan.message
+        assert not Replica.objects.filter(pool=pool, track="canary", ready=True).exists()  # never became ready
+        plan = wait_plan(plan_id, lambda p: not p.progress.get("cleanup"), 60, stack)
+        assert (plan.state, plan.phase) == ("failed", "")
+        assert wait_for(lambda: processes(agent, "canary") == [], 30)
+        assert table_weights() == {"stable": ("v1", 100)}
+        deleted = Action.objects.get(kind="pool.track_delete", params__requester=f"rollout:{plan_id}")
+        assert wait_for(lambda: Action.objects.get(pk=deleted.pk).status == "succeeded", 30)
+        again = start(operator_api, name="v2 again", pools=[pool.pk], target_model_version=v2.pk, strategy="canary",
+                      router_url=router.url, steps=[{"set_weight": 50}, {"pause": {}}])
+        assert RolloutPlan.objects.get(pk=again).state == "progressing"
+        assert wait_for(lambda: processes(agent, "canary"), 30)  # the new rollout's canary was started
+        assert failures(load.between(began)) == []  # the failed canary never got traffic: it was never ready
+    finally:
+        load.stop()
+
+
 # ------------------------------------------------------------------------------------------- the flow
 
 
@@ -176,6 +219,7 @@ def test_canary_under_load_faulty_canary_abort_and_blue_green_switch_back(stack,
         _canary_under_load(stack, operator_api, load, pool, v2)
         _faulty_canary_aborts(stack, operator_api, load, pool, v3)
         _blue_green_switch_back_then_promote(stack, operator_api, load, pool, v3)
+        _rollback_under_load(stack, operator_api, load, pool)
     finally:
         load.stop()
     assert not any(loop.errors for loop in stack["loops"]), {loop.name: loop.errors[:3] for loop in stack["loops"]}
@@ -216,7 +260,9 @@ def _canary_under_load(stack, operator_api, load, pool, v2) -> None:  # noqa: AN
     assert set(after) == {"stable"} and after["stable"] >= 3, after  # only the new version's track
     assert {r[2] for r in load.between(promoted)} == {"stable"}
     (stable,) = processes(stack["agent"], "stable")
-    assert stable["labels"]["ferry.io/model-version"] == "v2" and processes(stack["agent"], "canary") == []
+    assert stable["labels"]["ferry.io/model-version"] == "v2"
+    # the canary's pool.track_delete runs after the commit that promoted: its worker drains, then it is gone
+    assert wait_for(lambda: processes(stack["agent"], "canary") == [], 30)
     assert failures(load.between(began)) == []
     assert len(load.between(began)) >= 60  # the load ran throughout (every 0.5 s)
 
@@ -255,6 +301,25 @@ def _faulty_canary_aborts(stack, operator_api, load, pool, v3) -> None:  # noqa:
     assert wait_for(lambda: processes(stack["agent"], "canary") == [], 30)
     assert table_weights() == {"stable": ("v2", 100)}
     assert failures(load.between(applied)) == []
+
+
+def _rollback_under_load(stack, operator_api, load, pool) -> None:  # noqa: ANN001
+    """Issue 20, acceptance 2: a rollback of the promoted blue-green (back to v2) under load, 0 failed requests."""
+    began = time.monotonic()
+    promoted = RolloutPlan.objects.filter(state="promoted").order_by("-id").first()
+    r = operator_api.post(f"/api/v1/rollouts/{promoted.pk}/rollback/")
+    assert r.status_code == 201, r.json()
+    plan = wait_plan(r.json()["id"], lambda p: p.state != "progressing", READY_TIMEOUT_S + 60, stack)
+    assert plan.state == "promoted", plan.message
+    assert wait_for(lambda: router_applied(stack, routing_table_current().version), 10)
+    assert wait_for(lambda: processes(stack["agent"], "green") == [], 30)
+    (blue,) = processes(stack["agent"], "blue")  # the preview of an active green track is blue
+    assert blue["labels"]["ferry.io/model-version"] == "v2"
+    assert table_weights() == {"blue": ("v2", 100)}
+    back = time.monotonic()
+    assert wait_for(lambda: [r[2] for r in load.between(back)][-2:] == ["blue", "blue"], 10)
+    assert failures(load.between(began)) == []
+    assert len(load.between(began)) >= 10
 
 
 def _blue_green_switch_back_then_promote(stack, operator_api, load, pool, v3) -> None:  # noqa: ANN001

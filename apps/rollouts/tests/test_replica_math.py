@@ -89,3 +89,39 @@ def test_total_never_exceeds_r_plus_max_surge(total, surge, w0, w1):
 )
 def test_applied_weight(kwargs, expected):
     assert applied_weight(**kwargs) == expected
+
+
+@pytest.mark.parametrize(
+    ("desired", "ready", "target", "total", "surge", "expected"),
+    [
+        # a canary that never became ready, reverting (issue 20: it kept its replica for good)
+        ({"stable": 1, "canary": 1}, {"stable": 1, "canary": 0}, {"stable": 1, "canary": 0}, 1, 1,
+         {"stable": 1, "canary": 0}),
+        ({"stable": 2, "canary": 3}, {"stable": 2, "canary": 0}, {"stable": 3, "canary": 0}, 3, 1,
+         {"stable": 2, "canary": 0}),  # no surge room this move: stable grows on the next one
+        # one of three canaries ready: the two unready go now, the ready one once stable has a ready spare
+        ({"stable": 1, "canary": 3}, {"stable": 1, "canary": 1}, {"stable": 3, "canary": 0}, 3, 1,
+         {"stable": 1, "canary": 1}),
+        # growing canary: an unready stable replica goes before the ready ones are counted
+        ({"stable": 3, "canary": 1}, {"stable": 2, "canary": 1}, {"stable": 2, "canary": 1}, 3, 0,
+         {"stable": 2, "canary": 1}),
+    ],
+)
+def test_an_unready_replica_is_the_first_to_go(desired, ready, target, total, surge, expected):
+    assert next_replicas(desired=desired, ready=ready, target=target, total=total, max_surge=surge) == expected
+
+
+@settings(max_examples=300, deadline=None)
+@given(total=st.integers(1, 8), surge=st.integers(0, 2), d=st.tuples(*[st.integers(0, 9)] * 2),
+       r=st.tuples(*[st.integers(0, 9)] * 2), t=st.tuples(*[st.integers(0, 9)] * 2))
+def test_a_move_never_drops_ready_capacity_below_the_target_or_keeps_an_unready_surplus(total, surge, d, r, t):
+    names = ("canary", "stable")
+    desired, ready, target = (dict(zip(names, v, strict=True)) for v in (d, r, t))
+    out = next_replicas(desired=desired, ready=ready, target=target, total=total, max_surge=surge)
+    ready_before = sum(min(ready[n], desired[n]) for n in names)
+    ready_after = sum(min(ready[n], out[n]) for n in names)
+    unavailable = 1 if surge == 0 else 0  # Kubernetes' maxUnavailable = 1 when maxSurge = 0
+    assert ready_after >= min(ready_before, total, sum(target.values())) - unavailable
+    for n in names:
+        if desired[n] > target[n]:  # shrinking: no unready replica above the target survives the move
+            assert out[n] <= max(target[n], min(ready[n], desired[n]))

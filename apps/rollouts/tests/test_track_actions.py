@@ -267,7 +267,7 @@ def test_operator_scale_during_a_rollout_resplits_with_one_action_per_track_by_t
     assert {a.requested_by.username for a in actions} == {"otto"}
     assert [a.params["changes"] for a in actions] == [{"replicas": 2}, {"replicas": 2}]
     assert Action.objects.count() - before == 3  # the pool.scale and one pool.track_set per changed track
-    assert converged_backend.calls == [("scale_track", "canary"), ("scale_track", "stable")]
+    assert converged_backend.calls == [("apply_pool_track", "canary"), ("apply_pool_track", "stable")]
     assert converged_backend.under_lock == []
     # The operator's one action at a time per pool still holds while the scale runs (its pool lock).
     running = Action.objects.create(kind="pool.scale", target_type="pool", target_id=str(pool.pk), pool=pool,
@@ -295,7 +295,7 @@ def test_autoscaler_scale_is_one_track_action_requested_by_autoscaler(make_pool,
     assert track_changes == [("set", "stable")]
     _assert_requested_by(_pool_track_actions(pool), track_changes, "autoscaler")
     assert PoolTrack.objects.get(pool=pool).replicas == 5
-    assert converged_backend.calls == [("scale_track", "stable")]
+    assert converged_backend.calls == [("apply_pool_track", "stable")]
     assert converged_backend.under_lock == []
     # A duplicate delivery of the scale (a redelivered message) does nothing, and re-running its handler (a
     # takeover) records no second track Action: the row already holds the split.
@@ -305,7 +305,7 @@ def test_autoscaler_scale_is_one_track_action_requested_by_autoscaler(make_pool,
     assert execute_action.apply(args=[scale.pk]).get() == "skipped"
     handlers.HANDLERS["pool.scale"](scale)
     assert len(_pool_track_actions(pool)) == 1 and track_changes == [("set", "stable")]
-    assert converged_backend.calls == [("scale_track", "stable")]  # its track Action already ran: no second call
+    assert converged_backend.calls == [("apply_pool_track", "stable")]  # its track Action already ran: no second call
 
 
 def test_model_version_update_is_one_track_action_by_the_user_applied_after_the_commit(

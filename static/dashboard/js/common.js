@@ -86,15 +86,28 @@ const Ferry = {
 
 /* One websocket to `path` carrying one or more streams. Each stream's messages carry `seq`; a snapshot sets
    the stream's last seq, older messages are dropped, and a skipped number asks the server for a snapshot
-   ({"type": "resync", "stream": ...}); messages of that stream are ignored until the snapshot arrives. */
+   ({"type": "resync", "stream": ...}); messages of that stream are ignored until the snapshot arrives.
+   A dropped last message has no successor to reveal the gap: every SEQ_CHECK_MS the client asks for each
+   stream's last number ({"type": "seq"}) and resyncs a stream that is behind. */
+const SEQ_CHECK_MS = 5000;
+
 class FerryStream {
   constructor(path, onMessage) {
     this.path = path;
     this.onMessage = onMessage;
     this.lastSeq = window.ferryStats.lastSeq;
     this.pending = {};
+    this.streams = new Set();  // the streams this socket carries (learnt from their snapshots)
     this.retryMs = 500;
     this.connect();
+    setInterval(() => this.checkSeq(), SEQ_CHECK_MS);
+  }
+
+  checkSeq() {
+    if (!this.ws || this.ws.readyState !== WebSocket.OPEN) return;
+    for (const stream of this.streams) {
+      if (!this.pending[stream] && this.lastSeq[stream] !== undefined) this.ws.send(JSON.stringify({type: "seq", stream}));
+    }
   }
 
   connect() {
@@ -124,8 +137,17 @@ class FerryStream {
   receive(msg) {
     window.ferryStats.messages += 1;
     const stream = msg.stream;
+    if (msg.type === "seq") {  // the answer to checkSeq: behind means a message was lost
+      const last = this.lastSeq[stream];
+      if (!this.pending[stream] && last !== undefined && msg.seq > last) {
+        window.ferryStats.gaps += 1;
+        this.resync(stream);
+      }
+      return;
+    }
     if (msg.type === "snapshot") {
       window.ferryStats.snapshots += 1;
+      this.streams.add(stream);
       this.pending[stream] = false;
       if (msg.seq !== null && msg.seq !== undefined) this.lastSeq[stream] = msg.seq;
       this.onMessage(msg);
