@@ -150,11 +150,13 @@ class PDService:
         print(f"KV receiver listening on {self.settings.kv_host}:{self.receiver.port}", flush=True)
         logger.info("KV receiver listening on %s:%d", self.settings.kv_host, self.receiver.port)
 
-    def bind_model(self, kv_layout, weights_sha256: str) -> None:
-        """Adopt the loaded model's KV layout and weights hash (KV is only valid for these weights)."""
+    def bind_model(self, kv_layout, weights_sha256: str, max_num_tokens: int | None = None) -> None:
+        """Adopt the loaded model's KV layout, weights hash (KV is only valid for these weights) and the context a
+        request can use (tokens): the KV receiver refuses frames beyond that geometry before reading them."""
         self.layout, self.weights_sha256 = kv_layout, weights_sha256
         if self.receiver is not None:
             self.receiver.layout, self.receiver.weights_sha256 = kv_layout, weights_sha256
+            self.receiver.max_num_tokens = max_num_tokens
 
     @property
     def kv_port(self) -> int | None:

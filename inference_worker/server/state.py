@@ -130,7 +130,7 @@ class ServerState:
     def set_model(self, model: ServedModel) -> None:
         """Publish a loaded model (called from the loader thread)."""
         if self.pd is not None:
-            self.pd.bind_model(model.kv_layout, model.weights_sha256)
+            self.pd.bind_model(model.kv_layout, model.weights_sha256, max_num_tokens=model.context_len)
         with self._lock:
             self.model = model
         self.metrics.set_ready(self.readiness()[0])
