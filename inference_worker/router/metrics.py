@@ -30,6 +30,11 @@ class RouterMetrics:
       (``kind`` connect | timeout | status | stream).
     - ``ferry_router_retries_total{pool}``: attempts on another replica after a failure.
     - ``ferry_router_rate_limited_total{key}``: requests refused with 429.
+    - ``ferry_router_admission_refused_total{reason}``: requests refused for want of an in-flight seat
+      (``per_key``: 429, ``overall``: 503; :mod:`.admission`).
+    - ``ferry_router_requests_in_flight``: requests holding a seat.
+    - ``ferry_router_client_disconnects_total``: requests whose client left before the answer was complete
+      and whose upstream request the router then cancelled (the worker aborts it).
     - ``ferry_router_routing_table_version``: version of the routing table applied (-1 before the first).
     - ``ferry_router_routing_table_refresh_errors_total``: failed table pulls or parses.
     """
@@ -62,6 +67,12 @@ class RouterMetrics:
                                registry=r)
         self.rate_limited = Counter("ferry_router_rate_limited", "Requests refused with 429, by API key name.",
                                     ["key"], registry=r)
+        self.admission_refused = Counter("ferry_router_admission_refused",
+                                         "Requests refused for want of an in-flight seat.", ["reason"], registry=r)
+        self.in_flight = Gauge("ferry_router_requests_in_flight", "Client requests holding an in-flight seat.",
+                               registry=r)
+        self.client_disconnects = Counter("ferry_router_client_disconnects",
+                                          "Requests whose client left before the answer was complete.", registry=r)
         self.table_version = Gauge("ferry_router_routing_table_version", "Version of the routing table applied.",
                                    registry=r)
         self.table_errors = Counter("ferry_router_routing_table_refresh_errors",

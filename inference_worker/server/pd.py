@@ -198,6 +198,9 @@ class PDService:
                                                                                      params)
         except ValueError as exc:
             raise OpenAIError(400, str(exc), code="invalid_prompt") from None
+        except asyncio.CancelledError:  # the decode worker went away (its client did): stop the prefill
+            model.engine_loop.abort(f"prefill-{rid}")
+            raise
         prefill_s = time.perf_counter() - started
         self.metrics.tokens(num_prompt_tokens=num_tokens)
         version = self.settings.model_version_id + ("-other" if fault and fault[0] == "wrong-version" else "")
