@@ -198,7 +198,20 @@ async def _serve(state: ServerState, request: Request, *, chat: bool) -> Respons
         sampling, prompts = await asyncio.to_thread(_parse_and_tokenize, state, model, raw, chat=chat)
         generation = _prepare(state, model, sampling, prompts, chat=chat, headers=request.headers)
         if sampling.stream:
-            await generation.wait_admitted()  # the cached-tokens header goes out with the first byte
+            # the cached-tokens header goes out with the first byte, once the engine admitted the request (for a
+            # remote prefill: once the KV arrived); a client that leaves meanwhile aborts it (and the hand-off)
+            admitted = asyncio.ensure_future(generation.wait_admitted())
+            watcher = asyncio.ensure_future(_wait_disconnect(request))
+            try:
+                await asyncio.wait({admitted, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                watcher.cancel()
+            if not admitted.done():
+                admitted.cancel()
+                generation.abort()
+                state.metrics.request_finished("aborted")
+                return JSONResponse({}, status_code=499)
+            admitted.result()
             handed_over = True
             return _GenerationStream(state, generation, sampling, chat=chat)
         return await _complete(state, request, generation, chat=chat, return_token_ids=sampling.return_token_ids)

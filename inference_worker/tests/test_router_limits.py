@@ -7,7 +7,6 @@ happens, so "the router cancelled the upstream request" is observed where it mat
 """
 
 import json
-import socket
 import subprocess
 import sys
 import textwrap
@@ -17,6 +16,7 @@ import httpx
 import pytest
 
 from inference_worker.tests.support.agent import wait_for
+from inference_worker.tests.support.router import send_and_hold
 from inference_worker.tests.test_request_limits import BAD_BODIES
 from inference_worker.tests.test_router_proxy import Fleet, free_port, metric, wait_http
 
@@ -97,14 +97,9 @@ def test_router_refuses_a_6_mb_prompt_with_413_with_or_without_content_length(ro
 
 
 def hold(router, name, request_id):
-    """A completion sent on a raw socket and left open (the upstream holds it until we hang up)."""
-    port = int(router.url.rsplit(":", 1)[1])
-    body = json.dumps({"prompt": "hi", "max_tokens": 4}).encode()
-    sock = socket.create_connection(("127.0.0.1", port))
-    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: router\r\nContent-Type: application/json\r\n"
-                 + f"Authorization: Bearer {KEYS[name]}\r\nX-Request-Id: {request_id}\r\n".encode()
-                 + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
-    return sock
+    """A completion left open (the upstream holds it until we hang up)."""
+    return send_and_hold(router.url, "/v1/completions", {"prompt": "hi", "max_tokens": 4},
+                         {"Authorization": f"Bearer {KEYS[name]}", "X-Request-Id": request_id})
 
 
 def in_flight(router):
