@@ -127,7 +127,7 @@ def create_app(state: ServerState) -> FastAPI:
         return await _serve(state, request, chat=True)
 
     if state.pd is not None and state.pd.settings.role == "prefill":
-        from inference_worker.server.pd import PREFILL_PATH, max_prefill_body_bytes
+        from inference_worker.server.pd import PREFILL_PATH, PrefillAbandoned, max_prefill_body_bytes
 
         @app.post(PREFILL_PATH)
         async def internal_prefill(request: Request) -> JSONResponse:
@@ -141,18 +141,14 @@ def create_app(state: ServerState) -> FastAPI:
             state.request_started()
             try:
                 raw = await read_body_capped(request, max_prefill_body_bytes(model.max_model_len))
-                work = asyncio.ensure_future(state.pd.handle_prefill(model, raw, request.headers))
                 watcher = asyncio.ensure_future(_wait_disconnect(request))
-                try:
-                    await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    watcher.cancel()
-                if not work.done():  # the decode worker hung up (its client left): abort the prefill
-                    work.cancel()
-                    await asyncio.gather(work, return_exceptions=True)
+                try:  # a decode worker hanging up (its client left) aborts a prefill still computing
+                    answer = await state.pd.handle_prefill(model, raw, request.headers, abandoned=watcher)
+                except PrefillAbandoned:
                     state.metrics.request_finished("aborted")
                     return JSONResponse({}, status_code=499)
-                answer = work.result()
+                finally:
+                    watcher.cancel()
             except Exception as exc:
                 _count_failure(state, exc)
                 raise
