@@ -17,6 +17,10 @@ disaggregation work (sender/receiver) only increments them:
 - ``ferry_kv_transfer_raw_bytes_total`` / ``ferry_kv_transfer_wire_bytes_total{direction}``: KV
   payload bytes before compression and bytes actually on the wire (compressed, framed).
 - ``ferry_kv_transfer_seconds{direction}``: wall time of one transfer, histogram.
+- ``ferry_kv_connections_dropped_total{reason}``: KV receiver connections closed because the peer lied
+  (bad magic or protocol, a length over the model's KV geometry, a header tag that does not verify, an
+  unauthenticated protocol-2 header that names no waiting request); ``reason`` as above. The frame is
+  also counted on ``ferry_kv_transfer_total`` as a receive failure.
 - ``ferry_kv_recompute_total{reason}``: decode-side prefills recomputed locally after a failed KV
   hand-off, by the failure reason.
 """
@@ -56,6 +60,7 @@ class KVTransferMetrics:
     raw_bytes: Counter
     wire_bytes: Counter
     seconds: Histogram
+    dropped: Counter
 
 
 def kv_transfer_metrics(registry: CollectorRegistry, labelnames: tuple[str, ...] = WORKER_LABELS) -> KVTransferMetrics:
@@ -76,6 +81,10 @@ def kv_transfer_metrics(registry: CollectorRegistry, labelnames: tuple[str, ...]
         seconds=Histogram(
             "ferry_kv_transfer_seconds", "Wall time of one KV cache transfer.",
             [*labelnames, "direction"], buckets=LATENCY_BUCKETS_S, registry=registry,
+        ),
+        dropped=Counter(
+            "ferry_kv_connections_dropped", "KV receiver connections dropped because the peer lied, by reason.",
+            [*labelnames, "reason"], registry=registry,
         ),
     )
 

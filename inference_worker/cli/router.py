@@ -69,6 +69,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds an ejected replica gets no request before one probe (doubles per failed probe)")
     parser.add_argument("--breaker-max-cooldown", type=float, default=300.0, metavar="S")
     parser.add_argument("--no-breaker", action="store_true", help="never eject replicas (benchmark reference)")
+    parser.add_argument("--max-context-tokens", type=int, default=32768, metavar="T",
+                        help="largest model context served, tokens (sizes the default --max-body-bytes)")
+    parser.add_argument("--max-body-bytes", type=int, default=None, metavar="B",
+                        help="request body cap (413 above; default 64 KiB + 32 B per token of --max-context-tokens)")
+    parser.add_argument("--max-in-flight", type=int, default=512, metavar="N",
+                        help="requests in flight in all (503 + Retry-After above)")
+    parser.add_argument("--max-in-flight-per-key", type=int, default=64, metavar="N",
+                        help="requests in flight per API key, or per client address without keys (429 above)")
+    parser.add_argument("--max-prompts", type=int, default=64, metavar="N",
+                        help="most prompts in one /v1/completions batch (400 above)")
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
 
 
@@ -120,6 +130,9 @@ def run(args: argparse.Namespace) -> int:
                               min_requests=args.breaker_min_requests,
                               max_consecutive_failures=args.breaker_consecutive, cooldown_s=args.breaker_cooldown,
                               max_cooldown_s=args.breaker_max_cooldown, enabled=not args.no_breaker),
+        max_context_tokens=args.max_context_tokens, max_body_bytes=args.max_body_bytes,
+        max_in_flight=args.max_in_flight, max_in_flight_per_key=args.max_in_flight_per_key,
+        max_prompts=args.max_prompts,
     )
     router = Router(config)
     uvicorn.run(router.app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=30)

@@ -69,6 +69,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds SIGTERM waits for in-flight requests before exiting")
     parser.add_argument("--max-num-seqs", type=int, default=None, help="most sequences in one batch")
     parser.add_argument("--max-model-len", type=int, default=None, help="context length cap in tokens")
+    parser.add_argument("--max-body-bytes", type=int, default=None, metavar="B",
+                        help="completion request body cap (413 above; default 64 KiB + 32 B per token of context)")
+    parser.add_argument("--max-prompts", type=int, default=64, metavar="N",
+                        help="most prompts in one /v1/completions batch (400 above)")
     parser.add_argument("--kv-cache-memory", default=None,
                         help="KV cache budget: bytes with a unit (512MiB, 2GiB) or a fraction of free memory (0.5)")
     parser.add_argument("--block-size", type=int, default=None, help="tokens per KV cache block (default 16)")
@@ -137,6 +141,10 @@ def validate(args: argparse.Namespace) -> None:
         raise ValueError(f"--kv-port must be in 0..65535, got {args.kv_port}")
     if args.kv_timeout <= 0:
         raise ValueError(f"--kv-timeout must be > 0 seconds, got {args.kv_timeout}")
+    if args.max_body_bytes is not None and args.max_body_bytes < 1024:
+        raise ValueError(f"--max-body-bytes must be at least 1024, got {args.max_body_bytes}")
+    if args.max_prompts < 1:
+        raise ValueError(f"--max-prompts must be at least 1, got {args.max_prompts}")
     if args.kv_bandwidth_gbps is not None and args.kv_bandwidth_gbps <= 0:
         raise ValueError(f"--kv-bandwidth-gbps must be > 0, got {args.kv_bandwidth_gbps}")
     if args.fault_kv is not None:
@@ -237,6 +245,8 @@ def run(args: argparse.Namespace) -> int:
         fault_rng=random.Random(args.fault_seed),
         drain_timeout_s=args.drain_timeout,
         link_secret=link_secret(args),
+        max_body_bytes=args.max_body_bytes,
+        max_prompts=args.max_prompts,
     )
     if args.role in ("prefill", "decode") and link_secret(args) is None:
         logging.getLogger(__name__).warning(

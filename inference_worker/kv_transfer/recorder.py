@@ -29,6 +29,8 @@ class TransferRecorder:
         self.identity = {name: str((identity or {}).get(name, "")) for name in WORKER_LABELS}
         self.counts: Counter[tuple[str, str, str]] = Counter()
         """``(direction, outcome, reason) -> transfers``."""
+        self.dropped: Counter[str] = Counter()
+        """``reason -> connections`` the receiver dropped."""
         self.raw_bytes: Counter[str] = Counter()
         self.wire_bytes: Counter[str] = Counter()
 
@@ -49,6 +51,12 @@ class TransferRecorder:
         if self.metrics is not None:
             self.metrics.transfers.labels(**self.identity, direction=direction, outcome="failure",
                                           reason=reason).inc()
+
+    def drop(self, reason: str) -> None:
+        """Count one receiver connection dropped because the peer lied (its frame is counted by :meth:`failure`)."""
+        self.dropped[reason] += 1
+        if self.metrics is not None:
+            self.metrics.dropped.labels(**self.identity, reason=reason).inc()
 
     def failures(self, direction: str) -> dict[str, int]:
         """``reason -> count`` of failures in ``direction``."""

@@ -15,8 +15,9 @@ times with exponential backoff ``backoff_s * 2**attempt`` capped at ``backoff_ma
 ``ssl.SSLContext`` (and ``server_hostname`` if it differs from ``host``).
 
 A connection is reused for the next frame only after the receiver accepted a frame on it: after a
-rejection the receiver may be discarding the rest of that stream (a preamble it refused announces
-lengths it cannot trust), so the next attempt starts on a fresh connection.
+rejection the receiver may have closed it (a frame whose preamble or header it cannot trust is acked and
+dropped), so the next attempt starts on a fresh connection. When a write fails because the receiver
+dropped the connection, the sender still reads the ack it left and raises that reason.
 """
 
 from __future__ import annotations
@@ -132,6 +133,22 @@ class KVSender:
         except (OSError, ssl_module.SSLError) as exc:
             raise ConnectionFailed(f"cannot connect to {self.host}:{self.port}: {exc}") from exc
 
+    async def _ack_after_drop(self, conn) -> KVTransferError | None:
+        """The receiver's verdict when it closed the connection mid-frame (it acks a frame it drops, then closes:
+        see :mod:`.receiver`), or None if no ack can be read within a second."""
+        try:
+            async with asyncio.timeout(1.0):
+                length = ACK_LENGTH.unpack(await conn.recv_exactly(ACK_LENGTH.size))[0]
+                if length > MAX_ACK_BYTES:
+                    return None
+                reason, detail = parse_ack(await conn.recv_exactly(length))
+        except (TimeoutError, OSError, asyncio.IncompleteReadError, ssl_module.SSLError, CorruptPayload):
+            return None
+        if reason is None:
+            return None
+        return ERRORS_BY_REASON.get(reason, KVTransferError)(f"receiver rejected the KV and closed the connection: "
+                                                            f"{detail}")
+
     async def _send_once(self, frame: KVFrame) -> None:
         self.num_attempts += 1
         conn = await self._connection()
@@ -142,7 +159,7 @@ class KVSender:
             # io_timeout_s" without a task per chunk (as wait_for would make); a bandwidth-cap wait is
             # not counted.
             async with asyncio.timeout(None) as deadline:
-                for chunk in frame.iter_chunks(self.chunk_bytes, key_id=self._link_key.key_id):
+                for chunk in frame.iter_chunks(self.chunk_bytes, link_key=self._link_key):
                     sealer.update(chunk)
                     if self.bucket is not None:
                         deadline.reschedule(None)
@@ -162,7 +179,10 @@ class KVSender:
             conn.close()
             raise Timeout(f"no progress sending to {self.host}:{self.port} within {self.io_timeout_s}s") from exc
         except (OSError, asyncio.IncompleteReadError, ssl_module.SSLError) as exc:
+            verdict = await self._ack_after_drop(conn)
             conn.close()
+            if verdict is not None:
+                raise verdict from exc
             raise ConnectionFailed(f"connection to {self.host}:{self.port} broke: {exc!r}") from exc
         except BaseException:
             conn.close()

@@ -1,13 +1,23 @@
-"""Versioned, authenticated wire format for a prefill's KV cache (protocol version 2).
+"""Versioned, authenticated wire format for a prefill's KV cache (protocol version 3, reads 2).
 
 One frame, all integers big-endian::
 
-    preamble  32 B   magic b"\\x89FERRYKV", protocol version u16, flags u16 (0),
-                     header length u32, payload length u64, key id 8 B
-    header    JSON, UTF-8, space-padded so the payload starts on a 64-byte boundary
-    payload   per layer in index order: K then V, each [num_layer_tokens, num_kv_heads, head_dim]
-              row-major in ``dtype``; optionally one zstd frame over all of it
-    trailer   32 B   tag: keyed BLAKE3 of preamble+header+payload (256-bit output)
+    preamble    32 B   magic b"\\x89FERRYKV", protocol version u16, flags u16 (0),
+                       header length u32, payload length u64, key id 8 B
+    header      JSON, UTF-8, space-padded so the payload starts on a 64-byte boundary
+    header tag  32 B   protocol 3 only: keyed BLAKE3 of preamble+header under the header key
+    payload     per layer in index order: K then V, each [num_layer_tokens, num_kv_heads, head_dim]
+                row-major in ``dtype``; optionally one zstd frame over all of it
+    trailer     32 B   tag: keyed BLAKE3 of everything before it (256-bit output)
+
+Protocol 3 adds the header tag so that a receiver authenticates the preamble and header (key id,
+sizes, model version, request id) *before* it reads or allocates the payload: a peer without the link
+secret can make it hold no more than the header (at most :data:`MAX_HEADER_BYTES`). Protocol 2 frames
+(no header tag; their only tag is the trailer over the whole frame) are still accepted for one release
+(:data:`ACCEPTED_PROTOCOLS`) so a fleet can upgrade prefill and decode pools in either order; the
+receiver then bounds them by what it can check unauthenticated (a request it waits for, sizes of the
+model's KV geometry). The header key is derived from the link secret with its own context
+(:data:`HEADER_KEY_CONTEXT`), so a header tag can never be replayed as a trailer or the other way round.
 
 Authentication: the tag is BLAKE3 in keyed-hash mode under a 32-byte MAC key derived from the
 per-link secret with BLAKE3's key-derivation mode (context :data:`MAC_KEY_CONTEXT`). The key id is
@@ -30,8 +40,10 @@ weights that produced it), dtype, token count ``N``, and per layer group (layers
 the window, layers, shape and ``first_position`` -- the first absolute position carried: 0 for full
 layers, ``N - min(N, W-1)`` for sliding ones (see :mod:`inference_worker.kv_transfer.layout`).
 
-Validation order on receipt: magic and protocol version (preamble), completeness, tag (a mismatch is
-classified by the key id as above), then header fields, model identity, sizes.
+Validation order on receipt: magic, protocol version and lengths (preamble; each length capped:
+the payload by :func:`max_payload_bytes` of the model's KV geometry at the receiver's max context),
+the header tag (protocol 3), the header's fields, model identity and sizes, and only then the payload
+and the trailer tag (a mismatch is classified by the key id as above).
 """
 
 from __future__ import annotations
@@ -57,15 +69,21 @@ from inference_worker.kv_transfer.errors import (
 from inference_worker.kv_transfer.layout import KVLayout, transfer_tokens
 
 MAGIC = b"\x89FERRYKV"
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
+"""The protocol senders of this release write."""
+ACCEPTED_PROTOCOLS = (2, 3)
+"""Protocols a receiver of this release reads (2 for one release, so pools can upgrade in any order)."""
 PREAMBLE = struct.Struct("!8sHHIQ8s")
 TRAILER = struct.Struct("!32s")
+HEADER_TAG = struct.Struct("!32s")
 KEY_ID_OFFSET = 24
 """Byte offset of the 8-byte key id in the preamble."""
 MAC_KEY_CONTEXT = "Ferry KV transfer 2026-11-30 per-link MAC key"
 KEY_ID_CONTEXT = "Ferry KV transfer 2026-11-30 per-link key id"
+HEADER_KEY_CONTEXT = "Ferry KV transfer 2026-12-01 per-link header key (protocol 3)"
 _NO_KEY_ID = bytes(8)
-MAX_HEADER_BYTES = 1 << 20
+MAX_HEADER_BYTES = 64 << 10
+"""Largest header accepted (a real one is about 1 KiB for 18 layers; the receiver's header buffer is this big)."""
 DEFAULT_MAX_PAYLOAD_BYTES = 8 << 30
 COMPRESSIONS = ("none", "zstd")
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -90,10 +108,39 @@ class LinkKey:
         secret = check_link_secret(secret)
         self.mac_key = blake3.blake3(secret, derive_key_context=MAC_KEY_CONTEXT).digest()
         self.key_id = blake3.blake3(secret, derive_key_context=KEY_ID_CONTEXT).digest(length=8)
+        self.header_key = blake3.blake3(secret, derive_key_context=HEADER_KEY_CONTEXT).digest()
 
     def mac(self, data=b""):
         """A keyed BLAKE3 hasher (``update`` any buffer; it releases the GIL), fed ``data`` first."""
         return blake3.blake3(data, key=self.mac_key)
+
+    def header_tag(self, preamble_and_header) -> bytes:
+        """Protocol 3's 32-byte header tag: keyed BLAKE3 of preamble+header under the header key."""
+        return blake3.blake3(preamble_and_header, key=self.header_key).digest()
+
+
+def max_payload_bytes(raw_bytes: int) -> int:
+    """Largest payload that can carry ``raw_bytes`` of KV: ``raw_bytes`` itself, or zstd's worst case
+    (``ZSTD_COMPRESSBOUND``: ``raw + raw/256`` plus ``(128 KiB - raw) / 2048`` under 128 KiB; zstd's
+    ``zstd.h``), plus 64 bytes for the frame header and checksum."""
+    small = ((128 << 10) - raw_bytes) >> 11 if raw_bytes < (128 << 10) else 0
+    return raw_bytes + (raw_bytes >> 8) + small + 64
+
+
+def verify_header_tag(tag: bytes, preamble_and_header, key_id: bytes, link_key: LinkKey) -> None:
+    """Check protocol 3's header tag before anything of the payload is read.
+
+    Raises:
+        CorruptPayload: mismatch and the frame names this link's key (bytes changed in flight).
+        AuthenticationFailed: mismatch and the frame names another key (wrong secret or forgery).
+    """
+    if hmac.compare_digest(link_key.header_tag(preamble_and_header), bytes(tag)):
+        return
+    if hmac.compare_digest(bytes(key_id), link_key.key_id):
+        raise CorruptPayload("header tag mismatch under this link's key, which the frame names (bytes changed "
+                             "in flight, or a forged header)")
+    raise AuthenticationFailed(f"the frame header is sealed with another link secret (key id "
+                               f"{bytes(key_id).hex()}, this link's is {link_key.key_id.hex()})")
 
 
 class FrameSealer:
@@ -134,31 +181,47 @@ def verify_trailer(tag: bytes, trailer, key_id: bytes, link_key: LinkKey) -> Non
                                f"this link's is {link_key.key_id.hex()})")
 
 
-def parse_preamble(data, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> tuple[int, int, bytes]:
-    """Parse the 32-byte preamble; return ``(header_length, payload_length, key_id)``.
+@dataclass(frozen=True)
+class Preamble:
+    """A parsed preamble (its lengths are not authenticated yet)."""
+
+    version: int
+    header_len: int
+    payload_len: int
+    key_id: bytes
+
+    @property
+    def header_tag_len(self) -> int:
+        """Bytes of header tag after the header (32 in protocol 3, 0 in protocol 2)."""
+        return HEADER_TAG.size if self.version >= 3 else 0
+
+
+def parse_preamble(data, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+                   accepted: tuple[int, ...] = ACCEPTED_PROTOCOLS) -> Preamble:
+    """Parse the 32-byte preamble.
 
     Raises:
-        CorruptPayload: wrong magic or a header length over 1 MiB.
-        ProtocolVersionMismatch: another protocol version.
+        CorruptPayload: wrong magic, or a header length of 0 or over :data:`MAX_HEADER_BYTES`.
+        ProtocolVersionMismatch: a protocol version not in ``accepted``.
         PayloadTooLarge: payload length above ``max_payload_bytes``.
     """
     magic, version, _flags, header_len, payload_len, key_id = PREAMBLE.unpack(bytes(data[: PREAMBLE.size]))
     if magic != MAGIC:
         raise CorruptPayload(f"not a Ferry KV frame (magic {magic!r})")
-    if version != PROTOCOL_VERSION:
-        raise ProtocolVersionMismatch(f"peer speaks KV protocol {version}, this side speaks {PROTOCOL_VERSION}")
-    if header_len > MAX_HEADER_BYTES:
-        raise CorruptPayload(f"header length {header_len} exceeds {MAX_HEADER_BYTES}")
+    if version not in accepted:
+        raise ProtocolVersionMismatch(f"peer speaks KV protocol {version}, this side reads {accepted}")
+    if not 0 < header_len <= MAX_HEADER_BYTES:
+        raise CorruptPayload(f"header length {header_len} is outside 1..{MAX_HEADER_BYTES}")
     if payload_len > max_payload_bytes:
         raise PayloadTooLarge(f"payload of {payload_len} bytes exceeds the limit of {max_payload_bytes}")
-    return header_len, payload_len, key_id
+    return Preamble(version, header_len, payload_len, key_id)
 
 
 @dataclass
 class KVFrame:
     """An encoded frame ready to send: ``prefix`` (preamble + header), payload ``pieces``, sealed on send.
 
-    ``prefix`` has no key id yet (zeros); :meth:`sealed_prefix` fills in the sender's.
+    ``prefix`` has no key id yet (zeros) and no header tag; :meth:`sealed_prefix` adds the sender's.
     """
 
     header: dict
@@ -168,20 +231,27 @@ class KVFrame:
     """Uncompressed KV bytes."""
     payload_bytes: int
     """Payload bytes on the wire (compressed when compression is on)."""
+    protocol: int = PROTOCOL_VERSION
+
+    @property
+    def payload_offset(self) -> int:
+        """Byte offset of the payload in the sealed frame (after the header tag in protocol 3)."""
+        return len(self.prefix) + (HEADER_TAG.size if self.protocol >= 3 else 0)
 
     @property
     def wire_bytes(self) -> int:
-        """Whole frame size in bytes: prefix + payload + trailer."""
-        return len(self.prefix) + self.payload_bytes + TRAILER.size
+        """Whole frame size in bytes: prefix (+ header tag) + payload + trailer."""
+        return self.payload_offset + self.payload_bytes + TRAILER.size
 
-    def sealed_prefix(self, key_id: bytes) -> bytes:
-        """``prefix`` with the sender's 8-byte key id in the preamble."""
-        return self.prefix[:KEY_ID_OFFSET] + key_id + self.prefix[KEY_ID_OFFSET + 8:]
+    def sealed_prefix(self, link_key: LinkKey) -> bytes:
+        """``prefix`` with the sender's 8-byte key id in the preamble, then (protocol 3) the header tag."""
+        prefix = self.prefix[:KEY_ID_OFFSET] + link_key.key_id + self.prefix[KEY_ID_OFFSET + 8:]
+        return prefix + link_key.header_tag(prefix) if self.protocol >= 3 else prefix
 
-    def iter_chunks(self, chunk_bytes: int = 1 << 20, *, key_id: bytes) -> Iterator[memoryview]:
-        """Prefix (with ``key_id``), then the payload in slices of at most ``chunk_bytes`` (views, no
-        copies); no trailer."""
-        yield memoryview(self.sealed_prefix(key_id))
+    def iter_chunks(self, chunk_bytes: int = 1 << 20, *, link_key: LinkKey) -> Iterator[memoryview]:
+        """Sealed prefix (:meth:`sealed_prefix`), then the payload in slices of at most ``chunk_bytes`` (views,
+        no copies); no trailer."""
+        yield memoryview(self.sealed_prefix(link_key))
         for piece in self.pieces:
             view = memoryview(piece).cast("B")
             for start in range(0, len(view), chunk_bytes):
@@ -191,7 +261,7 @@ class KVFrame:
         """The whole sealed frame as one bytes object (a copy; the sender streams instead)."""
         sealer = FrameSealer(link_secret)
         parts = []
-        for chunk in self.iter_chunks(key_id=sealer.key.key_id):
+        for chunk in self.iter_chunks(link_key=sealer.key):
             sealer.update(chunk)
             parts.append(chunk)
         parts.append(sealer.trailer())
@@ -216,6 +286,7 @@ def encode_kv(
     kv: Sequence[tuple[torch.Tensor, torch.Tensor]],
     compression: str = "none",
     zstd_level: int = 1,
+    protocol: int = PROTOCOL_VERSION,
 ) -> KVFrame:
     """Encode the KV a decode step needs after a prefill of ``num_tokens`` tokens.
 
@@ -225,10 +296,13 @@ def encode_kv(
             Full layers must hold exactly ``num_tokens`` rows; sliding layers at least
             ``min(num_tokens, W-1)`` (only those last rows are sent).
         compression: ``"none"`` (default; payload pieces are views of the tensors) or ``"zstd"``.
+        protocol: wire protocol to write (one of :data:`ACCEPTED_PROTOCOLS`; 2 only to talk to an older release).
 
     Raises:
-        ValueError: wrong number of layers, dtype, shape or too few rows; unknown compression.
+        ValueError: wrong number of layers, dtype, shape or too few rows; unknown compression or protocol.
     """
+    if protocol not in ACCEPTED_PROTOCOLS:
+        raise ValueError(f"protocol must be one of {ACCEPTED_PROTOCOLS}, got {protocol!r}")
     if compression not in COMPRESSIONS:
         raise ValueError(f"compression must be one of {COMPRESSIONS}, got {compression!r}")
     if not isinstance(num_tokens, int) or num_tokens < 1:
@@ -271,9 +345,12 @@ def encode_kv(
         "payload_bytes": payload_bytes,
     }
     body = json.dumps(header, separators=(",", ":")).encode()
-    body += b" " * (-(PREAMBLE.size + len(body)) % _PAYLOAD_ALIGN)
-    preamble = PREAMBLE.pack(MAGIC, PROTOCOL_VERSION, 0, len(body), payload_bytes, _NO_KEY_ID)
-    return KVFrame(header, preamble + body, pieces, raw_bytes, payload_bytes)
+    tag_len = HEADER_TAG.size if protocol >= 3 else 0
+    body += b" " * (-(PREAMBLE.size + len(body) + tag_len) % _PAYLOAD_ALIGN)
+    if len(body) > MAX_HEADER_BYTES:
+        raise ValueError(f"KV header of {len(body)} bytes exceeds {MAX_HEADER_BYTES}")
+    preamble = PREAMBLE.pack(MAGIC, protocol, 0, len(body), payload_bytes, _NO_KEY_ID)
+    return KVFrame(header, preamble + body, pieces, raw_bytes, payload_bytes, protocol)
 
 
 def _layer_groups(layout: KVLayout, num_tokens: int) -> list[dict]:
@@ -402,15 +479,18 @@ def decode_frame(data, *, link_secret: bytes | LinkKey, model_version_id: str, w
     view = memoryview(data).cast("B")
     if len(view) < PREAMBLE.size:
         raise TruncatedPayload(f"{len(view)} bytes, shorter than the {PREAMBLE.size}-byte preamble")
-    header_len, payload_len, key_id = parse_preamble(view, max_payload_bytes)
-    end = PREAMBLE.size + header_len + payload_len
+    pre = parse_preamble(view, max_payload_bytes)
+    header_end = PREAMBLE.size + pre.header_len
+    payload_start = header_end + pre.header_tag_len
+    end = payload_start + pre.payload_len
     if len(view) < end + TRAILER.size:
         raise TruncatedPayload(f"frame of {len(view)} bytes, header announces {end + TRAILER.size}")
-    verify_trailer(link_key.mac(view[:end]).digest(), view[end:end + TRAILER.size], key_id, link_key)
-    header = parse_header(view[PREAMBLE.size:PREAMBLE.size + header_len])
+    if pre.header_tag_len:
+        verify_header_tag(view[header_end:payload_start], view[:header_end], pre.key_id, link_key)
+    verify_trailer(link_key.mac(view[:end]).digest(), view[end:end + TRAILER.size], pre.key_id, link_key)
+    header = parse_header(view[PREAMBLE.size:header_end])
     check_identity(header, model_version_id=model_version_id, weights_sha256=weights_sha256)
-    return decode_payload(header, view[PREAMBLE.size + header_len:end], wire_bytes=end + TRAILER.size,
-                          layout=layout)
+    return decode_payload(header, view[payload_start:end], wire_bytes=end + TRAILER.size, layout=layout)
 
 
 ACK_LENGTH = struct.Struct("!I")

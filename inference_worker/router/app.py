@@ -3,7 +3,11 @@
 Routes: ``POST /v1/completions`` and ``/v1/chat/completions`` (streamed SSE passed through as it
 arrives), ``GET /v1/models``, ``/health``, ``/ready`` (a routing table is loaded) and ``/metrics``.
 
-Per request: API key (401) and its rate limit (429 + ``Retry-After``); then the pipeline of
+Per request: API key (401) and its rate limit (429 + ``Retry-After``); an in-flight seat for the client and
+overall (:mod:`.admission`: 429 / 503 + ``Retry-After``, decided before the body is read); the body read
+with a cap (413, default sized for ``max_context_tokens``) and checked (:mod:`inference_worker.request_limits`:
+400 for non-finite numbers, lone surrogates, deep nesting, ``n`` and ``prompt`` batches over their limits);
+then the pipeline of
 :mod:`.pipeline`: eligibility by the request's ``model`` (unknown: 404) and sticky key, the prompt
 tokenized and hashed with that model version's tokenizer *off the event loop* (:class:`.prompt.PromptHasher`),
 scoring against the prefix index (:mod:`.prefix_index`, fed by every replica's KV events), the PD
@@ -14,8 +18,12 @@ A connection error, timeout or 5xx *before the first byte of the answer* re-plan
 replica and tries again (up to ``max_attempts``); once bytes have reached the client the stream is not
 retried. A 4xx from the worker (the client's error) is passed through as it is, never retried. Each attempt's
 outcome feeds the circuit breaker (:mod:`.breaker`): a replica it ejected is left out at eligibility until
-its cooldown ends and a probe succeeds; when that empties a track, the request goes to another track of the
-model (``ferry_router_track_failovers_total``). The response carries ``X-Ferry-Replica``, ``X-Ferry-Track``, ``X-Ferry-Decision``,
+its cooldown ends and a probe succeeds; when that or failed attempts empty a track, the request goes to
+another track of the model (``ferry_router_track_failovers_total``). A client that disconnects before its
+answer is complete has its upstream request cancelled (the router closes that connection; the decode worker
+aborts the request in its engine and, for a remote prefill, hangs up on the prefill worker, which aborts its
+prefill): before the first byte the router watches the client while it waits, afterwards the streamed
+response notices the disconnect. The response carries ``X-Ferry-Replica``, ``X-Ferry-Track``, ``X-Ferry-Decision``,
 ``X-Ferry-Decision-Reason`` and the worker's ``X-Ferry-Cached-Tokens`` (streamed or not). The session (``X-Session-Id``, else the OpenAI ``user`` field, else
 ``X-Ferry-Sticky-Key``, which ``bench/workloads.py`` sends per session) breaks score ties and, without
 ``X-Ferry-Sticky-Key``, is the sticky key of the track split, so a session's turns stay on one model version.
@@ -25,7 +33,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import uuid
 from collections.abc import AsyncIterator
@@ -37,7 +44,15 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from inference_worker import http_headers
-from inference_worker.router.auth import ApiKeys
+from inference_worker.request_limits import (
+    DEFAULT_MAX_PROMPTS,
+    check_request_size,
+    default_max_body_bytes,
+    parse_json_body,
+    read_body_capped,
+)
+from inference_worker.router.admission import InFlightLimits
+from inference_worker.router.auth import ApiKey, ApiKeys
 from inference_worker.router.breaker import CLOSED, OPEN, BreakerConfig, CircuitBreaker, Transition
 from inference_worker.router.decisions import LoadTracker, NoReplicaAvailable
 from inference_worker.router.metrics import RouterMetrics
@@ -56,6 +71,7 @@ from inference_worker.router.prefix_index import KVIndexFeed, PrefixIndex
 from inference_worker.router.prompt import PromptHasher
 from inference_worker.router.source import QueueDepthScraper, TableSource
 from inference_worker.router.table import DECODE_ROLES, Replica, RoutingTable
+from inference_worker.server.errors import OpenAIError
 
 log = logging.getLogger(__name__)
 PASS_HEADERS = ("content-type", "cache-control", http_headers.CACHED_TOKENS)
@@ -87,10 +103,25 @@ class RouterConfig:
     weights; a Gateway API HTTPRoute splits traffic between per-track routers. None: split by the weights."""
     breaker: BreakerConfig = field(default_factory=BreakerConfig)
     """Circuit breaking thresholds (:mod:`.breaker`)."""
+    max_context_tokens: int = 32768
+    """The largest context of the models served (tokens; Gemma 3 270M's 32768): sizes the default body cap."""
+    max_body_bytes: int | None = None
+    """Request body cap, bytes (413 above); None: ``request_limits.default_max_body_bytes(max_context_tokens)``."""
+    max_in_flight: int = 512
+    """Requests in flight in all (503 + ``Retry-After`` above)."""
+    max_in_flight_per_key: int = 64
+    """Requests in flight per API key, or per client address without keys (429 + ``Retry-After`` above)."""
+    max_prompts: int = DEFAULT_MAX_PROMPTS
+    """Most prompts in one ``/v1/completions`` batch (400 above)."""
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
+        if self.max_body_bytes is None:
+            self.max_body_bytes = default_max_body_bytes(self.max_context_tokens)
+        if self.max_body_bytes < 1024 or self.max_prompts < 1:
+            raise ValueError(f"max_body_bytes must be >= 1024 and max_prompts >= 1, got {self.max_body_bytes} "
+                             f"and {self.max_prompts}")
 
 
 def _error(status: int, message: str, kind: str, headers: dict | None = None) -> JSONResponse:
@@ -104,6 +135,7 @@ class Router:
         self.config = config
         self.metrics = metrics or RouterMetrics()
         self.loads = LoadTracker()
+        self.seats = InFlightLimits(config.max_in_flight, config.max_in_flight_per_key)
         self.hasher = PromptHasher(config.tokenizer_dir)
         self.index = PrefixIndex()
         self.breaker = CircuitBreaker(config.breaker)
@@ -151,7 +183,8 @@ class Router:
     async def metrics_endpoint(self) -> Response:
         return Response(generate_latest(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    def _check_key(self, request: Request) -> Response | None:
+    def _check_key(self, request: Request) -> Response | ApiKey | None:
+        """A refusal (401, 429), the client's key, or None without keys configured."""
         keys = self.config.api_keys
         if keys is None:
             return None
@@ -163,24 +196,49 @@ class Router:
             self.metrics.rate_limited.labels(key=key.name).inc()
             return _error(429, f"rate limit of key {key.name!r} exceeded; retry in {retry_after}s",
                           "rate_limit_error", headers={"Retry-After": str(retry_after)})
-        return None
+        return key
 
     async def completions(self, request: Request) -> Response:
-        response = await self._completions(request)
+        response = await self._seated(request)
         self.metrics.requests.labels(status=str(response.status_code)).inc()
         return response
 
-    async def _completions(self, request: Request) -> Response:
-        refused = self._check_key(request)
-        if refused is not None:
-            return refused
-        raw = await request.body()
+    async def _seated(self, request: Request) -> Response:
+        """Key, then an in-flight seat held until the answer is sent (:mod:`.admission`), then the request."""
+        key = self._check_key(request)
+        if isinstance(key, Response):
+            return key
+        client = f"key:{key.name}" if key is not None else f"addr:{request.client.host if request.client else '-'}"
+        refusal = self.seats.enter(client)
+        if refusal is not None:
+            self.metrics.admission_refused.labels(reason=refusal.reason).inc()
+            kind = "rate_limit_error" if refusal.status == 429 else "unavailable"
+            return _error(refusal.status, refusal.message, kind, headers={"Retry-After": str(refusal.retry_after_s)})
+        self.metrics.in_flight.inc()
+
+        def leave() -> None:
+            self.seats.leave(client)
+            self.metrics.in_flight.dec()
+
+        handed_over = False
         try:
-            body = json.loads(raw)
-            if not isinstance(body, dict):
-                raise ValueError("the body must be a JSON object")
-        except ValueError as exc:
-            return _error(400, f"invalid JSON body: {exc}", "invalid_request_error")
+            try:
+                response = await self._completions(request)
+            except OpenAIError as exc:
+                return exc.response()
+            if isinstance(response, StreamingResponse):
+                handed_over = True
+                return _SettledStream(response, leave)
+            return response
+        finally:
+            if not handed_over:
+                leave()
+
+    async def _completions(self, request: Request) -> Response:
+        """Raises OpenAIError (413, 400) for a body over the cap or malformed (module docstring)."""
+        raw = await read_body_capped(request, self.config.max_body_bytes)
+        body = await asyncio.to_thread(parse_json_body, raw)  # pure Python on ~1 MB: off the loop's turn
+        check_request_size(body, max_prompts=self.config.max_prompts)
         table = self.source.table if self.source else None
         if table is None:
             return _error(503, "no routing table loaded yet", "unavailable")
@@ -202,12 +260,29 @@ class Router:
                                          hashing=hashing)
         headers = {"content-type": "application/json", "x-request-id": request_id,
                    http_headers.TRACK: eligible.track.name, http_headers.MODEL_VERSION: version}
-        return await self._forward(request.url.path, raw, headers, table, eligible, prompt, session=session,
-                                   model=model, key=key, stream=bool(body.get("stream")))
+        forward = asyncio.ensure_future(self._forward(request.url.path, raw, headers, table, eligible, prompt,
+                                                      session=session, model=model, key=key,
+                                                      stream=bool(body.get("stream"))))
+        return await self._unless_client_leaves(request, forward)
+
+    async def _unless_client_leaves(self, request: Request, forward: asyncio.Future) -> Response:
+        """``forward``'s response, or 499 after cancelling it when the client disconnects first (the cancelled
+        upstream request's connection is closed, which the worker takes as an abort)."""
+        watcher = asyncio.ensure_future(_wait_disconnect(request))
+        try:
+            await asyncio.wait({forward, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watcher.cancel()
+        if forward.done():
+            return forward.result()
+        forward.cancel()
+        await asyncio.gather(forward, return_exceptions=True)
+        self.metrics.client_disconnects.inc()
+        return _error(499, "the client closed the connection before the answer was complete", "client_closed")
 
     async def models(self, request: Request) -> Response:
         refused = self._check_key(request)
-        if refused is not None:
+        if isinstance(refused, Response):
             return refused
         table = self.source.table if self.source else None
         if table is None:
@@ -400,3 +475,25 @@ class Router:
                     self._breaker_outcome(replica, ok)
             self.loads.end(replica)
             await response.aclose()
+
+
+async def _wait_disconnect(request: Request) -> None:
+    """Return when the client disconnects (call only after the body was read)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+class _SettledStream(Response):
+    """A streamed answer that runs ``settle`` once it is over: finished, failed, or the client gone (also when
+    the body never started), so an in-flight seat is always given back."""
+
+    def __init__(self, inner: StreamingResponse, settle):
+        self.inner, self.settle = inner, settle
+        self.status_code = inner.status_code
+        self.background = None
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await self.inner(scope, receive, send)
+        finally:
+            self.settle()

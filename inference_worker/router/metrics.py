@@ -35,6 +35,11 @@ class RouterMetrics:
       until a probe succeeds, else 0 (absent for a replica never ejected). ``track`` is the replica's.
     - ``ferry_router_track_failovers_total{from_track, to_track}``: requests sent to another track because
       ejection left the track the split chose without a replica.
+    - ``ferry_router_admission_refused_total{reason}``: requests refused for want of an in-flight seat
+      (``per_key``: 429, ``overall``: 503; :mod:`.admission`).
+    - ``ferry_router_requests_in_flight``: requests holding a seat.
+    - ``ferry_router_client_disconnects_total``: requests whose client left before the answer was complete
+      and whose upstream request the router then cancelled (the worker aborts it).
     - ``ferry_router_routing_table_version``: version of the routing table applied (-1 before the first).
     - ``ferry_router_routing_table_refresh_errors_total``: failed table pulls or parses.
     """
@@ -75,6 +80,12 @@ class RouterMetrics:
         self.track_failovers = Counter("ferry_router_track_failovers",
                                        "Requests sent to another track because ejection emptied theirs.",
                                        ["from_track", "to_track"], registry=r)
+        self.admission_refused = Counter("ferry_router_admission_refused",
+                                         "Requests refused for want of an in-flight seat.", ["reason"], registry=r)
+        self.in_flight = Gauge("ferry_router_requests_in_flight", "Client requests holding an in-flight seat.",
+                               registry=r)
+        self.client_disconnects = Counter("ferry_router_client_disconnects",
+                                          "Requests whose client left before the answer was complete.", registry=r)
         self.table_version = Gauge("ferry_router_routing_table_version", "Version of the routing table applied.",
                                    registry=r)
         self.table_errors = Counter("ferry_router_routing_table_refresh_errors",

@@ -37,6 +37,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from inference_worker import http_headers
+from inference_worker.request_limits import default_max_body_bytes, read_body_capped
 from inference_worker.server.errors import OpenAIError, invalid
 from inference_worker.server.kv_cache_routes import add_kv_cache_routes
 from inference_worker.server.protocol import (
@@ -48,7 +49,6 @@ from inference_worker.server.protocol import (
     completion_sampling,
     parse_body,
 )
-from inference_worker.server.signing import read_body_capped
 from inference_worker.server.state import ServedModel, ServerState
 from inference_worker.server.streaming import SSE_DONE, ChoiceEvent, Generation, GenerationError, sse
 from inference_worker.tokenization import ChatTemplateError
@@ -127,7 +127,7 @@ def create_app(state: ServerState) -> FastAPI:
         return await _serve(state, request, chat=True)
 
     if state.pd is not None and state.pd.settings.role == "prefill":
-        from inference_worker.server.pd import PREFILL_PATH, max_prefill_body_bytes
+        from inference_worker.server.pd import PREFILL_PATH, PrefillAbandoned, max_prefill_body_bytes
 
         @app.post(PREFILL_PATH)
         async def internal_prefill(request: Request) -> JSONResponse:
@@ -141,7 +141,14 @@ def create_app(state: ServerState) -> FastAPI:
             state.request_started()
             try:
                 raw = await read_body_capped(request, max_prefill_body_bytes(model.max_model_len))
-                answer = await state.pd.handle_prefill(model, raw, request.headers)
+                watcher = asyncio.ensure_future(_wait_disconnect(request))
+                try:  # a decode worker hanging up (its client left) aborts a prefill still computing
+                    answer = await state.pd.handle_prefill(model, raw, request.headers, abandoned=watcher)
+                except PrefillAbandoned:
+                    state.metrics.request_finished("aborted")
+                    return JSONResponse({}, status_code=499)
+                finally:
+                    watcher.cancel()
             except Exception as exc:
                 _count_failure(state, exc)
                 raise
@@ -182,9 +189,25 @@ async def _serve(state: ServerState, request: Request, *, chat: bool) -> Respons
     state.request_started()
     handed_over, generation = False, None
     try:
-        generation, sampling = _prepare(state, model, await request.body(), chat=chat, headers=request.headers)
+        max_body = state.max_body_bytes or default_max_body_bytes(model.max_model_len)
+        raw = await read_body_capped(request, max_body)
+        sampling, prompts = await asyncio.to_thread(_parse_and_tokenize, state, model, raw, chat=chat)
+        generation = _prepare(state, model, sampling, prompts, chat=chat, headers=request.headers)
         if sampling.stream:
-            await generation.wait_admitted()  # the cached-tokens header goes out with the first byte
+            # the cached-tokens header goes out with the first byte, once the engine admitted the request (for a
+            # remote prefill: once the KV arrived); a client that leaves meanwhile aborts it (and the hand-off)
+            admitted = asyncio.ensure_future(generation.wait_admitted())
+            watcher = asyncio.ensure_future(_wait_disconnect(request))
+            try:
+                await asyncio.wait({admitted, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                watcher.cancel()
+            if not admitted.done():
+                admitted.cancel()
+                generation.abort()
+                state.metrics.request_finished("aborted")
+                return JSONResponse({}, status_code=499)
+            admitted.result()
             try:
                 generation.raise_early_error()  # a refused remote prefill keeps its 4xx status
             except GenerationError as exc:
@@ -202,8 +225,14 @@ async def _serve(state: ServerState, request: Request, *, chat: bool) -> Respons
             state.request_finished()
 
 
-def _prepare(state: ServerState, model: ServedModel, raw: bytes, *, chat: bool,
-             headers=None) -> tuple[Generation, SamplingRequest]:
+def _parse_and_tokenize(state: ServerState, model: ServedModel, raw: bytes, *,
+                        chat: bool) -> tuple[SamplingRequest, list[list[int]]]:
+    """Validate the body and tokenize its prompts; runs in a worker thread (``asyncio.to_thread``).
+
+    Tokenization uses ``Tokenizer.encode_batch``, which releases the GIL while it runs (``encode`` holds it
+    for the whole call: measured here, a 1 MB prompt froze the event loop for about 3 s), so ``/health`` and
+    other requests keep being served while a long prompt is tokenized.
+    """
     body = parse_body(raw, ChatCompletionRequest if chat else CompletionRequest)
     if body.model != state.served_model_name:
         raise OpenAIError(404, f"model {body.model!r} does not exist; this worker serves "
@@ -217,19 +246,26 @@ def _prepare(state: ServerState, model: ServedModel, raw: bytes, *, chat: bool,
             text = model.chat_template.render(body.messages)
         except ChatTemplateError as exc:
             raise invalid(str(exc), param="messages") from None
-        prompts = [model.tokenizer.encode(text, add_special_tokens=False).ids]
-    else:
-        sampling = completion_sampling(body)
-        prompts = []
-        for prompt in completion_prompts(body.prompt):
-            if isinstance(prompt, str):
-                prompts.append(model.tokenizer.encode(prompt, add_special_tokens=True).ids)
-            else:
-                bad = [t for t in prompt if t >= model.vocab_size]
-                if bad:
-                    raise invalid(f"token id {bad[0]} is out of range; the vocabulary has {model.vocab_size} tokens",
-                                  param="prompt")
-                prompts.append(list(prompt))
+        return sampling, [model.tokenizer.encode_batch([text], add_special_tokens=False)[0].ids]
+    sampling = completion_sampling(body)
+    given = completion_prompts(body.prompt, state.max_prompts)
+    texts = [p for p in given if isinstance(p, str)]
+    encoded = iter(model.tokenizer.encode_batch(texts, add_special_tokens=True) if texts else [])
+    prompts = []
+    for prompt in given:
+        if isinstance(prompt, str):
+            prompts.append(next(encoded).ids)
+        else:
+            bad = [t for t in prompt if t >= model.vocab_size]
+            if bad:
+                raise invalid(f"token id {bad[0]} is out of range; the vocabulary has {model.vocab_size} tokens",
+                              param="prompt")
+            prompts.append(list(prompt))
+    return sampling, prompts
+
+
+def _prepare(state: ServerState, model: ServedModel, sampling: SamplingRequest, prompts: list[list[int]], *,
+             chat: bool, headers=None) -> Generation:
     longest = max(len(p) for p in prompts)
     max_tokens = sampling.max_tokens
     if max_tokens is None:
@@ -269,7 +305,7 @@ def _prepare(state: ServerState, model: ServedModel, raw: bytes, *, chat: bool,
     except RuntimeError as exc:  # the engine loop stopped between the readiness check and now
         generation.abort()
         raise OpenAIError(503, f"the worker is not ready: {exc}", type="server_error", code="not_ready") from None
-    return generation, sampling
+    return generation
 
 
 async def _complete(state: ServerState, request: Request, generation: Generation, *, chat: bool,

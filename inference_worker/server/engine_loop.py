@@ -321,6 +321,12 @@ class EngineLoop:
             self._apply_handoff(command)
             return
         if isinstance(command, _Abort):
+            export = self._exports.pop(command.request_id, None)
+            if export is not None:  # a prefill-role request whose decode worker went away
+                self._engine.abort_request(command.request_id)
+                export.loop.call_soon_threadsafe(_set_exception, export.future, ValueError(
+                    f"prefill of {command.request_id!r} aborted"))
+                return
             if command.request_id in self._streams:
                 self._engine.abort_request(command.request_id)
                 self._send(command.request_id, SeqUpdate(command.request_id, (), "", 0, True, "abort"))

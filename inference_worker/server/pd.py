@@ -139,6 +139,10 @@ def prefill_answer_failure(response: httpx.Response) -> KVHandoffFailed | None:
     return KVHandoffFailed(reason or "protocol", f"prefill worker answered {response.status_code}: {message}")
 
 
+class PrefillAbandoned(Exception):
+    """The decode worker hung up while its prefill was computing; the prefill was aborted in the engine."""
+
+
 def prefill_cached_tokens(answer: dict, num_prompt_tokens: int) -> int:
     """The prefill worker's prefix-cache hit in its ``/internal/prefill`` answer: ``num_cached_tokens``, 0 when
     absent (a prefill worker older than the field).
@@ -190,11 +194,13 @@ class PDService:
         print(f"KV receiver listening on {self.settings.kv_host}:{self.receiver.port}", flush=True)
         logger.info("KV receiver listening on %s:%d", self.settings.kv_host, self.receiver.port)
 
-    def bind_model(self, kv_layout, weights_sha256: str) -> None:
-        """Adopt the loaded model's KV layout and weights hash (KV is only valid for these weights)."""
+    def bind_model(self, kv_layout, weights_sha256: str, max_num_tokens: int | None = None) -> None:
+        """Adopt the loaded model's KV layout, weights hash (KV is only valid for these weights) and the context a
+        request can use (tokens): the KV receiver refuses frames beyond that geometry before reading them."""
         self.layout, self.weights_sha256 = kv_layout, weights_sha256
         if self.receiver is not None:
             self.receiver.layout, self.receiver.weights_sha256 = kv_layout, weights_sha256
+            self.receiver.max_num_tokens = max_num_tokens
 
     @property
     def kv_port(self) -> int | None:
@@ -202,10 +208,15 @@ class PDService:
         return None if self.receiver is None else self.receiver.port
 
     # ---- prefill role -----------------------------------------------------------------------
-    async def handle_prefill(self, model, raw: bytes, headers) -> dict:
+    async def handle_prefill(self, model, raw: bytes, headers, abandoned: asyncio.Future | None = None) -> dict:
         """Serve ``POST /internal/prefill``: prefill, send the KV, return the first token.
 
+        ``abandoned`` completes when the decode worker hangs up (its client left): a prefill still computing
+        is then aborted in the engine and :class:`PrefillAbandoned` raised. Once the KV is computed it is sent
+        whatever happens, so a send failure or a late KV is still counted as such.
+
         Raises:
+            PrefillAbandoned: ``abandoned`` completed while the prefill was computing (aborted in the engine).
             OpenAIError: 401 bad signature, 400 bad body (or, test hook only, an unknown fault named in the
                 ``FAULT_KV`` header), 409 another model version, 502 the KV
                 could not be delivered (``error.reason`` is the transfer failure reason).
@@ -235,9 +246,15 @@ class PDService:
         params = model.make_sampling_params(max_tokens=1, ignore_eos=True, **{
             k: sampling[k] for k in ("temperature", "top_p", "top_k", "seed") if sampling.get(k) is not None})
         started = time.perf_counter()
+        export = model.engine_loop.prefill_export(f"prefill-{rid}", prompt, params)
+        if abandoned is not None:
+            await asyncio.wait({export, abandoned}, return_when=asyncio.FIRST_COMPLETED)
+        if not export.done():  # the decode worker went away (its client did): stop the prefill
+            model.engine_loop.abort(f"prefill-{rid}")
+            export.cancel()
+            raise PrefillAbandoned(f"the decode worker hung up during the prefill of {rid!r}")
         try:
-            first, num_tokens, kv, num_cached = await model.engine_loop.prefill_export(f"prefill-{rid}", prompt,
-                                                                                     params)
+            first, num_tokens, kv, num_cached = await export
         except ValueError as exc:
             raise OpenAIError(400, str(exc), code="invalid_prompt") from None
         prefill_s = time.perf_counter() - started

@@ -83,7 +83,7 @@ async def send_faulty_frame(mode: str, frame: KVFrame, *, host: str, port: int, 
     else:
         data = bytearray(frame.to_bytes(link_secret))
     if mode == "corrupt":
-        data[len(frame.prefix) + frame.payload_bytes // 2] ^= 0x01
+        data[frame.payload_offset + frame.payload_bytes // 2] ^= 0x01
     conn = await asyncio.wait_for(open_connection(host, port), timeout_s)
     try:
         if mode in ("truncate", "die-mid-send"):

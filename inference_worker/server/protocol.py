@@ -9,7 +9,10 @@ field. Documented choices:
   context length" for ``/v1/chat/completions``.
 - ``prompt`` may be a string, a list of token ids, or a batch (a list of strings or of token-id
   lists); choice ``index`` is ``prompt_index * n + i``.
-- ``top_k`` of -1 or 0 disables top-k; ``temperature: 0`` is greedy decoding.
+- ``top_k`` of -1 or 0 disables top-k; ``temperature: 0`` is greedy decoding; numbers must be finite
+  (``Infinity``, ``NaN`` and ``1e400`` are 400s).
+- ``n`` is at most 16 and a ``prompt`` batch holds at most the worker's ``--max-prompts`` prompts
+  (default 64; :mod:`inference_worker.request_limits`).
 - Unsupported OpenAI options with a non-default value (``logprobs``, ``echo``, ``suffix``,
   ``best_of`` > n, non-zero penalties, ``logit_bias``, ``tools``) are rejected rather than ignored.
 - ``return_token_ids`` (vLLM's request option, same name and field placement): when true the response
@@ -28,9 +31,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from inference_worker.request_limits import DEFAULT_MAX_PROMPTS, MAX_N
 from inference_worker.server.errors import OpenAIError, invalid
 
-MAX_N = 16
 MAX_STOP_STRINGS = 16
 DEFAULT_COMPLETION_MAX_TOKENS = 16
 
@@ -53,12 +56,12 @@ _TYPE_HINTS = {
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
+    model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
     include_usage: bool = False
 
 
 class _CommonRequest(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
+    model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
 
     model: str
     max_tokens: int | None = None
@@ -197,11 +200,12 @@ def chat_sampling(body: ChatCompletionRequest) -> SamplingRequest:
     return sampling_request(body, max_tokens=max_tokens)
 
 
-def completion_prompts(prompt: Any) -> list[str | list[int]]:
+def completion_prompts(prompt: Any, max_prompts: int = DEFAULT_MAX_PROMPTS) -> list[str | list[int]]:
     """Split a completions ``prompt`` into single prompts (string or token ids).
 
     Raises:
-        OpenAIError: 400 when the prompt is missing, empty, or of the wrong type.
+        OpenAIError: 400 when the prompt is missing, empty, of the wrong type, or a batch of more than
+            ``max_prompts``.
     """
     if prompt is None:
         raise invalid("'prompt' is required", param="prompt", code="missing_required_parameter")
@@ -216,6 +220,9 @@ def completion_prompts(prompt: Any) -> list[str | list[int]]:
     else:
         raise invalid("prompt must be a string, a list of token ids, or a list of those",
                       param="prompt", code="invalid_type")
+    if len(prompts) > max_prompts:
+        raise invalid(f"a batch may hold at most {max_prompts} prompts, got {len(prompts)}; split it into several "
+                      f"requests", param="prompt", code="too_many_prompts")
     for i, p in enumerate(prompts):
         where = "prompt" if len(prompts) == 1 else f"prompt[{i}]"
         if isinstance(p, list) and not all(_is_token_id(t) for t in p):

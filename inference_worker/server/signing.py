@@ -13,10 +13,11 @@ import hashlib
 import hmac
 import re
 
-from starlette.requests import Request
-
 from inference_worker import http_headers
+from inference_worker.request_limits import read_body_capped, too_large
 from inference_worker.server.errors import OpenAIError
+
+__all__ = ["read_body_capped", "sign", "too_large", "verify_signature"]
 
 _HEX64 = re.compile(rb"[0-9a-fA-F]{64}")
 
@@ -42,35 +43,3 @@ def verify_signature(secret: bytes, body: bytes, header: str | None, *, message:
         raise OpenAIError(401, message or f"invalid or missing {http_headers.KV_SIGNATURE} (64 hex chars: HMAC-SHA256 "
                           "of the body under the KV link secret)", type="authentication_error",
                           code="invalid_signature")
-
-
-def too_large(max_bytes: int) -> OpenAIError:
-    """A 413 for a body over ``max_bytes``."""
-    return OpenAIError(413, f"request body too large: this route accepts at most {max_bytes} bytes",
-                       code="request_too_large")
-
-
-async def read_body_capped(request: Request, max_bytes: int) -> bytes:
-    """The request body, refused with 413 as soon as it is known to exceed ``max_bytes``.
-
-    A ``Content-Length`` over the cap is refused before any of the body is read; a chunked (or lying)
-    body is read chunk by chunk and refused as soon as the bytes received pass the cap, so at most
-    ``max_bytes`` plus one ASGI chunk is ever buffered.
-
-    Raises:
-        OpenAIError: 413 ``request_too_large``; 400 for a malformed ``Content-Length``.
-    """
-    declared = request.headers.get("content-length")
-    if declared is not None:
-        if not declared.isascii() or not declared.isdigit() or len(declared) > 19:
-            raise OpenAIError(400, "invalid Content-Length header", code="invalid_value")
-        if int(declared) > max_bytes:
-            raise too_large(max_bytes)
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > max_bytes:
-            raise too_large(max_bytes)
-        chunks.append(chunk)
-    return b"".join(chunks)

@@ -17,6 +17,7 @@ from typing import Any
 from tokenizers import Tokenizer
 
 from inference_worker.metrics import WorkerMetrics
+from inference_worker.request_limits import DEFAULT_MAX_PROMPTS
 from inference_worker.server.engine_loop import EngineLoop
 from inference_worker.server.errors import invalid
 from inference_worker.tokenization import ChatTemplate
@@ -94,6 +95,11 @@ class ServerState:
     fault_error_rate: float = 0.0
     fault_rng: random.Random = field(default_factory=lambda: random.Random(0))
     drain_timeout_s: float = 30.0
+    max_body_bytes: int | None = None
+    """Completion request body cap, bytes (413 above); None: ``request_limits.default_max_body_bytes`` of the
+    model's context."""
+    max_prompts: int = DEFAULT_MAX_PROMPTS
+    """Most prompts in one ``/v1/completions`` batch (400 above)."""
     pd: Any = None
     link_secret: bytes | None = None
     """The KV link secret, if configured: signs ``POST /admin/kv-cache/reset`` (see :mod:`.kv_cache_routes`)."""
@@ -130,7 +136,7 @@ class ServerState:
     def set_model(self, model: ServedModel) -> None:
         """Publish a loaded model (called from the loader thread)."""
         if self.pd is not None:
-            self.pd.bind_model(model.kv_layout, model.weights_sha256)
+            self.pd.bind_model(model.kv_layout, model.weights_sha256, max_num_tokens=model.context_len)
         with self._lock:
             self.model = model
         self.metrics.set_ready(self.readiness()[0])

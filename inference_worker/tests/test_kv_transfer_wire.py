@@ -18,6 +18,7 @@ from inference_worker.kv_transfer.errors import (
 )
 from inference_worker.kv_transfer.layout import KVLayout, transfer_tokens
 from inference_worker.kv_transfer.wire import (
+    HEADER_TAG,
     KEY_ID_OFFSET,
     PREAMBLE,
     PROTOCOL_VERSION,
@@ -25,6 +26,7 @@ from inference_worker.kv_transfer.wire import (
     LinkKey,
     decode_frame,
     encode_kv,
+    verify_header_tag,
 )
 
 torch.set_num_threads(1)
@@ -100,20 +102,21 @@ def test_exact_bytes_per_layer_group(n, expected_bytes):
     data = frame.to_bytes(SECRET)
     header_len, payload_len = struct.unpack("!IQ", data[12:24])
     assert payload_len == expected_bytes == layout.transfer_bytes(n) == frame.raw_bytes
-    assert len(data) == PREAMBLE.size + header_len + payload_len + TRAILER.size
+    assert len(data) == PREAMBLE.size + header_len + HEADER_TAG.size + payload_len + TRAILER.size
     groups = {g["sliding_window"]: g for g in frame.header["layer_groups"]}
     assert groups[None]["layers"] == [5, 11, 17] and groups[None]["shape"] == [n, 1, 256]
     assert groups[None]["first_position"] == 0
     assert groups[W]["shape"] == [min(n, 511), 1, 256] and groups[W]["first_position"] == n - min(n, 511)
     # Walk the payload layer by layer: K then V, 512 bytes per token each (1 head x 256 x bf16).
-    offset = PREAMBLE.size + header_len
+    offset = PREAMBLE.size + header_len + HEADER_TAG.size
+    assert offset % 64 == 0
     for i, (k, v) in enumerate(kv):
         rows = n if (i + 1) % 6 == 0 else min(n, 511)
         for t in (k, v):
             chunk = data[offset:offset + rows * 512]
             assert chunk == t[n - rows:].view(torch.int16).numpy().tobytes()
             offset += rows * 512
-    assert offset == PREAMBLE.size + header_len + expected_bytes
+    assert offset == PREAMBLE.size + header_len + HEADER_TAG.size + expected_bytes
 
 
 def test_sliding_layers_may_hold_only_their_window():
@@ -158,21 +161,52 @@ def test_one_flipped_byte_is_corrupt(frame_bytes, position):
     assert exc.value.reason == "checksum"
 
 
-def test_trailer_is_keyed_blake3_under_the_documented_derivation(frame_bytes):
-    """Protocol 2: tag = BLAKE3 keyed_hash(derive_key(context, secret), preamble+header+payload); the key
-    id in the preamble is the first 8 bytes of derive_key(another context, secret). Pinned, so a change
-    of construction (which breaks interoperability) needs a protocol version bump."""
-    assert struct.unpack("!H", frame_bytes[8:10])[0] == PROTOCOL_VERSION == 2
+def test_tags_are_keyed_blake3_under_the_documented_derivation(frame_bytes):
+    """Protocol 3: header tag = BLAKE3 keyed_hash(derive_key(header context, secret), preamble+header); trailer
+    = BLAKE3 keyed_hash(derive_key(MAC context, secret), everything before it); the key id in the preamble is
+    the first 8 bytes of derive_key(another context, secret). Pinned, so a change of construction (which
+    breaks interoperability) needs a protocol version bump."""
+    assert struct.unpack("!H", frame_bytes[8:10])[0] == PROTOCOL_VERSION == 3
     header_len, payload_len = struct.unpack("!IQ", frame_bytes[12:24])
-    assert len(frame_bytes) == PREAMBLE.size + header_len + payload_len + TRAILER.size == PREAMBLE.size + header_len + \
+    header_end = PREAMBLE.size + header_len
+    assert len(frame_bytes) == header_end + HEADER_TAG.size + payload_len + TRAILER.size == header_end + 32 + \
         513 * 1024 * 3 + 511 * 1024 * 15 + 32
     mac_key = blake3.blake3(SECRET, derive_key_context="Ferry KV transfer 2026-11-30 per-link MAC key").digest()
     key_id = blake3.blake3(SECRET, derive_key_context="Ferry KV transfer 2026-11-30 per-link key id").digest()[:8]
+    header_key = blake3.blake3(SECRET, derive_key_context="Ferry KV transfer 2026-12-01 per-link header key "
+                                                          "(protocol 3)").digest()
+    assert frame_bytes[header_end:header_end + 32] == blake3.blake3(frame_bytes[:header_end], key=header_key).digest()
     assert frame_bytes[-TRAILER.size:] == blake3.blake3(frame_bytes[:-TRAILER.size], key=mac_key).digest()
     assert frame_bytes[KEY_ID_OFFSET:KEY_ID_OFFSET + 8] == key_id
     link_key = LinkKey(SECRET)
-    assert (link_key.mac_key.hex(), link_key.key_id.hex()) == (
-        "987c79d590935961d40440f0ee590ee5fd29e2c14919c3366b2cee1b1fce965f", "608409b8bfe83703")
+    assert (link_key.mac_key.hex(), link_key.key_id.hex(), link_key.header_key.hex()) == (
+        "987c79d590935961d40440f0ee590ee5fd29e2c14919c3366b2cee1b1fce965f", "608409b8bfe83703",
+        "1ee50b64530578ee80a9807e0c3381b6ceb9a3bc293daa8b65d34ac705b1b347")
+
+
+def test_protocol_2_frames_still_decode():
+    """For one release a receiver reads protocol 2 (no header tag; the trailer over the whole frame decides)."""
+    layout = gemma_layout()
+    kv = make_kv(layout, 513)
+    data = encode(layout, 513, kv, protocol=2).to_bytes(SECRET)
+    assert struct.unpack("!H", data[8:10])[0] == 2
+    header_len, payload_len = struct.unpack("!IQ", data[12:24])
+    assert len(data) == PREAMBLE.size + header_len + payload_len + TRAILER.size
+    payload = decode(data)
+    assert torch.equal(payload.layers[5][0], kv[5][0]) and torch.equal(payload.layers[0][1], kv[0][1][2:])
+
+
+def test_a_forged_header_fails_its_tag_before_the_payload_is_looked_at(frame_bytes):
+    """Protocol 3: a header changed without the secret fails the header tag even when the payload is absent."""
+    header_len = struct.unpack("!I", frame_bytes[12:16])[0]
+    forged = bytearray(frame_bytes[:PREAMBLE.size + header_len + HEADER_TAG.size])
+    forged[PREAMBLE.size + 2:PREAMBLE.size + 12] = b'request_id'.upper()  # any change to the header
+    link_key = LinkKey(SECRET)
+    with pytest.raises(CorruptPayload, match="header tag"):
+        verify_header_tag(forged[-32:], forged[:-32], link_key.key_id, link_key)
+    forged[KEY_ID_OFFSET:KEY_ID_OFFSET + 8] = bytes(8)
+    with pytest.raises(AuthenticationFailed, match="another link secret"):
+        verify_header_tag(forged[-32:], forged[:-32], bytes(8), link_key)
 
 
 @pytest.mark.parametrize("index", [-1, -TRAILER.size, 11])  # tag's last and first byte, preamble flags
@@ -223,11 +257,11 @@ def test_kv_of_another_model_version_or_weights_is_refused(frame_bytes, kw):
     assert exc.value.reason == "version_mismatch"
 
 
-@pytest.mark.parametrize("version", [1, 3])
+@pytest.mark.parametrize("version", [1, 4])
 def test_other_protocol_version_and_bad_magic(frame_bytes, version):
     data = bytearray(frame_bytes)
     data[8:10] = version.to_bytes(2, "big")  # 1: HMAC-SHA256 + CRC-32 frames
-    with pytest.raises(ProtocolVersionMismatch, match=f"protocol {version}, this side speaks 2"):
+    with pytest.raises(ProtocolVersionMismatch, match=rf"protocol {version}, this side reads \(2, 3\)"):
         decode(bytes(data))
     with pytest.raises(CorruptPayload, match="magic"):
         decode(b"HTTP/1.1" + frame_bytes[8:])

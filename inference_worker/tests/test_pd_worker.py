@@ -26,6 +26,7 @@ from inference_worker.kv_transfer.receiver import KVReceiver
 from inference_worker.server.engine_stats import STATS_INTERVAL_S
 from inference_worker.server.kv_cache_routes import RESET_PATH
 from inference_worker.server.pd_faults import TEST_HEADER_ENV
+from inference_worker.tests.support.router import RouterProcess, send_and_hold
 from inference_worker.tests.support.worker import REPO_ROOT, WorkerProcess, free_port, gemma_tokenizer_dir
 from inference_worker.tokenization import load_tokenizer
 
@@ -48,7 +49,8 @@ def prefill():
 
 @pytest.fixture(scope="module")
 def decode(prefill):
-    with WorkerProcess("--role", "decode", "--kv-timeout", "120", *COMMON, env=FAULT_HEADER_HOOK) as proc:
+    with WorkerProcess("--role", "decode", "--kv-timeout", "120", "--max-prompts", "1000", *COMMON,
+                       env=FAULT_HEADER_HOOK) as proc:
         yield proc
 
 
@@ -378,3 +380,73 @@ def test_router_sends_a_long_prompt_prefill_to_decode(prefill, decode, tokens, t
     finally:
         router.terminate()
         router.wait(10)
+
+
+RUNNING, WAITING = ("ferry_num_requests_running", frozenset()), ("ferry_num_requests_waiting", frozenset())
+ABORTED = ("ferry_requests_total", frozenset({("outcome", "aborted")}))
+
+
+def busy(url: str) -> bool:
+    m = metrics(url)
+    return m.get(RUNNING, 0.0) + m.get(WAITING, 0.0) > 0
+
+
+def seconds_until_idle(url: str, timeout_s: float = 20.0) -> float:
+    """Seconds until the worker's engine has nothing running or waiting (gauges published every 0.25 s)."""
+    started = time.monotonic()
+    while busy(url):
+        assert time.monotonic() - started < timeout_s, f"{url} still busy {timeout_s}s after the client left"
+        time.sleep(0.05)
+    return time.monotonic() - started
+
+
+@pytest.fixture(scope="module")
+def router(prefill, decode, tmp_path_factory):
+    table = {"version": 1, "tracks": [{"name": "stable", "model_version": "v1", "weight": 100}],
+             "pools": [{"name": "decode-dc1", "role": "decode", "datacenter": "dc1",
+                        "replicas": [{"name": "d0", "url": decode.base_url, "track": "stable"}]},
+                       {"name": "prefill-dc2", "role": "prefill", "datacenter": "dc2",
+                        "replicas": [{"name": "p0", "url": prefill.base_url, "track": "stable"}]}],
+             "length_routing": {"threshold_tokens": 1000}}
+    path = tmp_path_factory.mktemp("abort") / "table.json"
+    path.write_text(json.dumps(table))
+    router = RouterProcess(path, "--tokenizer", str(gemma_tokenizer_dir()), "--scrape-interval", "0",
+                           "--max-prompts", "1000")
+    yield router
+    router.stop()
+
+
+@pytest.mark.parametrize("via", ["worker", "router"])
+def test_a_1000_prompt_batch_stops_when_its_client_leaves(decode, router, via):
+    """The review's case: a 1000-prompt batch kept a worker busy 60 s after its client left. Now the engine
+    aborts every sequence once the client hangs up, called directly or through the router."""
+    url = decode.base_url if via == "worker" else router.url
+    before = outcomes(decode.base_url, "aborted")
+    body = {"model": MODEL, "prompt": [f"Crate {i} of the ferry holds" for i in range(1000)], "max_tokens": 64,
+            "temperature": 0.0, "ignore_eos": True}
+    sock = send_and_hold(url, "/v1/completions", body)
+    deadline = time.monotonic() + 60
+    while not metrics(decode.base_url).get(RUNNING, 0.0):
+        assert time.monotonic() < deadline, "the batch never started"
+        time.sleep(0.05)
+    sock.close()
+    seconds = seconds_until_idle(decode.base_url)
+    assert outcomes(decode.base_url, "aborted") == before + 1
+    wait_kv_free(decode)
+    print(f"1000-prompt batch via {via}: engine idle {seconds:.2f}s after the client left")
+
+
+def test_a_client_leaving_during_a_remote_prefill_aborts_it_on_the_prefill_worker(prefill, decode, router, tokens):
+    """router -> decode -> prefill, streamed: the client hangs up while the prefill worker computes (a 2000-token
+    prefill takes well over the 3 s waited here on CPU); the router cancels its request, the decode worker its
+    hand-off, and the prefill worker aborts the prefill in its engine: counted as aborted, no KV ever sent."""
+    before = outcomes(prefill.base_url, "aborted"), transfers(prefill.base_url, "send")
+    prompt = tokens[:1] + [1000] + tokens[1:2000]  # a prompt of its own: no prefix-cache hit
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 8, "temperature": 0.0, "stream": True}
+    sock = send_and_hold(router.url, "/v1/completions", body)
+    time.sleep(3.0)
+    sock.close()
+    assert wait_metric(prefill.base_url, ABORTED, before[0] + 1, timeout_s=60) == before[0] + 1
+    seconds_until_idle(prefill.base_url, timeout_s=60)
+    assert transfers(prefill.base_url, "send") == before[1]
+    wait_kv_free(prefill, decode, timeout_s=60)

@@ -1,4 +1,5 @@
-"""A real ``python -m inference_worker router`` process for tests and benches (started, awaited, stopped).
+"""A real ``python -m inference_worker router`` process for tests and benches (started, awaited, stopped), and
+:func:`send_and_hold`: a request whose client can hang up mid-way (for disconnect tests of routers and workers).
 
 Used by the router tests with real workers, ``bench/routing.py`` and the control plane's rollout
 end-to-end tests (which add their own metric readers on top).
@@ -6,6 +7,8 @@ end-to-end tests (which add their own metric readers on top).
 
 from __future__ import annotations
 
+import json
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -65,3 +68,15 @@ class RouterProcess:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(5)
+
+
+def send_and_hold(base_url: str, path: str, body: dict, headers: dict[str, str] | None = None) -> socket.socket:
+    """POST ``body`` (JSON) to ``base_url + path`` on a raw socket and return the socket, unread and open: the
+    caller hangs up with ``close()``, which is how a client that leaves mid-request looks to the server."""
+    host, port = base_url.removeprefix("http://").rsplit(":", 1)
+    raw = json.dumps(body).encode()
+    head = "".join(f"{k}: {v}\r\n" for k, v in {"Host": host, "Content-Type": "application/json",
+                                                  "Content-Length": str(len(raw)), **(headers or {})}.items())
+    sock = socket.create_connection((host, int(port)))
+    sock.sendall(f"POST {path} HTTP/1.1\r\n{head}\r\n".encode() + raw)
+    return sock
