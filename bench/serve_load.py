@@ -48,6 +48,7 @@ from bench.workloads import (  # noqa: E402
     Request,
     Session,
     poisson_gaps,
+    think_times,
     word_prompts,
 )
 from inference_worker import http_headers  # noqa: E402
@@ -195,10 +196,11 @@ class TurnResult:
 async def run_sessions(base_url: str, model: str, workload: MultiTurnWorkload, *, concurrency: int,
                        session_rate: float, seed: int, encode: Callable[[str], list[int]] | None,
                        timeout_s: float, transport: httpx.AsyncBaseTransport | None = None,
-                       ) -> tuple[list[TurnResult], float]:
+                       think_time_s: float = 0.0) -> tuple[list[TurnResult], float]:
     """Run multi-turn sessions: sessions arrive in start order with Poisson gaps (``session_rate`` per second;
     ``math.inf``: all at once, a closed loop), at most ``concurrency`` in flight, a session's turns one after
-    another, each request with the session header.
+    another with the user's think time before each later turn (:func:`bench.workloads.think_times` of mean
+    ``think_time_s`` seconds; 0: back to back), each request with the session header.
 
     A turn's answer is the server's returned token ids, else ``encode(text)``; a failed turn (or no ids and
     no ``encode``) ends its session, recorded in its result. ``transport``: httpx's (tests give a mock server).
@@ -214,7 +216,10 @@ async def run_sessions(base_url: str, model: str, workload: MultiTurnWorkload, *
         async def one_session(session: Session) -> None:
             async with limiter:
                 answers: list[list[int]] = []
+                thinks = [0.0] + think_times(session.session_id, len(session.turns), think_time_s, seed + 2)
                 for k, turn in enumerate(session.turns):
+                    if thinks[k]:
+                        await asyncio.sleep(thinks[k])
                     prompt = session.prompt(answers)
                     result = await one_request(client, url, model, prompt, turn.max_tokens, False,
                                                headers={SESSION_HEADER: session.session_id}, return_token_ids=True)
