@@ -283,6 +283,7 @@ class Router:
             raise RuntimeError("the router's HTTP client is created by the app lifespan; start the app first")
         if not admitted:
             self.loads.begin(replica)
+        pending = plan.decode_prefill_tokens if admitted and plan is not None else 0
         released = False
         response = None
         try:
@@ -294,6 +295,8 @@ class Router:
                 return f"{replica.name} answered {response.status_code}", 502
             chunks = response.aiter_raw()
             first = await anext(chunks, b"")
+            self.loads.prefill_done(replica, pending)  # the first byte: the prompt is prefilled
+            pending = 0
             out_headers = {k: v for k, v in response.headers.items() if k.lower() in PASS_HEADERS}
             out_headers[http_headers.REPLICA] = replica.name
             if http_headers.CACHED_TOKENS in response.headers:
@@ -316,6 +319,8 @@ class Router:
             self.metrics.upstream_errors.labels(pool=replica.pool, replica=replica.name, kind="connect").inc()
             return f"{replica.name} unreachable: {exc!r}", 502
         finally:
+            if pending:
+                self.loads.prefill_done(replica, pending)
             if not released:
                 self.loads.end(replica)
                 if response is not None:
