@@ -49,6 +49,7 @@ from bench.workloads import (  # noqa: E402
     Request,
     Session,
     poisson_gaps,
+    think_times,
     word_prompts,
 )
 from inference_worker import http_headers  # noqa: E402
@@ -204,10 +205,11 @@ async def run_sessions(base_url: str, model: str, workload: MultiTurnWorkload, *
                        session_rate: float, seed: int, encode: Callable[[str], list[int]] | None,
                        timeout_s: float, transport: httpx.AsyncBaseTransport | None = None,
                        history: dict[str, list[list[int]]] | None = None, stop_turn: int | None = None,
-                       ) -> tuple[list[TurnResult], float]:
+                       think_time_s: float = 0.0) -> tuple[list[TurnResult], float]:
     """Run multi-turn sessions: sessions arrive in start order with Poisson gaps (``session_rate`` per second;
     ``math.inf``: all at once, a closed loop), at most ``concurrency`` in flight, a session's turns one after
-    another, each request with the session header.
+    another with the user's think time before each later turn (:func:`bench.workloads.think_times` of mean
+    ``think_time_s`` seconds; 0: back to back), each request with the session header.
 
     A turn's answer is the server's returned token ids, else ``encode(text)``; a failed turn (or no ids and
     no ``encode``) ends its session, recorded in its result. ``transport``: httpx's (tests give a mock server).
@@ -226,8 +228,11 @@ async def run_sessions(base_url: str, model: str, workload: MultiTurnWorkload, *
         async def one_session(session: Session) -> None:
             async with limiter:
                 answers: list[list[int]] = [] if history is None else history.setdefault(session.session_id, [])
+                thinks = [0.0] + think_times(session.session_id, len(session.turns), think_time_s, seed + 2)
                 for k in range(len(answers), len(session.turns) if stop_turn is None else stop_turn):
                     turn = session.turns[k]
+                    if thinks[k]:
+                        await asyncio.sleep(thinks[k])
                     prompt = session.prompt(answers)
                     result = await one_request(client, url, model, prompt, turn.max_tokens, False,
                                                headers={SESSION_HEADER: session.session_id}, return_token_ids=True)

@@ -6,6 +6,7 @@ Every request a bench or ``make run LOAD=1`` sends is drawn here, deterministica
   load generator), :func:`random_token_prompts` (token-id prompts, ``bench/engine_throughput.py``) and
   :func:`ferry_text_tokens` (a tokenized English text, ``bench/pd_ttft.py``);
 * arrivals: :func:`poisson_gaps`, the gaps of a Poisson process (exponential inter-arrival times);
+  :func:`think_times`, a session's user think time before each later turn (exponential, per session);
 * multi-turn sessions (:func:`multi_turn_sessions`, ``bench/multi_turn.py``): a system prompt shared by
   every session, then per turn the user's appended tokens; the prompt of turn k is the system prompt, every
   earlier turn's user tokens each followed by that turn's answer token ids exactly as generated, then turn
@@ -124,6 +125,24 @@ def poisson_gaps(num: int, rate_per_s: float, seed: int) -> list[float]:
         return [0.0] * num
     rng = random.Random(seed)
     return [rng.expovariate(rate_per_s) for _ in range(num)]
+
+
+def think_times(session_id: str, num_turns: int, mean_s: float, seed: int) -> list[float]:
+    """Think time (seconds) before each of turns ``1 .. num_turns - 1`` of a session: independent exponential
+    draws of mean ``mean_s`` from ``random.Random(f"{seed}:{session_id}")`` (a session's draws do not depend on
+    how many other sessions there are); all 0.0 for ``mean_s == 0`` (turns back to back).
+
+    Raises:
+        ValueError: ``mean_s`` < 0 or ``num_turns`` < 1.
+    """
+    if not mean_s >= 0:
+        raise ValueError(f"mean_s must be >= 0 (0: turns back to back), got {mean_s}")
+    if num_turns < 1:
+        raise ValueError(f"num_turns must be >= 1, got {num_turns}")
+    if mean_s == 0:
+        return [0.0] * (num_turns - 1)
+    rng = random.Random(f"{seed}:{session_id}")
+    return [rng.expovariate(1.0 / mean_s) for _ in range(num_turns - 1)]
 
 
 @dataclass(frozen=True)

@@ -286,6 +286,8 @@ FERRY_AUTOSCALE_INTERVAL_S = float(os.environ.get("FERRY_AUTOSCALE_INTERVAL_S", 
 # GET /api/v1/routing-table/ (users in the "service" group may also use their API token).
 FERRY_AGENT_TOKEN = os.environ.get("FERRY_AGENT_TOKEN", "")
 FERRY_SERVICE_TOKEN = os.environ.get("FERRY_SERVICE_TOKEN", "")
+# Signs the workers' KV cache reset (pool.flush_kv_cache); the secret the workers share (FERRY_KV_LINK_SECRET).
+FERRY_KV_LINK_SECRET = os.environ.get("FERRY_KV_LINK_SECRET", "")
 # Telemetry: the Prometheus that scrapes Kubernetes clusters' pods (unset: every cluster is scraped
 # directly), and the routers' metrics URLs (comma separated, http://host:port means /metrics) the poller
 # scrapes for directly scraped pools: router decisions (local vs remote prefill) per pool.

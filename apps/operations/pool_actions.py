@@ -1,4 +1,5 @@
-"""Handlers of the pool Action kinds: ``pool.scale``, ``pool.apply``, ``pool.restart_replica``, ``pool.delete``.
+"""Handlers of the pool Action kinds: ``pool.scale``, ``pool.apply``, ``pool.restart_replica``, ``pool.delete``,
+``pool.flush_kv_cache``.
 
 ``pool.scale`` changes the tracks only through :mod:`apps.operations.tracks` (one ``pool.track_set`` Action per
 track change); the other handlers write no desired state. Every handler is idempotent — running it again (a Celery retry, or reconcile taking over an
@@ -13,6 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 
+import httpx
 from django.conf import settings
 
 from apps.fleet.models import Cluster, Pool, PoolTrack
@@ -21,11 +23,17 @@ from apps.operations.backends import backend_session, pool_ref, track_spec
 from apps.operations.handlers import ActionError, register
 from apps.operations.models import Action
 from apps.orchestrators.base import BackendUnavailable, ObservedState, OrchestratorBackend, PoolRef
+from inference_worker import http_headers
+from inference_worker.server.signing import sign
 
 POOL_SCALE = "pool.scale"
 POOL_APPLY = "pool.apply"
 POOL_RESTART_REPLICA = "pool.restart_replica"
 POOL_DELETE = "pool.delete"
+POOL_FLUSH_KV_CACHE = "pool.flush_kv_cache"
+KV_CACHE_RESET_PATH = "/admin/kv-cache/reset"
+"""The worker's signed prefix-cache reset (``inference_worker/server/kv_cache_routes.py``)."""
+KV_CACHE_RESET_TIMEOUT_S = 30.0
 
 
 def _converged(observed: ObservedState, expected: Mapping[str, int]) -> bool:
@@ -162,3 +170,49 @@ def pool_delete_handler(action: Action) -> None:
         for name in sorted(names):
             backend.delete_track(ref, name)
     services.action_log_append(action_id=action.pk, message=f"deleted tracks {sorted(names)}")
+
+
+@register(POOL_FLUSH_KV_CACHE)
+def pool_flush_kv_cache_handler(action: Action) -> None:
+    """Flush the prefix cache of every running replica of the pool: its backend's observed replicas (the agent's
+    processes or the pods), each sent the worker's ``POST /admin/kv-cache/reset`` signed with the KV link secret
+    (``FERRY_KV_LINK_SECRET``, the secret the backend gives the workers; HMAC-SHA256 of the body, 64 hex digits).
+
+    Idempotent: a flushed cache flushed again stays empty. Every replica is tried; the ones that failed are named
+    in the error with their reason (HTTP status and the worker's message, or the connection error) and the Action
+    is retryable: a retry flushes every replica again.
+
+    Raises:
+        ActionError: no link secret configured (not retryable), no running replica or a replica failed (retryable).
+        BackendError: from ``observe``.
+    """
+    secret = settings.FERRY_KV_LINK_SECRET
+    if not secret:
+        raise ActionError("FERRY_KV_LINK_SECRET is not set on the control plane: it signs the workers' KV cache "
+                          "reset (set it to the secret the workers were started with)")
+    pool = _locked_pool(action)
+    with backend_session(pool.cluster) as backend:
+        observed = backend.observe(pool_ref(pool))
+    replicas = sorted((r for t in observed.tracks.values() for r in t.replicas if r.alive and r.endpoint),
+                      key=lambda r: r.name)
+    if not replicas:
+        raise ActionError(f"pool {pool} has no running replica to flush ({_describe(observed)})", retryable=True)
+    body = b"{}"
+    headers = {http_headers.KV_SIGNATURE: sign(secret.encode(), body), "content-type": "application/json"}
+    failures = []
+    with httpx.Client(timeout=KV_CACHE_RESET_TIMEOUT_S) as client:
+        for replica in replicas:
+            try:
+                response = client.post(replica.endpoint.rstrip("/") + KV_CACHE_RESET_PATH, content=body,
+                                       headers=headers)
+            except httpx.HTTPError as exc:
+                failures.append(f"{replica.name}: {type(exc).__name__}: {exc}")
+                continue
+            if response.status_code != 200:
+                failures.append(f"{replica.name}: HTTP {response.status_code}: {response.text[:300]}")
+                continue
+            cleared = response.json().get("cleared_blocks")
+            services.action_log_append(action_id=action.pk, message=f"flushed {replica.name}: {cleared} blocks cleared")
+    if failures:
+        raise ActionError(f"KV cache flush failed on {len(failures)} of {len(replicas)} replicas: "
+                          + "; ".join(failures), retryable=True)

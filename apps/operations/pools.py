@@ -21,7 +21,7 @@ from apps.fleet.models import Pool, PoolTrack, Replica, validate_replica_count
 from apps.operations import tracks
 from apps.operations.backends import backend_session, pool_ref
 from apps.operations.models import Action
-from apps.operations.pool_actions import POOL_DELETE, POOL_SCALE
+from apps.operations.pool_actions import POOL_DELETE, POOL_FLUSH_KV_CACHE, POOL_SCALE
 from apps.operations.services import action_create
 
 AUTOSCALER = "autoscaler"
@@ -80,6 +80,21 @@ def pool_scale(
     return action_create(
         kind=POOL_SCALE, target_type="pool", target_id=str(pool.pk), target_repr=str(pool), pool=pool,
         params={"replicas": replicas}, requested_by=requested_by, idempotency_key=idempotency_key,
+    )
+
+
+def pool_flush_kv_cache(
+    *, pool: Pool, requested_by: AbstractBaseUser | None = None, idempotency_key: str | None = None
+) -> tuple[Action, bool]:
+    """Request a prefix-cache flush of every running replica: creates a pending ``pool.flush_kv_cache`` Action
+    (executed by a task: :func:`apps.operations.pool_actions.pool_flush_kv_cache_handler`).
+
+    Raises:
+        ConflictError: the pool already has a pending or running Action, or the key was reused.
+    """
+    return action_create(
+        kind=POOL_FLUSH_KV_CACHE, target_type="pool", target_id=str(pool.pk), target_repr=str(pool), pool=pool,
+        params={}, requested_by=requested_by, idempotency_key=idempotency_key,
     )
 
 

@@ -39,6 +39,14 @@ KV_TRANSFER_OUTCOME_LABEL = "outcome"
 KV_TRANSFER_FAILURE_OUTCOME = "failure"
 KV_TRANSFER_WIRE_BYTES = "ferry_kv_transfer_wire_bytes_total"
 
+# Prefix cache (tokens): looked up at admission and found cached; blocks cached now, label ``group`` (KV-cache
+# group: full_attention | sliding_attention). The worker's prefix cache has one tier today, the device's.
+PREFIX_CACHE_QUERIES = "ferry_prefix_cache_queries_total"
+PREFIX_CACHE_HITS = "ferry_prefix_cache_hits_total"
+PREFIX_CACHE_BLOCKS = "ferry_prefix_cache_blocks"
+PREFIX_CACHE_GROUP_LABEL = "group"
+PREFIX_CACHE_FULL_GROUP = "full_attention"
+
 # Histograms (base names; series are ``<base>_bucket`` with ``le``, ``<base>_count``, ``<base>_sum``).
 TTFT = "ferry_time_to_first_token_seconds"
 TPOT = "ferry_time_per_output_token_seconds"
@@ -56,6 +64,11 @@ ROUTER_REMOTE_PREFILL_DECISIONS = ("remote_prefill",)
 # Router circuit breaker (inference_worker.router.breaker), labels pool, track, replica (and reason).
 ROUTER_EJECTIONS = "ferry_router_ejections_total"
 ROUTER_REPLICA_EJECTED = "ferry_router_replica_ejected"
+
+# Router prefix index accuracy, label ``pool``: cached tokens the index predicted on the chosen decode replica
+# and the tokens the worker reported (``X-Ferry-Cached-Tokens``), over the same answered requests.
+ROUTER_PREDICTED_CACHED_TOKENS = "ferry_router_predicted_cached_tokens_total"
+ROUTER_REPORTED_CACHED_TOKENS = "ferry_router_reported_cached_tokens_total"
 
 # NVIDIA DCGM exporter on Kubernetes: GPU utilization in percent (0..100), labelled by pod.
 DCGM_GPU_UTIL = "DCGM_FI_DEV_GPU_UTIL"

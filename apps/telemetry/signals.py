@@ -259,6 +259,16 @@ SIGNAL_SPECS: dict[str, object] = {
     # replicas ejected now (a rollout gate: ``ejected_replicas``).
     "router_ejections_per_s": CounterRate(m.ROUTER_EJECTIONS),
     "router_ejected_replicas": Gauge(m.ROUTER_REPLICA_EJECTED, "sum"),
+    # Prefix cache hit rate in tokens: prompt tokens found cached / prompt tokens looked up (0..1).
+    "prefix_cache_hit_rate": RateRatio(CounterRate(m.PREFIX_CACHE_HITS), CounterRate(m.PREFIX_CACHE_QUERIES)),
+    # Tier usage: KV blocks cached (reusable) on the device tier, summed over replicas; counted in the
+    # full-attention group (a hybrid model's sliding group holds the same blocks until they leave the window).
+    "prefix_cache_device_blocks": Gauge(m.PREFIX_CACHE_BLOCKS, "sum",
+                                        ((m.PREFIX_CACHE_GROUP_LABEL, "=", m.PREFIX_CACHE_FULL_GROUP),)),
+    # Router index accuracy: cached tokens predicted / reported for this decode pool (1.0: exact; below 1 the
+    # index missed hits, above 1 it expected blocks the worker no longer had).
+    "router_index_accuracy": RateRatio(CounterRate(m.ROUTER_PREDICTED_CACHED_TOKENS),
+                                       CounterRate(m.ROUTER_REPORTED_CACHED_TOKENS)),
 }
 """Signal name -> spec. Names carry units; every value may be ``None`` (no data; with a request rate of
 exactly 0 from the same source an empty latency quantile means idle, see the module docstring)."""

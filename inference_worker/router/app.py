@@ -403,6 +403,7 @@ class Router:
             raise RuntimeError("the router's HTTP client is created by the app lifespan; start the app first")
         if not admitted:
             self.loads.begin(replica)
+        pending = plan.decode_prefill_tokens if admitted and plan is not None else 0
         released = False
         judged = plan is None  # only planned attempts feed the breaker
         if not judged:
@@ -419,6 +420,8 @@ class Router:
                 return f"{replica.name} answered {response.status_code}", 502
             chunks = response.aiter_raw()
             first = await anext(chunks, b"")
+            self.loads.prefill_done(replica, pending)  # the first byte: the prompt is prefilled
+            pending = 0
             out_headers = {k: v for k, v in response.headers.items() if k.lower() in PASS_HEADERS}
             out_headers[http_headers.REPLICA] = replica.name
             if http_headers.CACHED_TOKENS in response.headers:
@@ -449,6 +452,8 @@ class Router:
         finally:
             if not judged:  # cancelled (the client went away): no outcome, a probe may go again
                 self.breaker.release(replica.name)
+            if pending:
+                self.loads.prefill_done(replica, pending)
             if not released:
                 self.loads.end(replica)
                 if response is not None:

@@ -52,6 +52,8 @@ class LoadTracker:
 
     def __init__(self) -> None:
         self.in_flight: Counter[str] = Counter()
+        self.pending_prefill_tokens: Counter[str] = Counter()
+        """Per replica: prompt tokens to prefill (not cached) of this router's requests before their first byte."""
         self.assigned: Counter[str] = Counter()
         self.queue_depth: dict[str, float] = {}
         self.running: dict[str, float] = {}
@@ -62,9 +64,22 @@ class LoadTracker:
         return self.in_flight[replica.name] + self.queue_depth.get(replica.name, 0.0)
 
     def signals(self, replica: Replica) -> ReplicaLoad:
-        """Scoring input: waiting = :meth:`load`, running and KV usage as last scraped (0 when unknown)."""
+        """Scoring input of ``least_loaded``: waiting = :meth:`load` (every in-flight request counts as queued),
+        running and KV usage as last scraped (0 when unknown)."""
         return ReplicaLoad(self.load(replica), self.running.get(replica.name, 0.0),
                            self.kv_usage.get(replica.name, 0.0))
+
+    def cache_signals(self, replica: Replica) -> ReplicaLoad:
+        """Scoring input of ``cache_aware``: waiting = the scraped queue depth (requests the engine has not
+        scheduled), running and KV usage as scraped, and the prefill work this router has sent the replica that
+        has not produced its first byte yet (:attr:`pending_prefill_tokens`, in prompt tokens).
+
+        An in-flight request is charged for what it delays a new one by: its uncached prompt tokens until its
+        first byte (continuous batching schedules a new prefill next to running decodes), then only as running.
+        """
+        return ReplicaLoad(self.queue_depth.get(replica.name, 0.0), self.running.get(replica.name, 0.0),
+                           self.kv_usage.get(replica.name, 0.0),
+                           float(max(self.pending_prefill_tokens[replica.name], 0)))
 
     def forget(self, name: str) -> None:
         """Drop the scraped signals of a replica (unreachable)."""
@@ -82,10 +97,16 @@ class LoadTracker:
         """Record that a request was given to ``replica`` without tracking its completion (prefill)."""
         self.assigned[replica.name] += 1
 
-    def begin(self, replica: Replica) -> None:
-        """A request to ``replica`` starts."""
+    def begin(self, replica: Replica, prefill_tokens: int = 0) -> None:
+        """A request to ``replica`` starts; ``prefill_tokens``: its prompt tokens the replica will compute (not
+        cached), pending until :meth:`prefill_done`."""
         self.assigned[replica.name] += 1
         self.in_flight[replica.name] += 1
+        self.pending_prefill_tokens[replica.name] += prefill_tokens
+
+    def prefill_done(self, replica: Replica, prefill_tokens: int) -> None:
+        """The request begun with ``prefill_tokens`` got its first byte back, or ended without one (call once)."""
+        self.pending_prefill_tokens[replica.name] -= prefill_tokens
 
     def end(self, replica: Replica) -> None:
         """A request to ``replica`` finished (successfully or not)."""

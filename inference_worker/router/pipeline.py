@@ -13,7 +13,8 @@
    request because the one replica of a canary failed before the breaker ejected it. An unknown model raises :class:`UnknownModel` (404);
    nothing left raises :class:`.decisions.NoReplicaAvailable` (503).
 2. **Scoring** (:mod:`.scoring`): per candidate, expected cached tokens from the prefix index
-   (:class:`.prefix_index.PrefixIndex`, the hybrid hit rule) against load; the session breaks ties.
+   (:class:`.prefix_index.PrefixIndex`, the hybrid hit rule) against load (the uncached prefill this router
+   sent it that has no first byte yet, the engine's queue, running requests, KV usage); the session breaks ties.
    ``least_loaded`` (load only, ties to the replica given the fewest requests) and ``round_robin``
    (benchmark references) use neither the index nor the session.
 3. **PD decision**: the best-scoring prefill replica of the same model version (KV is only valid for the
@@ -94,6 +95,11 @@ class RoutePlan:
     prefill_cached_tokens: int = 0
     costs: PDCosts | None = None
 
+    @property
+    def decode_prefill_tokens(self) -> int:
+        """Prompt tokens the decode replica computes: the uncached ones for a local prefill, 0 for remote."""
+        return 0 if self.prefill is not None else max(self.num_prompt_tokens - self.predicted_cached_tokens, 0)
+
 
 def models_served(table: RoutingTable) -> list[str]:
     """OpenAI model names with a track, in table order (empty for tables that name no models)."""
@@ -160,7 +166,8 @@ def _best(candidates: tuple[Replica, ...], table: RoutingTable, prompt: PromptIn
                          if use_index else (0, 0.0))
         weights = ScoringWeights.with_overrides(table.pool_weights.get(r.pool))
         tie = session_rank(session, r.name) if session and policy == "cache_aware" else 0
-        ranked.append(((score(expected, loads.signals(r), weights), tie, -loads.assigned[r.name]), r, hit))
+        signals = loads.cache_signals(r) if policy == "cache_aware" else loads.signals(r)
+        ranked.append(((score(expected, signals, weights), tie, -loads.assigned[r.name]), r, hit))
     best = max(ranked, key=lambda item: item[0])
     return best[1], best[2]
 
@@ -197,7 +204,8 @@ def plan_route(table: RoutingTable, *, eligible: Eligible, prompt: PromptInfo, l
 
 
 def admit(plan: RoutePlan, loads: LoadTracker) -> None:
-    """Step 4: book the plan's replicas (the decode replica's request is in flight until :meth:`LoadTracker.end`)."""
-    loads.begin(plan.decode)
+    """Step 4: book the plan's replicas (the decode replica's request is in flight until :meth:`LoadTracker.end`,
+    its :attr:`RoutePlan.decode_prefill_tokens` pending until :meth:`LoadTracker.prefill_done`)."""
+    loads.begin(plan.decode, plan.decode_prefill_tokens)
     if plan.prefill is not None:
         loads.assign(plan.prefill)

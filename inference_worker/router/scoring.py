@@ -1,8 +1,13 @@
 """Scoring a replica for one request: expected cached tokens against load (torch-free).
 
-``score = hit * expected_cached_tokens - waiting * num_waiting - running * num_running - kv_usage * kv_usage_ratio``
+``score = hit * expected_cached_tokens - pending_prefill * pending_prefill_tokens - waiting * num_waiting
+- running * num_running - kv_usage * kv_usage_ratio``
 
 in prompt-token units (a point of score is one prompt token the replica will not have to prefill).
+For ``cache_aware`` (``LoadTracker.cache_signals``) ``pending_prefill_tokens`` is the uncached prompt work
+this router sent the replica that has not produced a first byte yet and ``num_waiting`` the engine's
+scraped queue; ``least_loaded`` (``LoadTracker.signals``) has no pending tokens and counts every in-flight
+request as waiting.
 The highest score wins; ties go to the session's rendezvous hash (:func:`session_rank`: the same
 session lands on the same replica while nothing else differs, which also makes its next turn a hit),
 then to the replica given the fewest requests so far.
@@ -10,6 +15,11 @@ then to the replica given the fewest requests so far.
 Default weights (:class:`ScoringWeights`), and why:
 
 - ``hit = 1.0``: a cached token is a token not prefilled; the unit of the score.
+- ``pending_prefill = 1.0``: a prompt token another request is still prefilling on the replica delays our
+  first token by about as much as a token we must prefill ourselves (one engine computes both), so a
+  session's cached history is weighed against the prefill actually ahead of it. Counting every in-flight
+  request as a queued one (``waiting``, 512 tokens) instead moved a session away from its cache whenever
+  its replica had one more request in flight, even one already decoding (``bench/routing.py``).
 - ``waiting = 512``: a request queued ahead of us delays our first token by about one prefill; 512
   tokens is the order of a first-turn prompt of ``bench/multi_turn.py``'s default sessions (300-token
   system prompt + 100..300 user tokens), so one queued request outweighs a hit of less than 512 tokens
@@ -34,8 +44,11 @@ class ScoringWeights:
 
     hit: float = 1.0
     """Per expected cached prompt token (tier-weighted)."""
+    pending_prefill: float = 1.0
+    """Per uncached prompt token of requests sent to the replica that have no first byte yet."""
     waiting: float = 512.0
-    """Per request waiting on the replica (scraped queue depth plus this router's in-flight requests)."""
+    """Per request waiting on the replica (``cache_aware``: the scraped queue depth; ``least_loaded``: plus this
+    router's in-flight requests)."""
     running: float = 32.0
     """Per request in the replica's running batch."""
     kv_usage: float = 1024.0
@@ -66,12 +79,13 @@ class ReplicaLoad:
     waiting: float = 0.0
     running: float = 0.0
     kv_usage_ratio: float = 0.0
+    pending_prefill_tokens: float = 0.0
 
 
 def score(expected_cached_tokens: float, load: ReplicaLoad, weights: ScoringWeights) -> float:
     """The score of the module docstring (higher is better), in prompt tokens."""
-    return (weights.hit * expected_cached_tokens - weights.waiting * load.waiting - weights.running * load.running
-            - weights.kv_usage * load.kv_usage_ratio)
+    return (weights.hit * expected_cached_tokens - weights.pending_prefill * load.pending_prefill_tokens
+            - weights.waiting * load.waiting - weights.running * load.running - weights.kv_usage * load.kv_usage_ratio)
 
 
 def session_rank(session: str, replica: str) -> int:

@@ -203,3 +203,35 @@ def test_a_tokenizer_that_does_not_load_turns_cache_scoring_off(tmp_path):
     got = PromptHasher().info("v1", ModelInfo("m", str(tmp_path), SHA, "float32", 4), "/v1/completions",
                               {"prompt": "x" * 8})
     assert (got.num_tokens, got.cache) == (2, "no_tokenizer")
+
+
+def test_a_session_stays_on_its_cache_while_the_replica_only_decodes_and_moves_for_prefill_work_ahead():
+    # d0 holds the whole prompt (1984 tokens hit). Another request in flight on d0 that already has its first
+    # byte is decoding: it costs only as running once scraped, so the session stays (least_loaded, which counts
+    # every in-flight request as waiting, leaves). Prefill work still ahead on d0 is charged token for token:
+    # 1983 uncached tokens pending keep d0 (1984 - 1983 > 0), 1985 move the session to d1.
+    t, index = table(), index_with({"d0": 125})
+    loads = LoadTracker()
+    d0 = next(r for r in t.replicas if r.name == "d0")
+    loads.begin(d0, 2000)  # another request prefilling 2000 uncached tokens on d0
+    assert plan(t, index, loads).decode.name == "d1"  # 1984 - 2000 < 0
+    loads.prefill_done(d0, 2000)  # its first byte came back: now decoding
+    assert (loads.in_flight["d0"], loads.pending_prefill_tokens["d0"]) == (1, 0)
+    assert plan(t, index, loads).decode.name == "d0"
+    eligible = eligibility(t, model="gemma", sticky_key="s")
+    least = plan_route(t, eligible=eligible, prompt=prompt(), loads=loads, index=index, policy="least_loaded")
+    assert least.decode.name == "d1"  # one request in flight on d0 counts as waiting
+    for pending, chosen in ((1983, "d0"), (1985, "d1")):
+        loads.pending_prefill_tokens["d0"] = pending
+        assert plan(t, index, loads).decode.name == chosen, pending
+
+
+def test_admission_books_the_uncached_tokens_of_a_local_prefill_and_none_for_a_remote_one():
+    loads = LoadTracker()
+    local = plan(table(), index_with({"d0": 120}))  # 1920 cached of 2000: 80 computed on d0
+    remote = plan(table(), index_with({"p0": 125}))
+    assert (local.decision, local.decode_prefill_tokens, remote.decision, remote.decode_prefill_tokens) == (
+        LOCAL_PREFILL, 80, REMOTE_PREFILL, 0)
+    admit(local, loads)
+    admit(remote, loads)
+    assert (loads.in_flight["d0"], loads.pending_prefill_tokens["d0"]) == (2, 80)

@@ -17,6 +17,7 @@ from bench.workloads import (
     multi_turn_sessions,
     poisson_gaps,
     random_token_prompts,
+    think_times,
     word_prompts,
 )
 
@@ -76,6 +77,21 @@ def test_poisson_inter_arrival_mean_is_one_over_the_rate_within_3_percent():
     assert poisson_gaps(5, 2.0, seed=9) == poisson_gaps(5, 2.0, seed=9)
     with pytest.raises(ValueError, match="rate_per_s must be > 0"):
         poisson_gaps(3, 0.0, seed=1)
+
+
+def test_think_times_are_exponential_per_session_and_zero_for_back_to_back_turns():
+    draws = [t for i in range(4000) for t in think_times(f"session-{i}", 6, 20.0, seed=0)]
+    # Exponential(mean 20 s): std 20 s; the mean of 20,000 draws has std 0.14 s (3% = 0.6 s is 4 sigma).
+    assert len(draws) == 20_000
+    assert statistics.fmean(draws) == pytest.approx(20.0, rel=0.03)
+    assert statistics.stdev(draws) == pytest.approx(20.0, rel=0.05)
+    # A session's think times depend on its id and the seed only, not on the other sessions.
+    assert think_times("session-3", 6, 20.0, seed=0) == draws[15:20]
+    assert think_times("session-3", 6, 20.0, seed=1) != draws[15:20]
+    assert think_times("session-3", 4, 0.0, seed=0) == [0.0, 0.0, 0.0]
+    assert think_times("session-3", 1, 5.0, seed=0) == []
+    with pytest.raises(ValueError, match="mean_s must be >= 0"):
+        think_times("session-3", 3, -1.0, seed=0)
 
 
 def test_single_turn_workloads_keep_the_prompts_the_benches_drew_before():

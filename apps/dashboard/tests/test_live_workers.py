@@ -6,7 +6,10 @@ Celery worker (pool Actions, rollout steps), the local agent running real Gemma 
 standing in for beat. One test, because the flow shares processes and the transactional database is
 flushed between tests; never more than two model workers at a time.
 
-1. Open a pool with a live worker under load: chart data grows over 10 s, tokens/s shows generation.
+1. Open a pool with a live worker under multi-turn load (``bench/workloads.py`` sessions, answers appended):
+   chart data grows over 10 s, tokens/s shows generation, the prefix-cache hit-rate chart shows hits; the
+   operator flushes the KV cache from the page (a ``pool.flush_kv_cache`` Action that succeeds and logs the
+   blocks the worker cleared).
 2. Scale the pool 1 -> 2 -> 1 from the page: the replica count follows ("2 / 2", then "1 / 1").
 3. Create a canary rollout on the rollout list page, start it on its page, see its step advance
    (set_weight applied -> the pause step is current); abort asks for confirmation (dismiss: nothing
@@ -36,8 +39,10 @@ from apps.dashboard.tests.live_stack import (
 )
 from apps.fleet.models import Replica
 from apps.fleet.services import cluster_create, pool_create
+from apps.operations.models import Action
 from apps.operations.pools import pool_scale
 from apps.telemetry.models import AlertRule
+from bench.workloads import MultiTurnConfig, MultiTurnWorkload
 from inference_worker.tests.support.agent import AgentProcess, wait_for
 
 pytestmark = [
@@ -46,26 +51,39 @@ pytestmark = [
     pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's Chromium: apt-get install -y chromium"),
 ]
 READY_TIMEOUT_S = 300
-WORKER_ENV = json.dumps({"TORCH_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"})
+KV_LINK_SECRET = "live-dashboard-kv-link-secret-0123456789"
+WORKER_ENV = json.dumps({"TORCH_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "FERRY_KV_LINK_SECRET": KV_LINK_SECRET})
+SESSIONS = MultiTurnWorkload.from_config(MultiTurnConfig(num_sessions=2, num_turns=3, num_system_tokens=48,
+                                                         user_tokens=(8, 16), max_tokens=8))
 
 
 class Load(threading.Thread):
-    """Short completions against one worker, one at a time, until stopped (gives the charts traffic)."""
+    """Multi-turn sessions against one worker, one request at a time, over and over until stopped (gives the
+    charts traffic; every turn's prompt extends the previous turn's prompt and answer, so the cache hits)."""
 
     def __init__(self, url: str):
         super().__init__(name="load", daemon=True)
         self.url, self.stop_event, self.done = url, threading.Event(), 0
 
     def run(self) -> None:
-        body = {"model": "gemma-3-270m", "prompt": "The ferry crossed the river and", "max_tokens": 8,
-                "temperature": 0}
         with httpx.Client(timeout=60) as client:
             while not self.stop_event.is_set():
-                try:
-                    if client.post(self.url + "/v1/completions", json=body).status_code == 200:
+                for session in SESSIONS.sessions:
+                    answers: list[list[int]] = []
+                    for turn in session.turns:
+                        if self.stop_event.is_set():
+                            return
+                        body = {"model": "gemma-3-270m", "prompt": session.prompt(answers), "temperature": 0,
+                                "max_tokens": turn.max_tokens, "ignore_eos": True, "return_token_ids": True}
+                        try:
+                            response = client.post(self.url + "/v1/completions", json=body)
+                        except httpx.HTTPError:
+                            time.sleep(0.5)
+                            break
+                        if response.status_code != 200:
+                            break
                         self.done += 1
-                except httpx.HTTPError:
-                    time.sleep(0.5)
+                        answers.append(response.json()["choices"][0]["token_ids"])
 
     def stop(self) -> None:
         self.stop_event.set()
@@ -77,7 +95,8 @@ def stack(tmp_path, settings, server):
     """Agent, Celery worker, telemetry poller and the reconcile/rollout tick loop around ``server``."""
     agent = AgentProcess(tmp_path / "agent").start()
     env = {"FERRY_AGENT_TOKEN": agent.token, "FERRY_WORKER_ENV": WORKER_ENV,
-           "FERRY_WORKER_EXTRA_ARGS": "--max-num-seqs 2", "FERRY_ACTION_READY_TIMEOUT_S": "280"}
+           "FERRY_WORKER_EXTRA_ARGS": "--max-num-seqs 2", "FERRY_ACTION_READY_TIMEOUT_S": "280",
+           "FERRY_KV_LINK_SECRET": KV_LINK_SECRET}  # the Celery worker signs the KV cache flush with it
     settings.FERRY_AGENT_TOKEN = agent.token  # reconcile runs in this process
     settings.FERRY_WORKER_ENV = WORKER_ENV
     settings.FERRY_WORKER_EXTRA_ARGS = "--max-num-seqs 2"
@@ -139,10 +158,24 @@ def test_operator_watches_live_charts_scales_the_pool_and_starts_a_canary(
             raise AssertionError(f"no generation tokens/s charted; completions done {load.done}; charts {charts}; "
                                  f"stats {page.evaluate('window.ferryStats')}; poller log "
                                  f"{stack['poller'].log()[-2000:]}") from exc
+        # Multi-turn load hits the prefix cache: the hit-rate chart (tokens) gets data above 0.
+        page.wait_for_function(f"{trace('prefix-cache-hit-rate')}.some(v => v !== null && v > 0)", timeout=90_000,
+                               polling=500)
     finally:
         load.stop()
     page.screenshot(path=str(ARTIFACTS / "live-pool-charts.png"), full_page=True, timeout=120_000)
     assert load.done > 0
+
+    # Flush the KV cache from the page (confirmed): the Action succeeds and logs the blocks the worker cleared.
+    page.once("dialog", lambda d: d.accept())
+    page.click("#flush-kv-cache", no_wait_after=True)
+    page.wait_for_function("document.getElementById('flush-result').textContent.includes('pool.flush_kv_cache')",
+                           timeout=30_000, polling=500)
+    page.wait_for_selector("#actions tr.status-succeeded td:text('pool.flush_kv_cache')", timeout=120_000)
+    flush = Action.objects.get(pool=pool, kind="pool.flush_kv_cache")
+    cleared = [int(m.group(1)) for line in flush.log
+               if (m := re.fullmatch(r"flushed .+: (\d+) blocks cleared", line["message"]))]
+    assert len(cleared) == 1 and cleared[0] > 0, flush.log
 
     # Scale from the page: 1 -> 2, then back to 1; the count shows ready / desired.
     replica_count_is(page, "1 / 1", 30)

@@ -1,9 +1,9 @@
 """``/api/v1/actions/``: the audit log (read-only), plus ``retry`` and ``cancel`` (operator);
-``/api/v1/pools/`` (+ ``POST pools/{id}/scale/``) and ``/api/v1/replicas/`` (observed, read-only, + ``logs``).
+``/api/v1/pools/`` (+ ``POST pools/{id}/scale/`` and ``POST pools/{id}/flush-kv-cache/``) and ``/api/v1/replicas/`` (observed, read-only, + ``logs``).
 
 Pools live here rather than in fleet because deleting and scaling one records an Action and reading a
 replica's logs calls its backend; creating and updating a pool go through fleet's services. Writes need
-the admin role except ``scale`` (operator). Views call services and selectors only.
+the admin role except ``scale`` and ``flush-kv-cache`` (operator). Views call services and selectors only.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ class PoolViewSet(viewsets.ModelViewSet):
     ordering_fields = ["name", "role", "created_at"]
     ordering = ["id"]
     write_role = ADMIN
-    action_roles = {"scale": OPERATOR}
+    action_roles = {"scale": OPERATOR, "flush_kv_cache": OPERATOR}
 
     def get_queryset(self):
         return fleet_selectors.pool_list()
@@ -99,6 +99,17 @@ class PoolViewSet(viewsets.ModelViewSet):
             pool=pool, replicas=serializer.validated_data["replicas"], requested_by=request.user,
             idempotency_key=idempotency_key_from_request(request),
         )
+        return Response(ActionSerializer(act).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+
+    @extend_schema(request=None, responses={200: ActionSerializer, 201: ActionSerializer},
+                   parameters=[IDEMPOTENCY_PARAMETER])
+    @action(detail=True, methods=["post"], url_path="flush-kv-cache")
+    def flush_kv_cache(self, request: Request, pk: str | None = None) -> Response:
+        """Flush every running replica's prefix cache: creates a pending ``pool.flush_kv_cache`` Action that calls
+        each worker's signed ``POST /admin/kv-cache/reset`` (409 if the pool is busy; a failure is recorded on the
+        Action with each replica's reason and can be retried)."""
+        act, created = pools.pool_flush_kv_cache(pool=self.get_object(), requested_by=request.user,
+                                                 idempotency_key=idempotency_key_from_request(request))
         return Response(ActionSerializer(act).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
 

@@ -408,3 +408,64 @@ def test_replica_ejections_sum_the_routers_counters_per_replica_of_the_pool():
     assert replica_ejections(store, Scope("7", "canary", label="decode")) == {"c0": 4.0, "s0": 1.0}  # whole pool
     assert replica_ejections(store, Scope("other")) == {"o0": 5.0}
     assert replica_ejections(store, Scope("9", label="idle")) == {}
+
+
+# --- Prefix cache (issue 18): hit rate in tokens, device-tier blocks, the router index's accuracy.
+
+
+def test_prefix_cache_hit_rate_device_blocks_and_router_index_accuracy_over_ten_seconds():
+    # r0 looks up 100 prompt tokens/s and finds 60 cached, r1 looks up 50/s and finds none: 60 / 150 = 0.4.
+    # Blocks cached now: r0 30 (full) + 30 (sliding, not counted), r1 10. The router predicted 48 cached
+    # tokens/s for pool p1 where the workers reported 50/s: accuracy 0.96. Another pool's router series is ignored.
+    store = SampleStore(retention_s=60)
+    (w0, e0), (w1, e1) = worker("r0", "stable"), worker("r1", "canary")
+    metrics, endpoint = router()
+    prev0: dict = {}
+    prev1: dict = {}
+    for t in range(11):
+        s0 = {"query_tokens": 100 * t, "hit_tokens": 60 * t, "evictions": {},
+              "cached_blocks": {"full_attention": 30, "sliding_attention": 30}}
+        s1 = {"query_tokens": 50 * t, "hit_tokens": 0, "evictions": {}, "cached_blocks": {"full_attention": 10}}
+        w0.prefix_cache(s0, prev0)
+        w1.prefix_cache(s1, prev1)
+        prev0, prev1 = s0, s1
+        if t > 0:
+            metrics.predicted_cached.labels(pool="p1").inc(48)
+            metrics.reported_cached.labels(pool="p1").inc(50)
+            metrics.predicted_cached.labels(pool="other").inc(1000)
+            metrics.reported_cached.labels(pool="other").inc(1)
+        store.ingest(e0, generate_latest(w0.registry).decode(), float(t))
+        store.ingest(e1, generate_latest(w1.registry).decode(), float(t))
+        store.ingest(endpoint, router_text(metrics), float(t))
+    got = evaluate_signals(store.view(Scope("p1")), Scope("p1"), 10.0, 10.0, "scrape").values
+    assert got["prefix_cache_hit_rate"] == pytest.approx(0.4, rel=1e-12)
+    assert got["prefix_cache_device_blocks"] == 40.0
+    assert got["router_index_accuracy"] == pytest.approx(0.96, rel=1e-12)
+    stable = evaluate_signals(store.view(Scope("p1", "stable")), Scope("p1", "stable"), 10.0, 10.0, "scrape").values
+    assert stable["prefix_cache_hit_rate"] == pytest.approx(0.6, rel=1e-12)
+    assert stable["router_index_accuracy"] is None  # the router counts per pool, not per track
+
+
+def test_prefix_cache_signals_without_lookups_are_no_data():
+    store = SampleStore(retention_s=60)
+    w0, e0 = worker("r0", "stable")
+    for t in range(3):
+        store.ingest(e0, generate_latest(w0.registry).decode(), float(t))
+    got = evaluate_signals(store.view(Scope("p1")), Scope("p1"), 2.0, 10.0, "scrape").values
+    assert (got["prefix_cache_hit_rate"], got["prefix_cache_device_blocks"], got["router_index_accuracy"]) == (
+        None, None, None)
+
+
+@pytest.mark.parametrize(
+    ("name", "promql"),
+    [
+        ("prefix_cache_hit_rate", '(sum(rate(ferry_prefix_cache_hits_total{pool="decode"}[30s])) or vector(0)) / '
+                                  'sum(rate(ferry_prefix_cache_queries_total{pool="decode"}[30s]))'),
+        ("prefix_cache_device_blocks", 'sum(ferry_prefix_cache_blocks{pool="decode",group="full_attention"})'),
+        ("router_index_accuracy",
+         '(sum(rate(ferry_router_predicted_cached_tokens_total{pool="decode"}[30s])) or vector(0)) / '
+         'sum(rate(ferry_router_reported_cached_tokens_total{pool="decode"}[30s]))'),
+    ],
+)
+def test_prefix_cache_signals_render_promql(name, promql):
+    assert SIGNAL_SPECS[name].promql(Scope("decode").matchers(), 30) == promql

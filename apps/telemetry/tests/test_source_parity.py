@@ -47,6 +47,7 @@ TOLERANCE = {
     "router_local_prefill_per_s": REL_10, "router_remote_prefill_per_s": REL_10,
     "router_local_prefill_fallback_per_s": REL_10,
     "router_ejections_per_s": REL_10, "router_ejected_replicas": EXACT,
+    "prefix_cache_hit_rate": ("abs", 0.01), "prefix_cache_device_blocks": EXACT, "router_index_accuracy": ("abs", 0.01),
 }
 # Signals that must have data after the load (so the comparison cannot pass on two Nones).
 MUST_HAVE_DATA = ("request_rate_per_s", "error_rate", "prompt_tokens_per_s", "generation_tokens_per_s",

@@ -25,12 +25,20 @@
     // The routers' circuit breaker: this pool's replicas ejected now (error rate over its window or failures in a row).
     {id: "ejections", title: "Replicas ejected by the router's circuit breaker", y: "replicas",
      signals: ["router_ejected_replicas"]},
+    // Prefix cache (issue 18): tokens served from the cache, blocks cached per tier (the workers have the
+    // device tier only), and how well the router's prefix index predicted the hits (1.0 = exact).
+    {id: "prefix-cache-hit-rate", title: "Prefix cache hit rate (tokens)", y: "cached / looked-up prompt tokens (0–1)",
+     signals: ["prefix_cache_hit_rate"]},
+    {id: "prefix-cache-tiers", title: "Prefix cache tier usage", y: "KV blocks cached", signals: ["prefix_cache_device_blocks"]},
+    {id: "router-index-accuracy", title: pool.role === "prefill"
+      ? "Router prefix index accuracy (counted on the decode pools)" : "Router prefix index accuracy",
+     y: "predicted / reported cached tokens", signals: ["router_index_accuracy"]},
   ];
   const LABELS = {kv_cache_usage: "avg over replicas", kv_cache_usage_max: "max replica", ttft_p50_s: "p50",
     ttft_p99_s: "p99", tpot_p50_s: "p50", tpot_p99_s: "p99", prompt_tokens_per_s: "prompt (prefill)",
     generation_tokens_per_s: "generation (decode)", router_local_prefill_per_s: "local prefill",
     router_remote_prefill_per_s: "remote prefill",
-    router_local_prefill_fallback_per_s: "fallback (local)"};
+    router_local_prefill_fallback_per_s: "fallback (local)", prefix_cache_device_blocks: "device tier"};
   let alerts = {};
   const container = document.getElementById("charts");
 
@@ -154,6 +162,17 @@
   async function refreshPool() {
     const result = await Ferry.api("GET", `/api/v1/pools/${pool.id}/`);
     if (result.ok) { pool.replicas = result.data.replicas; renderCount(); }
+  }
+
+  const flush = document.getElementById("flush-kv-cache");
+  if (flush) {
+    flush.addEventListener("click", async () => {
+      if (!window.confirm(`Flush the KV cache of every replica of pool ${pool.name}? Sessions lose their cached prefixes.`)) return;
+      const result = await Ferry.api("POST", `/api/v1/pools/${pool.id}/flush-kv-cache/`);
+      document.getElementById("flush-result").textContent = result.ok
+        ? `Action #${result.data.id} ${result.data.kind}: ${result.data.status}` : `Flush refused: ${Ferry.errorText(result)}`;
+      refreshActions();
+    });
   }
 
   const form = document.getElementById("scale-form");
