@@ -32,9 +32,11 @@ before the bench sees it is recorded (``killed_at_phase`` False) and the kill ha
 
 Per cell: client requests and how many failed (after the router's retries), the final state and whether it
 is the expected one, steps applied twice and Actions lost (``bench/chaos_accounting.py``), Actions re-run,
-unexpected exits of other processes, and the time to recover (kill -> the target back and the readiness
-check of ``make run`` passing: web healthy, every pool at its desired ready replicas in the routing table,
-the router on that table). JSON to ``bench/results/chaos-<UTC time>.json`` and a table on stdout. A
+unexpected exits of other processes, ``restarted_s`` (kill -> the target runs again: the supervisor's restart,
+Redis answering PING, or a replacement model worker ready in the agent's table) and ``recover_s`` (kill -> the
+target back and the readiness check of ``make run`` passing: web healthy, every pool at its desired ready
+replicas of that moment in the routing table, the router on that table; killed while scaling, it includes the
+new replicas' model load, which the rollout would wait for anyway), and the seconds at which requests failed. JSON to ``bench/results/chaos-<UTC time>.json`` and a table on stdout. A
 wall-clock budget (``--budget-min``, default 45) stops the matrix: cells not started are listed as such.
 
 **Soak** (``--soak MINUTES``, default 30): no faults, the steady load only; every minute the RSS of every
@@ -112,6 +114,7 @@ class Cell:
     killed: str = ""
     killed_at_phase: bool = False
     kill_at_s: float | None = None
+    restarted_s: float | None = None
     recover_s: float | None = None
     final_state: str = ""
     final_state_ok: bool = False
@@ -119,6 +122,7 @@ class Cell:
     num_requests: int = 0
     num_failed: int = 0
     errors: list[str] = field(default_factory=list)
+    failed_at_s: list[float] = field(default_factory=list)
     applied_twice: list[str] = field(default_factory=list)
     lost: list[str] = field(default_factory=list)
     reexecuted: list[str] = field(default_factory=list)
@@ -308,7 +312,7 @@ def run_cell(stack: Stack, api: Api, load: Load, scenario: str, target: str, *, 
     api.post(f"/rollouts/{rid}/start/")
     deadline = start + cell_timeout_s
     aborted = False
-    kill_at = None
+    kill_at, killed_pid, killed_name = None, 0, target
     while time.monotonic() < deadline:
         rollout = api.get_or_none(f"/rollouts/{rid}/")
         if rollout is None:  # the web server may be the one just killed
@@ -325,17 +329,22 @@ def run_cell(stack: Stack, api: Api, load: Load, scenario: str, target: str, *, 
             if hit or rollout["state"] in TERMINAL_STATES:
                 cell.killed_at_phase = hit
                 try:
-                    cell.killed = stack.kill(kill_name(target, rollout, decode))
+                    killed_name = kill_name(target, rollout, decode)
+                    cell.killed, killed_pid = stack.kill(killed_name)
                 except LookupError as exc:
                     cell.killed = f"nothing killed: {exc}"
                 kill_at = time.monotonic()
                 cell.kill_at_s = round(kill_at - start, 2)
                 break
         time.sleep(0.2)
-    if kill_at is not None:
+    if kill_at is not None and killed_pid:
         with httpx.Client(timeout=5.0) as client:
             while time.monotonic() < deadline:
-                if stack.back_up(target, kill_at):
+                if cell.restarted_s is None:
+                    restarted = stack.restarted_at(killed_name, killed_pid)
+                    if restarted is not None:
+                        cell.restarted_s = round(restarted - kill_at, 2)
+                if cell.restarted_s is not None:
                     try:
                         if not stack.readiness(desired_replicas(pools_by_name(api)), client):
                             cell.recover_s = round(time.monotonic() - kill_at, 2)
@@ -365,7 +374,9 @@ def run_cell(stack: Stack, api: Api, load: Load, scenario: str, target: str, *, 
     cell.final_state, cell.message = rollout["state"], rollout["message"]
     cell.final_detail = final_check(scenario, rollout, pools, original) + [f"not ready: {m}" for m in settle_missing]
     cell.final_state_ok = not cell.final_detail
-    cell.num_requests, cell.num_failed, cell.errors = failed_requests(list(load.results), start, end)
+    results = list(load.results)
+    cell.num_requests, cell.num_failed, cell.errors = failed_requests(results, start, end)
+    cell.failed_at_s = [round(r[0] - start, 1) for r in results if start <= r[0] < end and not r[1]][:100]
     cell.applied_twice = steps_applied_twice(actions, rid)
     cell.lost = actions_lost(actions, rid, num_track_changes=int(rollout["progress"].get("num_track_changes", 0)))
     cell.reexecuted = actions_reexecuted(actions, rid)

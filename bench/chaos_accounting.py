@@ -129,20 +129,22 @@ def failed_requests(results: Iterable[tuple[float, bool, str]], start: float, en
     return len(window), sum(1 for r in window if not r[1]), errors
 
 
-TABLE_COLUMNS = ("scenario", "target", "phase", "killed", "failed/requests", "final state", "applied twice",
-                 "lost", "recover s")
+TABLE_COLUMNS = ("scenario", "target", "phase", "at phase", "failed/requests", "final state", "applied twice",
+                 "lost", "restart s", "recover s")
 
 
 def cell_row(cell: dict) -> list[str]:
     """One table row of a cell's JSON record (see ``bench/chaos.py``: ``Cell.to_json``)."""
-    recover = cell.get("recover_s")
+    def seconds(value: float | None) -> str:
+        return "-" if value is None else f"{value:.1f}"
+
     final = cell.get("final_state", "")
     if not cell.get("final_state_ok", False):
         final += " (expected " + str(cell.get("expected_state", "?")) + ")"
     return [cell["scenario"], cell["target"], cell["phase"], "yes" if cell.get("killed_at_phase") else "no",
             f"{cell.get('num_failed', 0)}/{cell.get('num_requests', 0)}", final,
             str(len(cell.get("applied_twice", []))), str(len(cell.get("lost", []))),
-            "-" if recover is None else f"{recover:.1f}"]
+            seconds(cell.get("restarted_s")), seconds(cell.get("recover_s"))]
 
 
 def render_table(cells: Sequence[dict]) -> str:

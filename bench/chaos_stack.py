@@ -148,10 +148,10 @@ class Stack:
         return killed
 
     # -- faults ----------------------------------------------------------------------------------------------
-    def kill(self, target: str) -> str:
+    def kill(self, target: str) -> tuple[str, int]:
         """kill -9 ``target``: a Procfile name (its whole process group, as a crashed container),
         ``redis``, or ``model:<pool>:<track>`` (one model worker of that pool's track, from the agent's table;
-        the agent and reconcile bring it back, not the supervisor). Returns what was killed, in words.
+        the agent and reconcile bring it back, not the supervisor). Returns what was killed, in words, and its pid.
 
         Raises:
             LookupError: nothing to kill under that name now.
@@ -160,21 +160,21 @@ class Stack:
             with self.lock:
                 pid = self.redis.process.pid
                 os.killpg(pid, signal.SIGKILL)
-            return f"redis-server pid {pid}"
+            return f"redis-server pid {pid}", pid
         if target.startswith("model:"):
             _, pool, track = target.split(":", 2)
             record = next(iter(self.model_workers(pool, track)), None)
             if record is None:
                 raise LookupError(f"no running model worker of pool {pool} track {track}")
             os.kill(record.pid, signal.SIGKILL)
-            return f"model worker {record.name} pid {record.pid}"
+            return f"model worker {record.name} pid {record.pid}", record.pid
         with self.lock:
             proc = self.procs.get(target)
             if proc is None or proc.process is None:
                 raise LookupError(f"no supervised process {target!r}; have {sorted(self.procs)}")
             proc.killed_at = time.monotonic()
             os.killpg(proc.process.pid, signal.SIGKILL)
-            return f"{target} process group {proc.process.pid}"
+            return f"{target} process group {proc.process.pid}", proc.process.pid
 
     def model_workers(self, pool: str, track: str) -> list:
         """The agent's live process records of ``pool``'s ``track`` (label ``ferry.io/pool``, ``ferry.io/track``)."""
@@ -189,15 +189,23 @@ class Stack:
         return [r for r in records if r.labels.get(LABEL_POOL) == pool
                 and r.labels.get(LABEL_TRACK) == track and read_cmdline(r.pid) == r.cmdline]
 
-    def back_up(self, target: str, since: float) -> bool:
-        """Whether ``target`` killed at ``since`` runs again (a supervised process restarted after it, Redis
-        answering PING); model workers are judged by :meth:`readiness` (the agent restarts them)."""
+    def restarted_at(self, target: str, killed_pid: int) -> float | None:
+        """When ``target`` (killed as ``killed_pid``) ran again (``time.monotonic()``), or None if not yet: a
+        supervised process restarted, Redis answering PING again, or (``model:<pool>:<track>``) a model worker
+        of that track other than ``killed_pid`` alive and ready in the agent's table (the time it is seen)."""
         if target == REDIS:
-            return redis_reachable(self.redis.url, timeout_s=0.5)
+            if self.redis.process.pid != killed_pid and redis_reachable(self.redis.url, timeout_s=0.5):
+                return self.redis_restarts[-1]
+            return None
         if target.startswith("model:"):
-            return True
+            _, pool, track = target.split(":", 2)
+            if any(r.pid != killed_pid and r.ready for r in self.model_workers(pool, track)):
+                return time.monotonic()
+            return None
         proc = self.procs[target]
-        return bool(proc.restarts) and proc.restarts[-1] >= since and proc.process.poll() is None
+        if proc.process is not None and proc.process.pid != killed_pid and proc.process.poll() is None:
+            return proc.restarts[-1]
+        return None
 
     def readiness(self, pools: dict[str, int], client) -> list[str]:  # noqa: ANN001 - an httpx.Client
         """What is not ready (``apps.setup.readiness``) for ``pools`` (name -> desired replicas)."""

@@ -122,6 +122,6 @@ def test_rss_growth_from_the_baseline_minute_to_the_end_and_the_table():
         rss_growth(samples, baseline_minute=9)
     table = render_table([{"scenario": "canary", "target": "worker", "phase": "scaling", "killed_at_phase": True,
                            "num_failed": 0, "num_requests": 40, "final_state": "promoted", "final_state_ok": True,
-                           "applied_twice": [], "lost": [], "recover_s": 12.34}])
+                           "applied_twice": [], "lost": [], "restarted_s": 1.04, "recover_s": 12.34}])
     assert table.splitlines()[1].split() == ["canary", "worker", "scaling", "yes", "0/40", "promoted", "0", "0",
-                                             "12.3"]
+                                             "1.0", "12.3"]
