@@ -376,7 +376,7 @@ def run_cell(stack: Stack, api: Api, load: Load, scenario: str, target: str, *, 
     cell.final_state_ok = not cell.final_detail
     results = list(load.results)
     cell.num_requests, cell.num_failed, cell.errors = failed_requests(results, start, end)
-    cell.failed_at_s = [round(r[0] - start, 1) for r in results if start <= r[0] < end and not r[1]][:100]
+    cell.failed_at_s = sorted(round(r[0] - start, 1) for r in results if start <= r[0] < end and not r[1])[:100]
     cell.applied_twice = steps_applied_twice(actions, rid)
     cell.lost = actions_lost(actions, rid, num_track_changes=int(rollout["progress"].get("num_track_changes", 0)))
     cell.reexecuted = actions_reexecuted(actions, rid)
@@ -460,7 +460,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     var_dir = args.var_dir or Path(tempfile.mkdtemp(prefix="ferry-chaos-"))
-    stack = Stack(var_dir)
+    stack = Stack(var_dir, throwaway=args.var_dir is None)
     load = None
     payload: dict = {"started_at": utc_stamp(), "args": {k: str(v) for k, v in vars(args).items()}}
     try:

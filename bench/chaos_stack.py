@@ -56,8 +56,11 @@ class Supervised:
 class Stack:
     """Start with :meth:`start`, stop with :meth:`stop` (also on error); times are ``time.monotonic()``."""
 
-    def __init__(self, var_dir: Path) -> None:
+    def __init__(self, var_dir: Path, *, throwaway: bool = True) -> None:
+        """``throwaway``: PostgreSQL without fsync, its data removed at :meth:`stop` (the tests' mode; the bench
+        kills no database, and a shared machine's disk stays out of the figures)."""
         self.var_dir = Path(var_dir).resolve()
+        self.throwaway = throwaway
         (self.var_dir / "log").mkdir(parents=True, exist_ok=True)
         self.config = LaunchConfig(port=free_tcp_port(), router_port=free_tcp_port(), agent_port=free_tcp_port(),
                                    var_dir=self.var_dir)
@@ -81,7 +84,7 @@ class Stack:
         from inference_worker.registry import model_cache_dir
 
         self.redis = start_embedded_redis(self.var_dir)
-        self.postgres = start_embedded_postgres(self.var_dir / "postgres")
+        self.postgres = start_embedded_postgres(self.var_dir / "postgres", throwaway=self.throwaway)
         environ = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "DATABASE_URL")}
         tokens = launcher_tokens(self.var_dir, environ)
         self.env = child_env(self.config, environ, redis_url=self.redis.url, database_url=self.postgres.url,
