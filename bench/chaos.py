@@ -323,8 +323,12 @@ def run_cell(stack: Stack, api: Api, load: Load, scenario: str, target: str, *, 
             aborted = True
             continue
         if kill_at is None:
-            decode = pools_by_name(api)[DECODE_POOL]
-            replicas = api.rows("/replicas/", pool=decode["id"])
+            try:
+                decode = pools_by_name(api)[DECODE_POOL]
+                replicas = api.rows("/replicas/", pool=decode["id"])
+            except httpx.HTTPError:  # a slow answer on a busy machine: look again
+                time.sleep(0.5)
+                continue
             hit = phase_reached(cell.phase, rollout, decode, replicas)
             if hit or rollout["state"] in TERMINAL_STATES:
                 cell.killed_at_phase = hit
@@ -409,9 +413,13 @@ def run_matrix(stack: Stack, api: Api, load: Load, args: argparse.Namespace) -> 
                                          note="not run: wall-clock budget spent")))
                 continue
             print(f"chaos | cell {scenario} x {target} (kill at {KILL_PHASES[scenario][target]})", flush=True)
-            cell = run_cell(stack, api, load, scenario, target, cell_timeout_s=args.cell_timeout_s)
-            cells.append(asdict(cell))
-            print(f"chaos | {json.dumps(asdict(cell), default=str)}", flush=True)
+            try:
+                cell = asdict(run_cell(stack, api, load, scenario, target, cell_timeout_s=args.cell_timeout_s))
+            except (httpx.HTTPError, RuntimeError) as exc:  # the API refused or stayed away: the cell says so
+                cell = asdict(Cell(scenario, target, KILL_PHASES[scenario][target], EXPECTED_STATE[scenario],
+                                   note=f"cell broke off: {type(exc).__name__}: {exc}"))
+            cells.append(cell)
+            print(f"chaos | {json.dumps(cell, default=str)}", flush=True)
     return {"cells": cells, "table": render_table(cells)}
 
 
