@@ -218,35 +218,45 @@ class Stack:
     # -- memory ----------------------------------------------------------------------------------------------
     def rss_bytes(self) -> dict[str, int]:
         """RSS per process, bytes (psutil): each supervised process with its children (Celery's pool
-        processes), Redis, PostgreSQL (postmaster and backends) and each model worker by its agent name."""
+        processes; the agent without its model workers), Redis, PostgreSQL (postmaster and backends) and each
+        model worker (with its children) by its agent name, ``model:<name>``."""
         from inference_worker.agent.processes import read_cmdline
         from inference_worker.agent.state import StateStore
 
-        def tree(pid: int) -> int:
-            try:
-                root = psutil.Process(pid)
-                members = [root, *root.children(recursive=True)]
-            except psutil.NoSuchProcess:
-                return 0
-            total = 0
-            for member in members:
-                try:
-                    total += member.memory_info().rss
-                except psutil.NoSuchProcess:
-                    pass
-            return total
-
-        rss = {name: tree(p.process.pid) for name, p in self.procs.items() if p.process is not None}
-        if self.redis is not None:
-            rss[REDIS] = tree(self.redis.process.pid)
-        postmaster = self.var_dir / "postgres" / "postmaster.pid"
-        if postmaster.exists():
-            rss["postgres"] = tree(int(postmaster.read_text().split()[0]))
         try:
             records = StateStore(self.var_dir / "agent").load().processes.values()
         except (ValueError, FileNotFoundError):
             records = []
-        for record in records:
-            if read_cmdline(record.pid) == record.cmdline:
-                rss[f"model:{record.name}"] = tree(record.pid)
+        workers = {f"model:{r.name}": r.pid for r in records if read_cmdline(r.pid) == r.cmdline}
+
+        def members(pid: int) -> list[psutil.Process]:
+            try:
+                root = psutil.Process(pid)
+                return [root, *root.children(recursive=True)]
+            except psutil.NoSuchProcess:
+                return []
+
+        worker_trees = {name: members(pid) for name, pid in workers.items()}
+        in_workers = {p.pid for tree in worker_trees.values() for p in tree}
+
+        def rss_of(processes: list[psutil.Process], exclude: set[int]) -> int:
+            total = 0
+            for process in processes:
+                if process.pid in exclude:
+                    continue
+                try:
+                    total += process.memory_info().rss
+                except psutil.NoSuchProcess:
+                    pass
+            return total
+
+        # the agent is the model workers' parent: its figure leaves them out (each has its own line)
+        rss = {name: rss_of(members(p.process.pid), in_workers) for name, p in self.procs.items() if p.process}
+        if self.redis is not None:
+            rss[REDIS] = rss_of(members(self.redis.process.pid), set())
+        postmaster = self.var_dir / "postgres" / "postmaster.pid"
+        if postmaster.exists():
+            rss["postgres"] = rss_of(members(int(postmaster.read_text().split()[0])), set())
+        for name, tree in worker_trees.items():
+            rss[name] = rss_of(tree, set())
         return rss
