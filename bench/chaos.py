@@ -4,8 +4,10 @@ The whole product runs on the local backend with real model workers and the embe
 (``bench/chaos_stack.py``: the launcher's process list under a supervisor that restarts what the bench
 killed; it says there why this is a bench supervisor and not a restart-on-exit mode of ``make run``). A load
 thread sends completions through the router at a steady rate (prompts and lengths from
-``bench/workloads.py``: :func:`~bench.workloads.word_prompts`, one request every ``1 / --rate`` seconds,
-streamed with ``bench/serve_load.py``'s client), so every failure a client would see is counted.
+``bench/workloads.py``: :func:`~bench.workloads.word_prompts` of 8..400 words as ``make run LOAD=1`` sends, so
+prompts over the remote-prefill threshold go through the prefill pool and the KV transfer; one request every
+``1 / --rate`` seconds, streamed with ``bench/serve_load.py``'s client), so every failure a client would see
+is counted.
 
 **Matrix**: for each scenario, for each target, one *cell*: start a rollout, kill the target once at its
 worst phase of that scenario, let the supervisor (or, for model workers, the agent and reconcile) bring it
@@ -140,7 +142,7 @@ class Load(threading.Thread):
         super().__init__(name="chaos-load", daemon=True)
         self.url = router_url.rstrip("/") + "/v1/completions"
         self.interval_s = 1.0 / rate
-        self.requests = word_prompts(4096, seed, input_words=(8, 60), output_tokens=(4, 12))
+        self.requests = word_prompts(4096, seed, input_words=(8, 400), output_tokens=(4, 12))
         self.results: list[tuple[float, bool, str]] = []
         self.stop_event = threading.Event()
 
