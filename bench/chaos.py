@@ -102,6 +102,8 @@ KILL_PHASES = {
 EXPECTED_STATE = {"canary": "promoted", "blue_green": "promoted", "rollback": "aborted"}
 TERMINAL_STATES = ("promoted", "aborted", "failed")
 DECODE_POOL = "decode"
+RSS_GROWTH_LIMIT = 0.05
+"""The soak's bound on each process's RSS growth between minute 5 and the end (issue 20, acceptance 3)."""
 
 
 @dataclass
@@ -443,7 +445,10 @@ def run_soak(stack: Stack, args: argparse.Namespace) -> dict:
         base = "-" if g["base_bytes"] is None else f"{g['base_bytes'] / 2**20:.1f}"
         end = "-" if g["end_bytes"] is None else f"{g['end_bytes'] / 2**20:.1f}"
         lines.append(f"{name:<28} {base:>9} {end:>9} {ratio:>8}")
-    return {"samples": samples, "baseline_minute": baseline, "growth": growth, "table": "\n".join(lines)}
+    over = sorted(name for name, g in growth.items() if g["growth"] is not None and g["growth"] >= RSS_GROWTH_LIMIT)
+    lines.append(f"grew {100 * RSS_GROWTH_LIMIT:.0f}% or more from minute {baseline}: {', '.join(over) or 'none'}")
+    return {"samples": samples, "baseline_minute": baseline, "growth": growth, "over_limit": over,
+            "table": "\n".join(lines)}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
