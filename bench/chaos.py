@@ -474,7 +474,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    var_dir = args.var_dir or Path(tempfile.mkdtemp(prefix="ferry-chaos-"))
+    var_dir = args.var_dir
+    if var_dir is None:
+        var_dir = Path(tempfile.mkdtemp(prefix="ferry-chaos-"))
+        var_dir.chmod(0o711)  # PostgreSQL run as nobody (under root) must traverse it to its data directory
     stack = Stack(var_dir, throwaway=args.var_dir is None)
     load = None
     payload: dict = {"started_at": utc_stamp(), "args": {k: str(v) for k, v in vars(args).items()}}
