@@ -125,3 +125,41 @@ def test_rss_growth_from_the_baseline_minute_to_the_end_and_the_table():
                            "applied_twice": [], "lost": [], "restarted_s": 1.04, "recover_s": 12.34}])
     assert table.splitlines()[1].split() == ["canary", "worker", "scaling", "yes", "0/40", "promoted", "0", "0",
                                              "1.0", "12.3"]
+
+
+def pool_row(*tracks: tuple[str, int, int, int]) -> dict:
+    return {"id": 2, "tracks": [{"name": n, "model_version": v, "replicas": r, "weight": w} for n, v, r, w in tracks]}
+
+
+def test_kill_phases_are_read_from_the_rollout_and_the_decode_pool():
+    from bench.chaos import KILL_PHASES, SCENARIOS, TARGETS, kill_name, phase_reached
+
+    assert set(KILL_PHASES) == set(SCENARIOS) and all(set(p) == set(TARGETS) for p in KILL_PHASES.values())
+    canary = {"state": "progressing", "phase": "steps", "strategy": "canary", "target_model_version": 2}
+    decode = pool_row(("stable", 1, 1, 50), ("canary", 2, 1, 50))
+    loading = [{"track": "canary", "ready": False, "alive": True}, {"track": "stable", "ready": True, "alive": True}]
+    assert phase_reached("scaling", canary, decode, loading) is True
+    assert phase_reached("scaling", canary, decode, [{**r, "ready": True} for r in loading]) is False
+    assert phase_reached("finalizing", {**canary, "phase": "finalizing"}, decode, []) is True
+    assert phase_reached("reverting", {**canary, "state": "aborted", "phase": "reverting"}, decode, []) is True
+    assert phase_reached("switch", {**canary, "strategy": "blue_green", "phase": "switched"}, decode, []) is True
+    assert phase_reached("preview_ready", {**canary, "strategy": "blue_green", "phase": "smoke"}, decode, []) is True
+    with pytest.raises(ValueError, match="unknown phase"):
+        phase_reached("later", canary, decode, [])
+    assert kill_name("model:new", canary, decode) == "model:decode:canary"
+    assert kill_name("model:stable", canary, decode) == "model:decode:stable"
+    assert kill_name("router", canary, decode) == "router"
+    with pytest.raises(LookupError, match="no new track"):
+        kill_name("model:new", canary, pool_row(("stable", 1, 1, 100), ("canary", 2, 0, 0)))
+
+
+def test_final_check_wants_one_track_per_pool_on_the_expected_version():
+    from bench.chaos import final_check
+
+    promoted = {"state": "promoted", "message": "", "target_model_version": 2}
+    assert final_check("canary", promoted, {"decode": pool_row(("stable", 2, 1, 100))}, 1) == []
+    assert final_check("rollback", {**promoted, "state": "aborted"}, {"decode": pool_row(("stable", 1, 1, 100))},
+                       1) == []
+    left = final_check("canary", promoted, {"decode": pool_row(("stable", 2, 1, 100), ("canary", 2, 0, 0))}, 1)
+    assert left == ["pool decode: tracks [('stable', 2, 1), ('canary', 2, 0)] (expected one track on version 2)"]
+    assert final_check("rollback", promoted, {"decode": pool_row(("stable", 1, 1, 100))}, 1) == ["rollout promoted ()"]
