@@ -65,6 +65,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -502,11 +503,17 @@ def main(argv: list[str] | None = None) -> int:
             load.stop()
             payload["num_requests"] = len(load.results)
             payload["num_failed"] = sum(1 for r in load.results if not r[1])
+            errors = Counter(r[2][:160] for r in load.results if not r[1])
+            payload["errors"] = [{"error": e, "count": n} for e, n in errors.most_common(20)]
+            t0 = load.results[0][0] if load.results else 0.0
+            payload["failed_at_s"] = sorted(round(r[0] - t0, 1) for r in load.results if not r[1])[:500]
         payload["leftovers_killed"] = stack.stop()
         if args.var_dir is None:
             shutil.rmtree(var_dir, ignore_errors=True)
     path = write_results("chaos-soak" if args.soak is not None else "chaos", payload)
     print(table)
+    print(f"chaos | client requests {payload.get('num_requests')}, failed {payload.get('num_failed')}: "
+          + "; ".join(f"{e['count']} x {e['error']}" for e in payload.get("errors", [])[:5]))
     print(f"chaos | wrote {path}")
     return 0
 
