@@ -458,7 +458,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--target", action="append", choices=TARGETS, help="kill only this target (repeatable)")
     parser.add_argument("--soak", type=int, nargs="?", const=30, default=None, metavar="MINUTES",
                         help="soak instead of the matrix: steady load, RSS every minute (default 30 minutes)")
-    parser.add_argument("--rate", type=float, default=1.0, help="client requests per second (steady)")
+    parser.add_argument("--rate", type=float, default=0.5,
+                        help="client requests per second, steady (default 0.5, as make run LOAD=1)")
     parser.add_argument("--budget-min", type=float, default=45.0, help="wall-clock budget of the matrix, minutes")
     parser.add_argument("--cell-timeout-s", type=float, default=420.0, help="the most one cell may take")
     parser.add_argument("--seed", type=int, default=0, help="seed of the prompts (bench/workloads.py)")
