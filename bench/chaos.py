@@ -38,12 +38,16 @@ unexpected exits of other processes, ``restarted_s`` (kill -> the target runs ag
 Redis answering PING, or a replacement model worker ready in the agent's table) and ``recover_s`` (kill -> the
 target back and the readiness check of ``make run`` passing: web healthy, every pool at its desired ready
 replicas of that moment in the routing table, the router on that table; killed while scaling, it includes the
-new replicas' model load, which the rollout would wait for anyway), and the seconds at which requests failed. JSON to ``bench/results/chaos-<UTC time>.json`` and a table on stdout. A
-wall-clock budget (``--budget-min``, default 45) stops the matrix: cells not started are listed as such.
+new replicas' model load, which the rollout would wait for anyway), and the seconds at which requests failed.
+JSON to ``bench/results/chaos-<UTC time>.json`` and a table on stdout. A wall-clock budget (``--budget-min``,
+default 45) stops the matrix: a cell starts only while a whole ``--cell-timeout-s`` is left, the others are
+listed as not run. On the shared 2-core development machine a cell took 100-135 s plus up to a minute of
+settling, so the 30 cells need more than 45 minutes there: run them in parts with ``--scenario``.
 
 **Soak** (``--soak MINUTES``, default 30): no faults, the steady load only; every minute the RSS of every
 process (each supervised process with its children, Redis, PostgreSQL, each model worker) is recorded, and
-the growth between minute 5 (or the first minute of a shorter run) and the end. The 12-hour soak of seed
+the growth between minute 5 (minute ``MINUTES - 1`` in a run shorter than 6 minutes) and the end; processes
+that grew 5% or more are named. The 12-hour soak of seed
 003 is ``nohup .venv/bin/python bench/chaos.py --soak 720 > chaos-soak.log 2>&1 &`` on a machine of its
 own (a shared one measures the neighbours' pressure too); results land in the same JSON form.
 
