@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
-from knox.auth import TokenAuthentication
 from rest_framework import status, viewsets
 from rest_framework.authentication import SessionAuthentication
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from apps.accounts.authentication import TokenAuthentication
 from apps.accounts.roles import ADMIN
 from apps.fleet import selectors, services
 from apps.fleet.api.auth import IsServiceOrViewer, ServiceTokenAuthentication
