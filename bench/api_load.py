@@ -32,6 +32,7 @@ from collections import Counter
 from pathlib import Path
 
 import aiohttp
+import psutil
 
 
 def percentile(sorted_values: list[float], q: float) -> float | None:
@@ -42,9 +43,28 @@ def percentile(sorted_values: list[float], q: float) -> float | None:
     return sorted_values[rank - 1]
 
 
+def server_cpu_s(pids: list[int]) -> float:
+    """User + system CPU seconds of ``pids`` and all their descendants (the web supervisor and its workers)."""
+    total = 0.0
+    for pid in pids:
+        try:
+            root = psutil.Process(pid)
+            for proc in [root, *root.children(recursive=True)]:
+                times = proc.cpu_times()
+                total += times.user + times.system
+        except psutil.NoSuchProcess:
+            continue
+    return total
+
+
 async def run_step(session: aiohttp.ClientSession, url: str, *, rate: float, duration_s: float, headers: dict,
-                   timeout_s: float) -> dict:
-    """Send ``rate * duration_s`` GETs to ``url`` on an open-loop schedule; the step's figures as a dict."""
+                   timeout_s: float, server_pids: list[int] = ()) -> dict:
+    """Send ``rate * duration_s`` GETs to ``url`` on an open-loop schedule; the step's figures as a dict.
+
+    With ``server_pids`` the step also reports the server's CPU use (``server_cpu_percent_of_machine``: CPU
+    seconds of those processes and their children over the step, divided by the step's wall time and the
+    machine's cores)."""
+    cpu_start = server_cpu_s(server_pids)
     num_requests = max(1, round(rate * duration_s))
     latencies_ms: list[float] = []
     statuses: Counter = Counter()
@@ -74,8 +94,11 @@ async def run_step(session: aiohttp.ClientSession, url: str, *, rate: float, dur
         tasks.append(asyncio.create_task(one(scheduled)))
     await asyncio.gather(*tasks)
     elapsed_s = time.perf_counter() - loop_start
+    cpu_s = server_cpu_s(server_pids) - cpu_start
     latencies_ms.sort()
     return {
+        "server_cpu_percent_of_machine": round(100 * cpu_s / elapsed_s / (os.cpu_count() or 1), 1)
+        if server_pids else None,
         "offered_rate": rate, "num_requests": num_requests, "duration_s": round(elapsed_s, 3),
         "achieved_rate": round(sum(statuses.values()) / elapsed_s, 2),
         "statuses": {str(k): v for k, v in sorted(statuses.items())},
@@ -86,7 +109,7 @@ async def run_step(session: aiohttp.ClientSession, url: str, *, rate: float, dur
 
 
 async def run(args: argparse.Namespace) -> dict:
-    headers = {"Authorization": f"Token {args.token}"} if args.token else {}
+    headers = {"Authorization": f"{args.auth_scheme} {args.token}"} if args.token else {}
     rates = [float(r) for r in args.rates.split(",")]
     connector = aiohttp.TCPConnector(limit=0, force_close=False)
     result: dict = {"base_url": args.base_url, "duration_s": args.duration_s, "p99_ms": args.p99_ms,
@@ -110,7 +133,7 @@ async def run(args: argparse.Namespace) -> dict:
             steps = []
             for rate in rates:
                 step = await run_step(session, url, rate=rate, duration_s=args.duration_s, headers=step_headers,
-                                      timeout_s=args.timeout_s)
+                                      timeout_s=args.timeout_s, server_pids=args.server_pid)
                 step["held"] = step["num_errors"] == 0 and step["latency_ms"]["p99"] < args.p99_ms
                 steps.append(step)
                 print_step(path, step)
@@ -127,7 +150,9 @@ def print_step(path: str, step: dict) -> None:
     lat = step["latency_ms"]
     print(f"{path:32s} offered {step['offered_rate']:7.1f}/s achieved {step['achieved_rate']:7.1f}/s "
           f"p50 {lat['p50']:8.1f} p90 {lat['p90']:8.1f} p99 {lat['p99']:8.1f} max {lat['max']:8.1f} ms "
-          f"errors {step['num_errors']} {'held' if step.get('held') else ''}", flush=True)
+          f"errors {step['num_errors']} {'held' if step.get('held') else ''}"
+          + (f" server CPU {step['server_cpu_percent_of_machine']}% of machine"
+             if step.get("server_cpu_percent_of_machine") is not None else ""), flush=True)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -135,6 +160,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--base-url", default="http://127.0.0.1:8000")
     parser.add_argument("--token", default=os.environ.get("FERRY_TOKEN", ""),
                         help="API token (Authorization: Token ...; default FERRY_TOKEN)")
+    parser.add_argument("--auth-scheme", default="Token",
+                        help="Token (a user's API token) or Bearer (the service token, as routers send it)")
+    parser.add_argument("--server-pid", type=int, action="append", default=[],
+                        help="report this process's and its children's CPU use per step (repeatable)")
     parser.add_argument("--path", action="append", help="path to load (repeatable; default /api/v1/pools/)")
     parser.add_argument("--rates", default="25,50,100,150,200", help="comma-separated requests/s, one step each")
     parser.add_argument("--duration-s", type=float, default=60.0, help="seconds per step")

@@ -9,7 +9,8 @@ under ``make run``). Measured in ``bench/api_load.py`` (README, "Architecture").
 
 Worker count: ``--workers`` if given, else ``FERRY_WEB_WORKERS``, else :func:`default_web_workers` of the cores
 this process may run on (``os.sched_getaffinity``: a container's cpuset, not the host's cores). The access
-log goes to ``--access-log FILE`` (appended by every worker) or nowhere.
+log goes to ``--access-log FILE`` (appended by every worker) or nowhere. Each worker keeps a psycopg connection
+pool of ``DATABASE_POOL_MAX_SIZE`` (environment, default :data:`DATABASE_POOL_MAX_SIZE`) connections.
 
 Exit: SIGTERM/SIGINT stop the supervisor, which stops its workers (uvicorn's graceful shutdown, bounded by
 ``--timeout-graceful-shutdown``).
@@ -26,6 +27,9 @@ from uvicorn.config import LOGGING_CONFIG
 
 APP = "controlplane.asgi:application"
 MAX_DEFAULT_WORKERS = 8
+DATABASE_POOL_MAX_SIZE = 4
+"""PostgreSQL connections per worker process: sync views run on one thread, Channels consumers' database
+calls and the admin on a few more."""
 
 
 def available_cores() -> int:
@@ -86,6 +90,8 @@ def main(argv: list[str] | None = None) -> None:
         workers = web_workers(args.workers, dict(os.environ))
     except ValueError as exc:
         parser.error(str(exc))
+    # each worker process reuses up to this many PostgreSQL connections (controlplane.settings)
+    os.environ.setdefault("DATABASE_POOL_MAX_SIZE", str(DATABASE_POOL_MAX_SIZE))
     if args.access_log:
         os.makedirs(os.path.dirname(os.path.abspath(args.access_log)), exist_ok=True)
     uvicorn.run(APP, host=args.host, port=args.port, workers=workers, lifespan="off", ws="websockets-sansio",
