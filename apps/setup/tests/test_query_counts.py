@@ -1,12 +1,16 @@
-"""List endpoints make the same number of queries for 1 row and for 20 rows (no N+1)."""
+"""Every list endpoint makes the same number of queries for 1 row and for 20 rows (no N+1)."""
 
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
+from apps.fleet.models import Replica
 from apps.fleet.services import cluster_create, cluster_link_create, pool_create
 from apps.operations.services import action_create
+from apps.rollouts.models import GateMeasurement
 from apps.rollouts.services import rollout_plan_create
+from apps.telemetry.models import Alert, AlertRule
 
 pytestmark = pytest.mark.django_db
 
@@ -16,8 +20,18 @@ def _add_rows(i: int, model_version, target, base_cluster) -> None:
     cluster_link_create(source=base_cluster, destination=cluster, bandwidth_gbps=10, rtt_ms=5)
     prefill = pool_create(name="prefill", cluster=cluster, role="prefill", model_version=model_version, replicas=1)
     decode = pool_create(name="decode", cluster=cluster, role="decode", model_version=model_version, replicas=2)
-    rollout_plan_create(name=f"r{i}", pools=[prefill, decode], target_model_version=target, strategy="canary",
-                        steps=[{"set_weight": 10}])
+    rollout = rollout_plan_create(name=f"r{i}", pools=[prefill, decode], target_model_version=target,
+                                  strategy="canary", steps=[{"set_weight": 10}])
+    now = timezone.now()
+    for n in range(2):  # observed replicas (written by reconcile in production)
+        Replica.objects.create(pool=decode, track="stable", name=f"decode-{n}", endpoint=f"http://10.0.{i}.{n}:8000",
+                               ready=True, version="v1", last_seen=now)
+    rule = AlertRule.objects.create(name="queue-deep", pool=decode, signal="num_requests_waiting", comparison=">",
+                                    threshold=8)
+    Alert.objects.create(rule=rule, pool=decode, severity="warning", started_at=now, value=9)
+    GateMeasurement.objects.create(rollout=rollout, step_index=0, gate_index=0, pool=decode, track="canary",
+                                   signal="error_rate", value=0.0, threshold=0.1, comparison="<", window_s=30,
+                                   passed=True, measured_at=now)
     action_create(kind="pool.scale", target_type="pool", target_id=str(decode.pk), pool=decode,
                   params={"replicas": 3})
 
@@ -30,7 +44,9 @@ def _count(api, url) -> tuple[int, int]:
 
 
 ENDPOINTS = ["/api/v1/clusters/", "/api/v1/cluster-links/", "/api/v1/model-versions/", "/api/v1/pools/",
-             "/api/v1/rollouts/", "/api/v1/actions/"]
+             "/api/v1/rollouts/", "/api/v1/actions/", "/api/v1/replicas/", "/api/v1/alert-rules/", "/api/v1/alerts/",
+             "/api/v1/rollout-measurements/"]
+# /api/v1/signals/ is not a list of rows: one Redis document (telemetry_snapshot), no database query.
 
 
 def test_list_endpoints_make_the_same_number_of_queries_for_1_and_20_rows(viewer_api, make_model_version):
