@@ -2,7 +2,7 @@
 
 Each endpoint is requested ``--repeat`` times through Django's full stack (middleware, authentication, DRF,
 serializers; ``django.test.Client``, so no server and no network) against the database at ``DATABASE_URL``
-with an existing user's API token, on one database connection (the web process's pool reuses connections). Per endpoint it reports the mean wall time per request, the SQL queries of
+with an existing user's API token. Per endpoint it reports the mean wall time per request, the SQL queries of
 one request (``CaptureQueriesContext``) and writes pyinstrument's text report (``--out-dir``); the JSON
 summary goes to ``--out``.
 
@@ -25,8 +25,7 @@ import django  # noqa: E402
 
 django.setup()
 
-from django.core.signals import request_finished, request_started  # noqa: E402
-from django.db import close_old_connections, connection  # noqa: E402
+from django.db import connection  # noqa: E402
 from django.test import Client  # noqa: E402
 from django.test.utils import CaptureQueriesContext  # noqa: E402
 from pyinstrument import Profiler  # noqa: E402
@@ -44,9 +43,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=Path("var/bench/api_profile.json"))
     parser.add_argument("--out-dir", type=Path, default=Path("var/bench/api_profile"))
     args = parser.parse_args(argv)
-    # one connection for the run, as the web process's pool gives (and so the query capture sees every query)
-    request_started.disconnect(close_old_connections)
-    request_finished.disconnect(close_old_connections)
     token = Token.objects.get(user__username=args.user).key
     client = Client(HTTP_AUTHORIZATION=f"Token {token}", HTTP_HOST="127.0.0.1")
     args.out_dir.mkdir(parents=True, exist_ok=True)
@@ -55,6 +51,7 @@ def main(argv: list[str] | None = None) -> None:
         status = client.get(path).status_code  # warm-up (imports, caches)
         with CaptureQueriesContext(connection) as queries:
             client.get(path)
+        sql = [q["sql"][:200] for q in queries.captured_queries]  # now: a reconnect clears the query log
         profiler = Profiler(interval=0.0005)
         start = time.perf_counter()
         with profiler:
@@ -63,9 +60,8 @@ def main(argv: list[str] | None = None) -> None:
         mean_ms = (time.perf_counter() - start) / args.repeat * 1000
         name = path.strip("/").replace("/", "_")
         (args.out_dir / f"{name}.txt").write_text(profiler.output_text(unicode=False, color=False))
-        results[path] = {"status": status, "mean_ms": round(mean_ms, 2), "num_queries": len(queries),
-                         "queries": [q["sql"][:200] for q in queries.captured_queries]}
-        print(f"{path:28s} {status} {mean_ms:7.2f} ms/request {len(queries):3d} queries", flush=True)
+        results[path] = {"status": status, "mean_ms": round(mean_ms, 2), "num_queries": len(sql), "queries": sql}
+        print(f"{path:28s} {status} {mean_ms:7.2f} ms/request {len(sql):3d} queries", flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"repeat": args.repeat, "loadavg": os.getloadavg(), "endpoints": results},
                                    indent=2) + "\n")
