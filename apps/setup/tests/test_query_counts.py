@@ -62,3 +62,21 @@ def test_list_endpoints_make_the_same_number_of_queries_for_1_and_20_rows(viewer
     for url in ENDPOINTS:
         assert one[url][0] < twenty[url][0] >= 20, url
         assert one[url][1] == twenty[url][1], f"{url}: {one[url][1]} queries for 1 row, {twenty[url][1]} for 20"
+
+
+def test_a_list_on_its_first_page_is_counted_without_count_and_longer_lists_page_as_before(viewer_api):
+    for i in range(3):
+        cluster_create(name=f"dc-{i}", kind="local", agent_url="http://127.0.0.1:9300")
+
+    def get(url):
+        with CaptureQueriesContext(connection) as ctx:
+            body = viewer_api.get(url).json()
+        counted = any("COUNT(" in q["sql"] for q in ctx.captured_queries)
+        return body["count"], [c["name"] for c in body["results"]], body["next"] is not None, counted
+
+    assert get("/api/v1/clusters/") == (3, ["dc-0", "dc-1", "dc-2"], False, False)
+    assert get("/api/v1/clusters/?page_size=3") == (3, ["dc-0", "dc-1", "dc-2"], False, False)
+    assert get("/api/v1/clusters/?page_size=2") == (3, ["dc-0", "dc-1"], True, True)
+    assert get("/api/v1/clusters/?page_size=2&page=2") == (3, ["dc-2"], False, True)
+    assert get("/api/v1/clusters/?kind=kubernetes") == (0, [], False, False)
+    assert viewer_api.get("/api/v1/clusters/?page_size=2&page=3").status_code == 404
