@@ -225,7 +225,7 @@ if env_bool("TRUST_X_FORWARDED_PROTO", False):
 REST_FRAMEWORK = {
     # Token first: its WWW-Authenticate header makes DRF answer anonymous requests with 401, not 403.
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.TokenAuthentication",
+        "apps.accounts.authentication.RoleTokenAuthentication",  # token and role in one query
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["apps.accounts.permissions.RolePermission"],
