@@ -1,8 +1,8 @@
 """``python -m controlplane.web``: the ``web`` process — Django's ASGI app (HTTP: dashboard, REST API, admin;
 WebSocket: Channels) under uvicorn with several worker processes on one port.
 
-Why uvicorn with processes: under ASGI Django runs every sync view on one thread per process
-(``sync_to_async(thread_sensitive=True)``), so one daphne process serves one request at a time on one core.
+Why uvicorn with processes: under ASGI Django runs sync views in asgiref threads (``sync_to_async``) under
+one GIL, so one daphne process uses at most one core.
 uvicorn's supervisor forks ``--workers`` processes that share the listening socket; each is a full ASGI
 server, so WebSockets (the ``websockets`` library) and HTTP stay on one port and one origin (no proxy needed
 under ``make run``). Measured in ``bench/api_load.py`` (README, "Architecture").
@@ -28,8 +28,8 @@ from uvicorn.config import LOGGING_CONFIG
 APP = "controlplane.asgi:application"
 MAX_DEFAULT_WORKERS = 8
 DATABASE_POOL_MAX_SIZE = 4
-"""PostgreSQL connections per worker process: sync views run on one thread, Channels consumers' database
-calls and the admin on a few more."""
+"""PostgreSQL connections per worker process: requests in flight beyond it wait for one (up to the pool's 10 s
+timeout, then 503)."""
 
 
 def available_cores() -> int:
