@@ -1,4 +1,7 @@
-"""ASGI entry point: Django over HTTP and Channels consumers over WebSocket (daphne serves it)."""
+"""ASGI entry point: Django over HTTP and Channels consumers over WebSocket (``controlplane.web`` serves it).
+
+Routers' routing-table polls with the service token are answered from Redis before Django
+(:class:`apps.fleet.routing_table_cache.RoutingTableFastPath`)."""
 
 import os
 
@@ -11,11 +14,12 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
+from apps.fleet.routing_table_cache import RoutingTableFastPath  # noqa: E402
 from controlplane.websocket_urls import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
-        "http": django_asgi_app,
+        "http": RoutingTableFastPath(django_asgi_app),
         "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )

@@ -184,7 +184,7 @@ def process_deployment(name: str, argv: list[str]) -> dict:
     }
     if name == "web":
         container["ports"] = [{"name": "http", "containerPort": WEB_PORT, "protocol": "TCP"}]
-        # daphne's --access-log file from the process list
+        # the web server's --access-log file from the process list
         container["volumeMounts"] = [{"name": "log", "mountPath": str(VAR_DIR / "log")}]
         pod["volumes"] = [{"name": "log", "emptyDir": {}}]
     spec: dict = {
@@ -218,6 +218,8 @@ def config_map() -> dict:
                 "FERRY_PROMETHEUS_URL": "",
                 "FERRY_VAR_DIR": str(VAR_DIR),
                 "LOG_LEVEL": "INFO",
+                # web processes per pod: the node's cores would be counted otherwise (a pod is sized by requests)
+                "FERRY_WEB_WORKERS": "2",
             }}
 
 
