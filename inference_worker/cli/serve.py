@@ -90,7 +90,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-tier-secret", default=None,
                         help="secret (>= 16 bytes) keying the KV tier records' tags; the same on every worker "
                              "sharing a store (default: env FERRY_KV_TIER_SECRET)")
-    parser.add_argument("--dtype", default=None, help="weight/compute dtype (float32, bfloat16, float16)")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
+                        help="weight/compute dtype (default: the artifact's, else float32 on CPU, bfloat16 on CUDA)")
     parser.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
     parser.add_argument("--fault-error-rate", type=float, default=0.0, metavar="F",
                         help="TEST ONLY: fail this fraction of valid completion requests with a 500")
