@@ -242,6 +242,37 @@ class DirectoryKVStore(KVStore):
         return self.path(key).exists()
 
 
+def parse_tier_size(option: str, size: str) -> int:
+    """A tier's byte budget: a positive byte count with an optional unit (``2GiB``, ``500MB``, ``1000000``).
+
+    Raises:
+        ValueError: anything else (a fraction, zero, a negative or unparsable size); the message names ``option``.
+    """
+    try:
+        kind, num_bytes = parse_kv_cache_memory(size)
+    except ValueError as exc:
+        raise ValueError(f"{option}: the size must be a positive byte count (e.g. 20GiB), got {size!r}") from exc
+    if kind != "bytes":
+        raise ValueError(f"{option}: the size must be bytes with a unit (e.g. 20GiB), got {size!r}")
+    return int(num_bytes)
+
+
+def open_directory_store(option: str, path: str, budget_bytes: int, tier: str) -> DirectoryKVStore:
+    """A :class:`DirectoryKVStore` at ``path`` (created if missing), checked to be a writable directory.
+
+    Raises:
+        ValueError: ``path`` cannot be created, is not a directory or is not writable; the message names ``option``.
+    """
+    try:
+        store = DirectoryKVStore(path, budget_bytes, tier)
+    except OSError as exc:
+        raise ValueError(f"{option}: cannot use {path!r} as the {tier} tier's directory: "
+                         f"{exc.strerror or exc}") from exc
+    if not os.access(store.root, os.W_OK | os.X_OK):
+        raise ValueError(f"{option}: the {tier} tier's directory {path!r} is not writable by this process")
+    return store
+
+
 def parse_store_spec(option: str, value: str) -> tuple[str, int]:
     """Split ``PATH:SIZE`` (``--kv-offload-disk``) or ``URI:SIZE`` (``--kv-shared``) into location and bytes.
 
@@ -254,12 +285,10 @@ def parse_store_spec(option: str, value: str) -> tuple[str, int]:
     location, sep, size = value.rpartition(":")
     if not sep or not location:
         raise ValueError(f"{option} takes PATH:SIZE (e.g. /var/cache/ferry-kv:20GiB), got {value!r}")
-    kind, num_bytes = parse_kv_cache_memory(size)
-    if kind != "bytes":
-        raise ValueError(f"{option}: the size must be bytes with a unit (e.g. 20GiB), got {size!r}")
+    num_bytes = parse_tier_size(option, size)
     if "://" in location:
         scheme, _, path = location.partition("://")
         if scheme != "file":
             raise ValueError(f"{option}: only file:// (a shared directory) is supported, got {scheme}://")
         location = path
-    return location, int(num_bytes)
+    return location, num_bytes

@@ -93,6 +93,22 @@ def test_tier_options_need_a_secret_and_prefix_caching(tmp_path, monkeypatch):
         tier_stores(parse([*disk, "--kv-entry-ttl", "0"]))
 
 
+@pytest.mark.parametrize(("option", "value"), [
+    ("--kv-offload-host", "0"), ("--kv-offload-host", "lots"), ("--kv-offload-host", "0.5"),
+    ("--kv-offload-disk", "{tmp}/d:0"), ("--kv-offload-disk", "{tmp}/d:-1GiB"), ("--kv-offload-disk", "{tmp}/d:lots"),
+    ("--kv-offload-disk", "{tmp}/file/d:1GiB"), ("--kv-offload-disk", "{tmp}/file:1GiB"),
+    ("--kv-shared", "file://{tmp}/file:1GiB"), ("--kv-shared", "file://{tmp}/s:0.5"),
+])
+def test_every_bad_tier_option_is_a_value_error_naming_that_option(tmp_path, monkeypatch, option, value):
+    # A size the KV cache parser refuses used to be reported as "--kv-cache-memory ..."; a path that cannot be a
+    # directory (a file, under a file) was a bare NotADirectoryError/FileExistsError traceback at start.
+    monkeypatch.setenv("FERRY_KV_TIER_SECRET", "s" * 16)
+    (tmp_path / "file").write_bytes(b"x")
+    with pytest.raises(ValueError) as info:
+        tier_stores(parse([option, value.format(tmp=tmp_path)]))
+    assert str(info.value).startswith(option), str(info.value)
+
+
 HEADER = RecordHeader("m", "ab" * 32, "float32", 2, 1, 2, 3, (5, 6, 7), (None, 4), (0, 1))
 LAYERS = [(b"K" * 24, b"V" * 24), (b"k" * 16, b"v" * 16)]  # 3 and 2 rows of 1 head x 2 float32
 
