@@ -195,7 +195,11 @@ class DirectoryKVStore(KVStore):
         return self.root / (check_key(key) + SUFFIX)
 
     def _write(self, key: str, data: bytes) -> None:
-        fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".tmp-")
+        try:
+            fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".tmp-")
+        except FileNotFoundError:  # the directory was removed while the worker runs: the tier starts again empty
+            self.root.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".tmp-")
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
@@ -224,9 +228,17 @@ class DirectoryKVStore(KVStore):
             pass
 
     def entries(self) -> list[StoreEntry]:
-        """Every ``*.kvt`` file now (written by any worker sharing the directory)."""
+        """Every ``*.kvt`` file now (written by any worker sharing the directory); none when the directory is gone.
+
+        Raises:
+            OSError: the directory cannot be listed (unreadable, an I/O error of its filesystem).
+        """
         found = []
-        with os.scandir(self.root) as it:
+        try:
+            it = os.scandir(self.root)
+        except FileNotFoundError:
+            return found
+        with it:
             for item in it:
                 key = item.name.removesuffix(SUFFIX)
                 if item.name.endswith(SUFFIX) and _KEY_RE.match(key):
