@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from inference_worker.engine.kv_cache_sizing import parse_kv_cache_memory
+from inference_worker.engine.kv_tier_record import RecordError
 
 _KEY_RE = re.compile(r"^[0-9a-f]{16,128}$")
 SUFFIX = ".kvt"
@@ -209,8 +210,19 @@ class DirectoryKVStore(KVStore):
             raise
 
     def _read(self, key: str) -> bytes | None:
+        """The file's bytes; a file larger than the budget (never written by a store: :meth:`KVStore.put` refuses
+        it; e.g. a foreign or runaway file in a shared directory) is refused before it is read into memory.
+
+        Raises:
+            RecordError: ``format``, for a file larger than ``budget_bytes``.
+        """
         try:
-            return self.path(key).read_bytes()
+            with open(self.path(key), "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                if size > self.budget_bytes:
+                    raise RecordError("format", f"a {size}-byte {self.tier} tier file is larger than the tier's "
+                                      f"budget of {self.budget_bytes} bytes: not an entry")
+                return f.read()
         except FileNotFoundError:
             return None
 

@@ -62,6 +62,17 @@ def test_a_directory_store_ignores_temporary_and_foreign_files(tmp_path):
     assert os.listdir(tmp_path).count(KEYS[0] + ".kvt") == 1
 
 
+def test_a_file_larger_than_the_budget_is_refused_before_it_is_read(tmp_path):
+    # A foreign or runaway file in a (shared) tier directory used to be read whole into memory before its checks.
+    store = DirectoryKVStore(tmp_path, 100)
+    store.path(KEYS[0]).write_bytes(b"x" * 101)
+    store.path(KEYS[1]).write_bytes(b"y" * 100)
+    with pytest.raises(RecordError) as info:
+        store.get(KEYS[0])
+    assert info.value.reason == "format"
+    assert "101-byte disk tier file is larger than the tier's budget of 100 bytes" in str(info.value)
+    assert store.get(KEYS[1]) == b"y" * 100
+
 def test_store_specs_parse_path_and_size_and_refuse_the_rest():
     assert parse_store_spec("--kv-offload-disk", "/var/kv:2GiB") == ("/var/kv", 2 << 30)
     assert parse_store_spec("--kv-shared", "file:///mnt/kv:500MB") == ("/mnt/kv", 500_000_000)
