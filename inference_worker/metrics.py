@@ -174,6 +174,9 @@ class WorkerMetrics:
                                     "(loader thread).", tier_labels, registry=r),
             "expiries": Counter("ferry_kv_tier_expiries", "KV tier entries removed after their idle TTL.", tier_labels,
                                 registry=r),
+            "io_errors": Counter("ferry_kv_tier_io_errors", "KV tier store operations that failed with an I/O error "
+                                 "(directory removed or unreadable, filesystem error); each is a miss.", tier_labels,
+                                 registry=r),
         }
         self._tier_usage = Gauge("ferry_kv_tier_usage_bytes", "Bytes held by a KV tier's entries.", tier_labels,
                                  registry=r)

@@ -139,9 +139,17 @@ def validate_router_url(value: str) -> None:
     """A router's base URL: ``http(s)://host[:port]`` and nothing else.
 
     Raises ValidationError for another scheme (``file:``, ``gopher:``...), user info, a path other than
-    ``/``, a query or fragment, or a URL Django's ``URLValidator`` refuses.
+    ``/``, a query or fragment (an empty ``?`` or ``#`` included), a port outside 1..65535, or a URL Django's
+    ``URLValidator`` refuses.
     """
     URLValidator(schemes=["http", "https"])(value)
     parts = urlsplit(value)
-    if parts.username or parts.password or parts.path not in ("", "/") or parts.query or parts.fragment:
+    if (parts.username or parts.password or parts.path not in ("", "/") or parts.query or parts.fragment
+            or "?" in value or "#" in value):
         raise ValidationError(f"{value!r} must be a router's base URL: http(s)://host[:port], nothing after it.")
+    try:
+        port = parts.port
+    except ValueError:  # urlsplit: out of 0..65535
+        port = -1
+    if port is not None and not 1 <= port <= 65535:
+        raise ValidationError(f"{value!r}: the port must be within 1..65535.")

@@ -179,8 +179,9 @@ def pool_flush_kv_cache_handler(action: Action) -> None:
     (``FERRY_KV_LINK_SECRET``, the secret the backend gives the workers; HMAC-SHA256 of the body, 64 hex digits).
 
     Idempotent: a flushed cache flushed again stays empty. Every replica is tried; the ones that failed are named
-    in the error with their reason (HTTP status and the worker's message, or the connection error) and the Action
-    is retryable: a retry flushes every replica again.
+    in the error with their reason (HTTP status and the worker's message, a 200 whose body has no ``cleared_blocks``
+    (something else answering at the endpoint), a bad endpoint URL or the connection error) and the Action is
+    retryable: a retry flushes every replica again.
 
     Raises:
         ActionError: no link secret configured (not retryable), no running replica or a replica failed (retryable).
@@ -205,13 +206,17 @@ def pool_flush_kv_cache_handler(action: Action) -> None:
             try:
                 response = client.post(replica.endpoint.rstrip("/") + KV_CACHE_RESET_PATH, content=body,
                                        headers=headers)
-            except httpx.HTTPError as exc:
+            except (httpx.HTTPError, httpx.InvalidURL) as exc:
                 failures.append(f"{replica.name}: {type(exc).__name__}: {exc}")
                 continue
             if response.status_code != 200:
                 failures.append(f"{replica.name}: HTTP {response.status_code}: {response.text[:300]}")
                 continue
-            cleared = response.json().get("cleared_blocks")
+            try:  # something other than a worker may answer at the endpoint: that replica fails, the rest go on
+                cleared = response.json()["cleared_blocks"]
+            except (ValueError, TypeError, KeyError):
+                failures.append(f"{replica.name}: HTTP 200 without cleared_blocks: {response.text[:300]!r}")
+                continue
             services.action_log_append(action_id=action.pk, message=f"flushed {replica.name}: {cleared} blocks cleared")
     if failures:
         raise ActionError(f"KV cache flush failed on {len(failures)} of {len(replicas)} replicas: "

@@ -300,11 +300,15 @@ def rollout_abort(*, plan: RolloutPlan, requested_by: AbstractBaseUser | None = 
     failure whose cleanup has not finished (the way out of a cleanup that waits for ever).
 
     Raises:
-        ConflictError: finished (promoted, or aborted/failed with nothing left to clean up).
+        ConflictError: finished (promoted, or aborted/failed with nothing left to clean up), or aborted/failed with
+            its cleanup running and no ``force`` (the message says force is the way out).
     """
     with transaction.atomic():
         plan = _locked(plan)
         cleaning = plan.state in (RolloutPlan.State.ABORTED, RolloutPlan.State.FAILED) and plan.typed_progress.cleanup
+        if cleaning and not force:  # the generic 409 would say no verb is allowed, yet the forced cleanup is
+            raise ConflictError(f"Rollout {plan.name!r} is {plan.state} and its cleanup is still running; abort with "
+                                '{"force": true} removes the new-version tracks now.')
         if force and cleaning:
             message = reason or f"Cleanup forced by {requested_by or 'system'} ({plan.state}: {plan.message})"
             lines = [message]

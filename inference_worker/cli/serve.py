@@ -90,7 +90,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-tier-secret", default=None,
                         help="secret (>= 16 bytes) keying the KV tier records' tags; the same on every worker "
                              "sharing a store (default: env FERRY_KV_TIER_SECRET)")
-    parser.add_argument("--dtype", default=None, help="weight/compute dtype (float32, bfloat16, float16)")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
+                        help="weight/compute dtype (default: the artifact's, else float32 on CPU, bfloat16 on CUDA)")
     parser.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
     parser.add_argument("--fault-error-rate", type=float, default=0.0, metavar="F",
                         help="TEST ONLY: fail this fraction of valid completion requests with a 500")
@@ -170,23 +171,25 @@ def tier_stores(args: argparse.Namespace) -> list:
     """The KV tier stores the options ask for, fastest first (host, disk, shared); [] when none.
 
     Raises:
-        ValueError: a bad ``PATH:SIZE``, a TTL <= 0, prefix caching off, or a disk/shared tier without a
+        ValueError: a bad ``SIZE`` or ``PATH:SIZE`` (a path that cannot be a writable directory included; the
+            message names the option), a TTL <= 0, prefix caching off, or a disk/shared tier without a
             tier secret of >= 16 bytes.
     """
-    from inference_worker.engine.kv_cache_sizing import parse_kv_cache_memory
-    from inference_worker.engine.kv_tier_store import DirectoryKVStore, MemoryKVStore, parse_store_spec
+    from inference_worker.engine.kv_tier_store import (
+        MemoryKVStore,
+        open_directory_store,
+        parse_store_spec,
+        parse_tier_size,
+    )
 
     stores: list = []
     if args.kv_offload_host:
-        kind, size = parse_kv_cache_memory(args.kv_offload_host)
-        if kind != "bytes":
-            raise ValueError(f"--kv-offload-host takes bytes with a unit (e.g. 2GiB), got {args.kv_offload_host!r}")
-        stores.append(MemoryKVStore(int(size)))
+        stores.append(MemoryKVStore(parse_tier_size("--kv-offload-host", args.kv_offload_host)))
     for option, value, tier in (("--kv-offload-disk", args.kv_offload_disk, "disk"),
                                 ("--kv-shared", args.kv_shared, "shared")):
         if value:
             path, size = parse_store_spec(option, value)
-            stores.append(DirectoryKVStore(path, size, tier))
+            stores.append(open_directory_store(option, path, size, tier))
     if not stores:
         return stores
     if args.kv_entry_ttl <= 0:

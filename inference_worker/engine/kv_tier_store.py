@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from inference_worker.engine.kv_cache_sizing import parse_kv_cache_memory
+from inference_worker.engine.kv_tier_record import RecordError
 
 _KEY_RE = re.compile(r"^[0-9a-f]{16,128}$")
 SUFFIX = ".kvt"
@@ -195,7 +196,11 @@ class DirectoryKVStore(KVStore):
         return self.root / (check_key(key) + SUFFIX)
 
     def _write(self, key: str, data: bytes) -> None:
-        fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".tmp-")
+        try:
+            fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".tmp-")
+        except FileNotFoundError:  # the directory was removed while the worker runs: the tier starts again empty
+            self.root.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".tmp-")
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
@@ -205,8 +210,19 @@ class DirectoryKVStore(KVStore):
             raise
 
     def _read(self, key: str) -> bytes | None:
+        """The file's bytes; a file larger than the budget (never written by a store: :meth:`KVStore.put` refuses
+        it; e.g. a foreign or runaway file in a shared directory) is refused before it is read into memory.
+
+        Raises:
+            RecordError: ``format``, for a file larger than ``budget_bytes``.
+        """
         try:
-            return self.path(key).read_bytes()
+            with open(self.path(key), "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                if size > self.budget_bytes:
+                    raise RecordError("format", f"a {size}-byte {self.tier} tier file is larger than the tier's "
+                                      f"budget of {self.budget_bytes} bytes: not an entry")
+                return f.read()
         except FileNotFoundError:
             return None
 
@@ -224,9 +240,17 @@ class DirectoryKVStore(KVStore):
             pass
 
     def entries(self) -> list[StoreEntry]:
-        """Every ``*.kvt`` file now (written by any worker sharing the directory)."""
+        """Every ``*.kvt`` file now (written by any worker sharing the directory); none when the directory is gone.
+
+        Raises:
+            OSError: the directory cannot be listed (unreadable, an I/O error of its filesystem).
+        """
         found = []
-        with os.scandir(self.root) as it:
+        try:
+            it = os.scandir(self.root)
+        except FileNotFoundError:
+            return found
+        with it:
             for item in it:
                 key = item.name.removesuffix(SUFFIX)
                 if item.name.endswith(SUFFIX) and _KEY_RE.match(key):
@@ -242,6 +266,37 @@ class DirectoryKVStore(KVStore):
         return self.path(key).exists()
 
 
+def parse_tier_size(option: str, size: str) -> int:
+    """A tier's byte budget: a positive byte count with an optional unit (``2GiB``, ``500MB``, ``1000000``).
+
+    Raises:
+        ValueError: anything else (a fraction, zero, a negative or unparsable size); the message names ``option``.
+    """
+    try:
+        kind, num_bytes = parse_kv_cache_memory(size)
+    except ValueError as exc:
+        raise ValueError(f"{option}: the size must be a positive byte count (e.g. 20GiB), got {size!r}") from exc
+    if kind != "bytes":
+        raise ValueError(f"{option}: the size must be bytes with a unit (e.g. 20GiB), got {size!r}")
+    return int(num_bytes)
+
+
+def open_directory_store(option: str, path: str, budget_bytes: int, tier: str) -> DirectoryKVStore:
+    """A :class:`DirectoryKVStore` at ``path`` (created if missing), checked to be a writable directory.
+
+    Raises:
+        ValueError: ``path`` cannot be created, is not a directory or is not writable; the message names ``option``.
+    """
+    try:
+        store = DirectoryKVStore(path, budget_bytes, tier)
+    except OSError as exc:
+        raise ValueError(f"{option}: cannot use {path!r} as the {tier} tier's directory: "
+                         f"{exc.strerror or exc}") from exc
+    if not os.access(store.root, os.W_OK | os.X_OK):
+        raise ValueError(f"{option}: the {tier} tier's directory {path!r} is not writable by this process")
+    return store
+
+
 def parse_store_spec(option: str, value: str) -> tuple[str, int]:
     """Split ``PATH:SIZE`` (``--kv-offload-disk``) or ``URI:SIZE`` (``--kv-shared``) into location and bytes.
 
@@ -254,12 +309,10 @@ def parse_store_spec(option: str, value: str) -> tuple[str, int]:
     location, sep, size = value.rpartition(":")
     if not sep or not location:
         raise ValueError(f"{option} takes PATH:SIZE (e.g. /var/cache/ferry-kv:20GiB), got {value!r}")
-    kind, num_bytes = parse_kv_cache_memory(size)
-    if kind != "bytes":
-        raise ValueError(f"{option}: the size must be bytes with a unit (e.g. 20GiB), got {size!r}")
+    num_bytes = parse_tier_size(option, size)
     if "://" in location:
         scheme, _, path = location.partition("://")
         if scheme != "file":
             raise ValueError(f"{option}: only file:// (a shared directory) is supported, got {scheme}://")
         location = path
-    return location, int(num_bytes)
+    return location, num_bytes

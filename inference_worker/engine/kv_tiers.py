@@ -33,6 +33,7 @@ the entries it wrote; the router keys shared blocks by model version, not by rep
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import Counter
@@ -62,6 +63,8 @@ from inference_worker.engine.request import Request, RequestStatus
 if TYPE_CHECKING:
     from inference_worker.engine.kv_cache_manager import HybridKVCacheManager
     from inference_worker.engine.model_runner import PagedKVCache
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_ENTRY_TTL_S = 1800.0
 """Idle TTL of a tier entry: 30 minutes (``003_*.txt`` 六: idle contexts expire after 30 minutes)."""
@@ -105,6 +108,7 @@ class TierStats:
     written_bytes: int = 0
     load_seconds: float = 0.0
     expiries: int = 0
+    io_errors: int = 0
     integrity_failures: Counter = field(default_factory=Counter)
 
 
@@ -208,10 +212,21 @@ class TieredConnector(PDConnector):
 
     def _index_existing(self, store: DirectoryKVStore) -> None:
         """Index a directory store's entries from their headers (a restarted worker's disk tier)."""
-        for entry in store.entries():
-            header = read_header_unverified(_read_head(store, entry.key) or b"")
-            if header is not None and self._matches(header) is None:
-                self._index_add(store.tier, entry.key, self._entry_blocks(header))
+        try:
+            for entry in store.entries():
+                header = read_header_unverified(_read_head(store, entry.key) or b"")
+                if header is not None and self._matches(header) is None:
+                    self._index_add(store.tier, entry.key, self._entry_blocks(header))
+        except OSError as exc:
+            self._io_error(store, "indexing its entries", exc)
+
+    def _io_error(self, store: KVStore, doing: str, exc: OSError) -> None:
+        """Count a store's I/O failure (the tier is a miss, never an engine failure); logs the first and every 100th."""
+        stats = self.stats[store.tier]
+        stats.io_errors += 1
+        if stats.io_errors == 1 or stats.io_errors % 100 == 0:
+            logger.warning("KV %s tier: %s failed (%d I/O errors so far; treated as a miss): %s: %s", store.tier,
+                           doing, stats.io_errors, type(exc).__name__, exc)
 
     def snapshot_events(self) -> list[KVEvent]:
         """A ``BlockStored`` per block announced by each tier now (after the device snapshot)."""
@@ -268,11 +283,18 @@ class TieredConnector(PDConnector):
         n = request.num_tokens
         digests = self.kv_manager.request_block_digests(request.request_id, request.prompt_token_ids,
                                                         request.output_token_ids, n - 1)
+        failed: set[str] = set()  # stores that failed this lookup are not asked again for shorter prefixes
         for k in range(len(digests) - 1, -1, -1):
             key = digests[k].hex()
             for store in self.stores:
-                if store.contains(key):
-                    return store, key, (k + 1) * self.block_size
+                if store.tier in failed:
+                    continue
+                try:
+                    if store.contains(key):
+                        return store, key, (k + 1) * self.block_size
+                except OSError as exc:
+                    failed.add(store.tier)
+                    self._io_error(store, "looking up an entry", exc)
         return None
 
     def get_finished_loads(self) -> set[str]:
@@ -321,8 +343,13 @@ class TieredConnector(PDConnector):
                 loaded.tier = store.tier
         except RecordError as exc:
             self.stats[store.tier].integrity_failures[exc.reason] += 1
-            store.delete(key)
+            try:
+                store.delete(key)
+            except OSError as io_exc:
+                self._io_error(store, "deleting a refused entry", io_exc)
             self._index_remove(store.tier, key)
+        except OSError as exc:  # unreadable: computed instead
+            self._io_error(store, "reading an entry", exc)
         finally:
             self.stats[store.tier].load_seconds += time.monotonic() - started
             with self._lock:
@@ -418,7 +445,10 @@ class TieredConnector(PDConnector):
         for store in self.stores:
             try:
                 evicted = store.put(key, data)
-            except (ValueError, OSError):
+            except ValueError:
+                continue
+            except OSError as exc:
+                self._io_error(store, "writing an entry", exc)
                 continue
             self.stats[store.tier].written_bytes += len(data)
             for old in evicted:
@@ -434,10 +464,14 @@ class TieredConnector(PDConnector):
         """Remove entries idle past the TTL from every store and the events; returns how many."""
         removed = 0
         for store in self.stores:
-            expired = store.expire(self.options.entry_ttl_s, now)
-            self.stats[store.tier].expiries += len(expired)
-            removed += len(expired)
-            present = {e.key for e in store.entries()}
+            try:
+                expired = store.expire(self.options.entry_ttl_s, now)
+                self.stats[store.tier].expiries += len(expired)
+                removed += len(expired)
+                present = {e.key for e in store.entries()}
+            except OSError as exc:
+                self._io_error(store, "expiring idle entries", exc)
+                continue
             with self._lock:
                 gone = [key for key in self._entries[store.tier] if key not in present]
             for key in gone:
@@ -453,22 +487,31 @@ class TieredConnector(PDConnector):
         self.flush()
         for store in self.stores:
             if store.tier != "shared":
-                for entry in store.entries():
-                    store.delete(entry.key)
+                try:
+                    for entry in store.entries():
+                        store.delete(entry.key)
+                except OSError as exc:
+                    self._io_error(store, "deleting its entries on reset", exc)
             with self._lock:
                 self._entries[store.tier].clear()
                 self._refs[store.tier].clear()
 
     def tier_stats(self) -> dict[str, dict]:
         """Per tier: ``hit_tokens``, ``read_bytes``, ``written_bytes``, ``load_seconds``, ``expiries``,
-        ``integrity_failures`` (by reason), ``usage_bytes`` (now) and ``entries`` (now)."""
+        ``io_errors`` (store operations that failed with an OSError, each treated as a miss), ``integrity_failures``
+        (by reason), ``usage_bytes`` (now) and ``entries`` (now; 0 when the store cannot be listed)."""
         out = {}
         for store in self.stores:
+            try:
+                entries = store.entries()
+            except OSError as exc:
+                self._io_error(store, "listing its entries", exc)
+                entries = []
             s = self.stats[store.tier]
-            entries = store.entries()
             out[store.tier] = {"hit_tokens": s.hit_tokens, "read_bytes": s.read_bytes,
                                "written_bytes": s.written_bytes, "load_seconds": s.load_seconds,
-                               "expiries": s.expiries, "integrity_failures": dict(s.integrity_failures),
+                               "expiries": s.expiries, "io_errors": s.io_errors,
+                               "integrity_failures": dict(s.integrity_failures),
                                "usage_bytes": sum(e.num_bytes for e in entries), "entries": len(entries)}
         return out
 

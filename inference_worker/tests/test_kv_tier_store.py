@@ -62,6 +62,17 @@ def test_a_directory_store_ignores_temporary_and_foreign_files(tmp_path):
     assert os.listdir(tmp_path).count(KEYS[0] + ".kvt") == 1
 
 
+def test_a_file_larger_than_the_budget_is_refused_before_it_is_read(tmp_path):
+    # A foreign or runaway file in a (shared) tier directory used to be read whole into memory before its checks.
+    store = DirectoryKVStore(tmp_path, 100)
+    store.path(KEYS[0]).write_bytes(b"x" * 101)
+    store.path(KEYS[1]).write_bytes(b"y" * 100)
+    with pytest.raises(RecordError) as info:
+        store.get(KEYS[0])
+    assert info.value.reason == "format"
+    assert "101-byte disk tier file is larger than the tier's budget of 100 bytes" in str(info.value)
+    assert store.get(KEYS[1]) == b"y" * 100
+
 def test_store_specs_parse_path_and_size_and_refuse_the_rest():
     assert parse_store_spec("--kv-offload-disk", "/var/kv:2GiB") == ("/var/kv", 2 << 30)
     assert parse_store_spec("--kv-shared", "file:///mnt/kv:500MB") == ("/mnt/kv", 500_000_000)
@@ -91,6 +102,22 @@ def test_tier_options_need_a_secret_and_prefix_caching(tmp_path, monkeypatch):
         tier_stores(parse([*disk, "--no-prefix-caching"]))
     with pytest.raises(ValueError, match="--kv-entry-ttl"):
         tier_stores(parse([*disk, "--kv-entry-ttl", "0"]))
+
+
+@pytest.mark.parametrize(("option", "value"), [
+    ("--kv-offload-host", "0"), ("--kv-offload-host", "lots"), ("--kv-offload-host", "0.5"),
+    ("--kv-offload-disk", "{tmp}/d:0"), ("--kv-offload-disk", "{tmp}/d:-1GiB"), ("--kv-offload-disk", "{tmp}/d:lots"),
+    ("--kv-offload-disk", "{tmp}/file/d:1GiB"), ("--kv-offload-disk", "{tmp}/file:1GiB"),
+    ("--kv-shared", "file://{tmp}/file:1GiB"), ("--kv-shared", "file://{tmp}/s:0.5"),
+])
+def test_every_bad_tier_option_is_a_value_error_naming_that_option(tmp_path, monkeypatch, option, value):
+    # A size the KV cache parser refuses used to be reported as "--kv-cache-memory ..."; a path that cannot be a
+    # directory (a file, under a file) was a bare NotADirectoryError/FileExistsError traceback at start.
+    monkeypatch.setenv("FERRY_KV_TIER_SECRET", "s" * 16)
+    (tmp_path / "file").write_bytes(b"x")
+    with pytest.raises(ValueError) as info:
+        tier_stores(parse([option, value.format(tmp=tmp_path)]))
+    assert str(info.value).startswith(option), str(info.value)
 
 
 HEADER = RecordHeader("m", "ab" * 32, "float32", 2, 1, 2, 3, (5, 6, 7), (None, 4), (0, 1))

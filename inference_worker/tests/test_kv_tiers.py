@@ -14,6 +14,7 @@ before the last block boundary 560). Then:
 - a parked request waits in ``WAITING_FOR_KV`` while another request keeps decoding.
 """
 
+import errno
 import shutil
 import threading
 
@@ -168,6 +169,57 @@ def test_corrupted_truncated_and_other_weights_entries_are_counted_and_recompute
         assert not (store.root / good.name).exists()  # the bad entry is deleted
         engine.connector.flush()
     assert dict(engine.connector.stats["disk"].integrity_failures) == {"signature": 1, "truncated": 1, "weights": 1}
+    engine.connector.close()
+
+
+class FailingStore(DirectoryKVStore):
+    """A disk tier whose filesystem fails every operation with EIO once ``failing`` is set (a lost mount)."""
+
+    failing = False
+
+    def _check(self):
+        if self.failing:
+            raise OSError(errno.EIO, "Input/output error", str(self.root))
+
+    def entries(self):
+        self._check()
+        return super().entries()
+
+    def contains(self, key):
+        self._check()
+        return super().contains(key)
+
+    def _read(self, key):
+        self._check()
+        return super()._read(key)
+
+    def _write(self, key, data):
+        self._check()
+        super()._write(key, data)
+
+
+@pytest.mark.parametrize("failure", ["removed", "io_error"])
+def test_a_tier_directory_removed_or_failing_is_a_miss_and_never_stops_the_engine(gemma, written, tmp_path, failure):
+    # A worker whose disk tier directory was removed stopped its engine loop for good (tier_stats' listing raised
+    # FileNotFoundError in the step loop's stats publication); any OSError of a store is now a counted miss.
+    store = FailingStore(pristine(written, "disk", tmp_path), 1 << 30)
+    engine = new_engine(gemma, tiers(store))
+    if failure == "removed":
+        shutil.rmtree(store.root)
+    else:
+        store.failing = True
+    got, hits = run(engine, written["prompts"][:1], first_id=60)
+    assert hits == [0]  # the indexed entry could not be used: computed
+    check(f"failing-tier-{failure}", got, written["reference"][:1])
+    engine.connector.flush()
+    stats = engine.connector.tier_stats()["disk"]
+    if failure == "removed":  # the directory comes back with the next write
+        assert (stats["entries"], stats["io_errors"], len(list(store.root.glob("*.kvt")))) == (1, 0, 1)
+    else:  # lookup, the write after the request and the listing above each failed and were counted
+        assert (stats["entries"], stats["written_bytes"], stats["io_errors"]) == (0, 0, 3)
+    engine.connector.sweep()
+    engine.connector.reset()
+    assert engine.prefix_cache_stats()["tiers"]["disk"]["io_errors"] == (0 if failure == "removed" else 6)
     engine.connector.close()
 
 

@@ -2,7 +2,13 @@
 
 import pytest
 
-from apps.fleet.worker_args import InvalidWorkerArgs, parse_worker_args
+from apps.fleet.worker_args import (
+    FAULT_OPTIONS,
+    OPERATOR_OPTIONS,
+    InvalidWorkerArgs,
+    _parser,
+    parse_worker_args,
+)
 
 
 @pytest.mark.parametrize(
@@ -49,3 +55,18 @@ def test_invalid_options_are_refused_with_the_option_named(line, message):
 def test_non_string_is_refused():
     with pytest.raises(InvalidWorkerArgs, match="must be a string of serve options, got list"):
         parse_worker_args(["--max-num-seqs", "2"])
+
+
+def _valued_options() -> list[str]:
+    """Every operator-settable and fault option that takes a value (flags excluded)."""
+    actions = {option: action for action in _parser()._actions for option in action.option_strings}
+    return [option for option in (*OPERATOR_OPTIONS, *FAULT_OPTIONS) if actions[option].nargs != 0]
+
+
+@pytest.mark.parametrize("option", _valued_options())
+def test_every_settable_option_refuses_a_nonsense_value_when_entered(option):
+    # A value the worker cannot use must be refused here, never by a worker process that fails to start
+    # (``--dtype bogus`` was accepted and only failed in the worker's model loader).
+    with pytest.raises(InvalidWorkerArgs) as info:
+        parse_worker_args(f"{option} bogus")
+    assert option in str(info.value)

@@ -30,9 +30,10 @@ SECRET = "flush-test-link-secret-0123456789"
 
 class ResetWorker:
     """``POST /admin/kv-cache/reset`` on a loopback port: 200 ``{"cleared_blocks": n}`` for a valid signature
-    (401 otherwise), or always ``status`` when given (a worker that refuses)."""
+    (401 otherwise), or always ``status`` when given (a worker that refuses); ``raw_body`` replaces the JSON
+    answer (something else listening at the replica's endpoint)."""
 
-    def __init__(self, cleared_blocks: int, status: int | None = None):
+    def __init__(self, cleared_blocks: int, status: int | None = None, raw_body: bytes | None = None):
         self.calls: list[str] = []
         outer = self
 
@@ -48,7 +49,7 @@ class ResetWorker:
                         verify_signature(SECRET.encode(), body, self.headers.get(http_headers.KV_SIGNATURE))
                     except OpenAIError as exc:
                         code, payload = exc.status_code, {"error": {"message": str(exc)}}
-                data = json.dumps(payload).encode()
+                data = json.dumps(payload).encode() if raw_body is None else raw_body
                 self.send_response(code)
                 self.send_header("content-type", "application/json")
                 self.send_header("content-length", str(len(data)))
@@ -140,3 +141,28 @@ def test_flush_without_a_link_secret_fails_and_says_how_to_fix_it(workers, pool,
     action.refresh_from_db()
     assert (action.retryable, workers["good"].calls) == (False, [])
     assert action.error.startswith("FERRY_KV_LINK_SECRET is not set on the control plane")
+
+
+@pytest.mark.parametrize("raw_body", [b"<html>502 Bad Gateway</html>", b"[7]", b'"flushed"', b"{}", b"null"])
+def test_a_replica_answering_200_without_cleared_blocks_fails_alone_and_the_others_are_flushed(
+        workers, pool, raw_body):
+    # Something else at a replica's endpoint (a proxy's page, another service) answers 200 with another body:
+    # the flush must go on to the other replicas and record a retryable failure naming that replica, not stop
+    # at the first one with a JSON decoding error and a non-retryable Action.
+    odd = ResetWorker(cleared_blocks=0, raw_body=raw_body)
+    try:
+        workers["backend"].replicas[1:] = [  # sorted by name, both are asked before the good one
+            ObservedReplica("decode-0-odd", "stable", odd.url, True, True, "v1"),
+            ObservedReplica("decode-1-url", "stable", "http://[::1", True, True, "v1")]
+        action, _ = pool_flush_kv_cache(pool=pool)
+        assert execute_action.apply(args=[action.pk]).get() == "failed"
+        action.refresh_from_db()
+        assert action.retryable is True
+        assert action.error.startswith("KV cache flush failed on 2 of 3 replicas: decode-0-odd: HTTP 200 without "
+                                       "cleared_blocks: "), action.error
+        assert "; decode-1-url: InvalidURL: " in action.error
+        assert [line["message"] for line in action.log if line["message"].startswith("flushed")] == [
+            "flushed decode-a-0: 7 blocks cleared"]
+        assert odd.calls == workers["good"].calls == ["/admin/kv-cache/reset"]
+    finally:
+        odd.close()

@@ -138,6 +138,10 @@ def test_force_abort_of_a_running_rollout_and_of_a_failed_one_whose_cleanup_wait
     Replica.objects.filter(pool=decode3, track="stable").update(ready=False)
     plan.refresh_from_db()
     assert rollout_tick(rollout_id=plan.pk, now=plan.next_step_at + timedelta(milliseconds=1)) == "reverting"
+    r = operator_api.post(f"/api/v1/rollouts/{plan.pk}/abort/", {}, format="json")  # the 409 names the way out
+    assert (r.status_code, r.json()["detail"]) == (409, "Rollout 'never ready' is failed and its cleanup is still "
+                                                         'running; abort with {"force": true} removes the new-version '
+                                                         "tracks now."), r.json()
     r = operator_api.post(f"/api/v1/rollouts/{plan.pk}/abort/", {"force": True}, format="json")
     assert (r.status_code, r.json()["state"], r.json()["phase"]) == (200, "failed", ""), r.json()
     assert _tracks(decode3) == {"stable": (3, 100)}
