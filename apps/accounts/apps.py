@@ -16,4 +16,6 @@ class AccountsConfig(AppConfig):
     verbose_name = "Accounts and roles"
 
     def ready(self) -> None:
+        from apps.accounts import schema  # noqa: F401 - registers the OpenAPI scheme of the token authentication
+
         post_migrate.connect(_ensure_roles, dispatch_uid="ferry_roles_ensure")
