@@ -5,7 +5,7 @@ import subprocess
 import time
 
 from apps.setup.procfile import LaunchConfig
-from apps.setup.run import agent_state_reset, port_in_use, ready_banner, sweep
+from apps.setup.run import agent_state_reset, port_in_use, ready_banner, redis_choice, sweep
 from inference_worker.agent.processes import read_cmdline
 from inference_worker.agent.state import AgentState, ProcessRecord, StateStore
 
@@ -76,3 +76,19 @@ def test_port_in_use_sees_a_listener():
     port = free.getsockname()[1]
     free.close()
     assert port_in_use("127.0.0.1", port) is False
+
+
+def test_redis_is_embedded_unless_redis_url_is_set_like_the_database():
+    answers = {"redis://127.0.0.1:6379/5": True, "redis://127.0.0.1:6379/0": True}
+    asked = []
+
+    def reachable(url):
+        asked.append(url)
+        return answers.get(url, False)
+
+    # unset or empty: embedded, and a Redis answering on the default port is not even asked
+    assert redis_choice({}, reachable) == (None, "") and redis_choice({"REDIS_URL": " "}, reachable) == (None, "")
+    assert asked == []
+    assert redis_choice({"REDIS_URL": "redis://127.0.0.1:6379/5"}, reachable) == ("redis://127.0.0.1:6379/5", "")
+    url, problem = redis_choice({"REDIS_URL": "redis://down:6379/0"}, reachable)
+    assert url is None and problem.startswith("REDIS_URL=redis://down:6379/0 does not answer PING")
