@@ -1,4 +1,5 @@
-"""ASGI entry point: Django over HTTP and Channels consumers over WebSocket (daphne serves it)."""
+"""ASGI entry point: Django over HTTP (requests cut off by a shutdown are not reported as tracebacks:
+:mod:`apps.core.asgi_shutdown`) and Channels consumers over WebSocket (daphne serves it)."""
 
 import os
 
@@ -11,11 +12,13 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
+from apps.core.asgi_shutdown import QuietAborts  # noqa: E402
 from controlplane.websocket_urls import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
-        "http": django_asgi_app,
+        # a request cut off by the server's shutdown is not a traceback (apps.core.asgi_shutdown)
+        "http": QuietAborts(django_asgi_app),
         "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )
