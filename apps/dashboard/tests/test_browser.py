@@ -207,6 +207,10 @@ def test_finished_rollout_page_charts_its_history_allows_only_its_verbs_and_roll
                             "!b.disabled])")
     assert enabled == [["start", False], ["pause", False], ["resume", False], ["promote", False], ["abort", False],
                        ["rollback", True]]
+    # and a disabled "danger" button looks disabled (it kept its red, enabled look before)
+    looks = page.evaluate("['abort', 'rollback'].map(v => { const s = getComputedStyle(document.querySelector("
+                          "`#rollout-controls button[data-verb=${v}]`)); return [s.cursor, s.color]; })")
+    assert looks[0][0] == "not-allowed" and looks[1][0] == "pointer" and looks[0][1] != looks[1][1]
     dialogs = []
     page.once("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
     page.click("#rollout-controls button[data-verb=rollback]")
