@@ -304,7 +304,9 @@ LOGGING = {
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
-    # httpx logs every request at INFO: the telemetry poller and reconcile would print several lines a
-    # second and bury what matters (the ready banner, Actions). LOG_LEVEL=DEBUG shows them again.
-    "loggers": {"httpx": {"level": "DEBUG" if os.environ.get("LOG_LEVEL") == "DEBUG" else "WARNING"}},
+    # httpx logs every request at INFO and Celery beat every task it sends (the rollouts tick each second): the
+    # telemetry poller, reconcile and beat would print several lines a second and bury what matters (the ready
+    # banner, Actions). LOG_LEVEL=DEBUG shows them again.
+    "loggers": {name: {"level": "DEBUG" if os.environ.get("LOG_LEVEL") == "DEBUG" else "WARNING"}
+                for name in ("httpx", "celery.beat")},
 }

@@ -77,3 +77,14 @@ def test_celery_app_uses_redis_broker_and_routes_operations_tasks():
     app.loader.import_default_modules()  # what a worker does at start: autodiscover apps' tasks.py
     assert "operations.execute_action" in app.tasks
     assert app.amqp.router.route({}, "operations.execute_action")["queue"].name == "operations"
+
+
+def test_per_poll_loggers_are_quiet_at_info_and_back_at_debug(tmp_path):
+    """Loggers that write a line per poll or tick (httpx requests, Celery beat's "Sending due task" every second)
+    are at WARNING unless LOG_LEVEL=DEBUG; Ferry's own loggers follow LOG_LEVEL."""
+    code = ("import django, logging; django.setup(); print(*[logging.getLevelName(logging.getLogger(n)"
+            ".getEffectiveLevel()) for n in ('httpx', 'celery.beat', 'apps.telemetry.sources.scrape')])")
+    levels = {level: _run([sys.executable, "-c", code], _env(tmp_path, DJANGO_SETTINGS_MODULE="controlplane.settings",
+                                                             LOG_LEVEL=level)).stdout.split()
+              for level in ("INFO", "DEBUG")}
+    assert levels == {"INFO": ["WARNING", "WARNING", "INFO"], "DEBUG": ["DEBUG", "DEBUG", "DEBUG"]}
