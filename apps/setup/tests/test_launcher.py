@@ -113,6 +113,7 @@ def test_launcher_comes_up_on_embedded_redis_and_postgres_and_one_ctrl_c_stops_e
     assert "embedded Redis stopped" in output and "embedded PostgreSQL stopped" in output
     assert not (var_dir / "ready").exists()
     assert "killed leftovers" not in output  # every process stopped on SIGTERM, nothing needed SIGKILL
+    assert "Traceback" not in output  # a clean stop prints no traceback (e.g. web's aborted requests)
     assert [name for name, pgid in pids.items() if _group_alive(pgid)] == []
     assert [port for port in (*ports.values(), redis_port, postgres_port) if _listening(port)] == []
     assert _processes_with_var_dir(var_dir) == []

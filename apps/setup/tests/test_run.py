@@ -92,3 +92,24 @@ def test_redis_is_embedded_unless_redis_url_is_set_like_the_database():
     assert redis_choice({"REDIS_URL": "redis://127.0.0.1:6379/5"}, reachable) == ("redis://127.0.0.1:6379/5", "")
     url, problem = redis_choice({"REDIS_URL": "redis://down:6379/0"}, reachable)
     assert url is None and problem.startswith("REDIS_URL=redis://down:6379/0 does not answer PING")
+
+
+def test_launcher_stops_before_starting_anything_on_bad_router_args_or_a_silent_redis_url(tmp_path, monkeypatch, capsys):
+    from apps.setup.embedded_redis import free_tcp_port
+    from apps.setup.run import main
+
+    ports = ["--port", str(free_tcp_port()), "--router-port", str(free_tcp_port()), "--agent-port", str(free_tcp_port())]
+    monkeypatch.setenv("FERRY_VAR_DIR", str(tmp_path / "var"))
+    monkeypatch.setenv("FERRY_ROUTER_EXTRA_ARGS", "--breaker-windw 10")
+    assert main(ports) == 2
+    assert capsys.readouterr().out == ("ferry | error: FERRY_ROUTER_EXTRA_ARGS: inference_worker router: error: "
+                                         "unrecognized arguments: --breaker-windw 10\n")
+    assert not (tmp_path / "var").exists()
+    monkeypatch.setenv("FERRY_ROUTER_EXTRA_ARGS", "--breaker-window 10")
+    closed = f"redis://127.0.0.1:{free_tcp_port()}/0"
+    monkeypatch.setenv("REDIS_URL", closed)
+    assert main(ports) == 2
+    out = capsys.readouterr().out
+    assert out.endswith(f"ferry | error: REDIS_URL={closed} does not answer PING; start that Redis, fix REDIS_URL, "
+                        "or unset it to use an embedded one\n")
+    assert not (tmp_path / "var" / "redis").exists()  # no embedded Redis was started in its place
