@@ -27,4 +27,4 @@ RUN python -m inference_worker models prepare gemma-3-270m gemma-3-270m@bf16 \
     && SECRET_KEY=collectstatic-only python manage.py collectstatic --noinput
 
 EXPOSE 8000 8080 8100
-CMD ["python", "-m", "daphne", "-b", "0.0.0.0", "-p", "8000", "controlplane.asgi:application"]
+CMD ["python", "-m", "controlplane.web", "--host", "0.0.0.0", "--port", "8000"]

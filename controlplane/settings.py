@@ -12,6 +12,8 @@ Environment variables (all optional; safe development defaults, production-safe 
 - ``SECURE_SSL_REDIRECT`` (default on when DEBUG is off), ``SECURE_HSTS_SECONDS`` (default one
   year when DEBUG is off), ``TRUST_X_FORWARDED_PROTO`` (behind a TLS-terminating proxy).
 - ``DATABASE_CONN_MAX_AGE`` (default 0): seconds to keep database connections open.
+- ``DATABASE_POOL_MAX_SIZE`` (default 0: no pool): a psycopg connection pool of this many connections per
+  process (the web process sets 4).
 - ``FERRY_MODEL_ROOTS``: colon-separated directories from which GGUF files may be registered.
 """
 
@@ -134,6 +136,15 @@ DATABASE_URL = os.environ.get("DATABASE_URL") or "postgres://postgres@127.0.0.1:
 DATABASES = {"default": dj_database_url.parse(
     DATABASE_URL, conn_max_age=int(os.environ.get("DATABASE_CONN_MAX_AGE", "0")), conn_health_checks=True,
 )}
+# A psycopg connection pool per process (Django's "pool" option) of at most DATABASE_POOL_MAX_SIZE connections:
+# requests reuse connections instead of opening one each (a PostgreSQL backend fork + authentication per
+# request). Set by the web process (controlplane.web); off elsewhere (Celery forks its pool workers).
+DATABASE_POOL_MAX_SIZE = int(os.environ.get("DATABASE_POOL_MAX_SIZE", "0"))
+if DATABASE_POOL_MAX_SIZE > 0:
+    DATABASES["default"]["CONN_MAX_AGE"] = 0  # pooled connections are returned, not kept
+    DATABASES["default"]["CONN_HEALTH_CHECKS"] = False
+    DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+        "min_size": 1, "max_size": DATABASE_POOL_MAX_SIZE, "timeout": 10}
 if DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql":
     raise ImproperlyConfigured(
         f"DATABASE_URL must be a PostgreSQL URL (postgres://...), not {DATABASES['default']['ENGINE']}; "
@@ -232,7 +243,7 @@ if env_bool("TRUST_X_FORWARDED_PROTO", False):
 REST_FRAMEWORK = {
     # Token first: its WWW-Authenticate header makes DRF answer anonymous requests with 401, not 403.
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "knox.auth.TokenAuthentication",
+        "apps.accounts.authentication.TokenAuthentication",  # token, user and role in one query
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["apps.accounts.permissions.RolePermission"],

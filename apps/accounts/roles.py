@@ -27,13 +27,18 @@ def user_role(user: AbstractBaseUser | AnonymousUser | None) -> str | None:
     cached = getattr(user, "_ferry_role", False)
     if cached is not False:
         return cached
-    if user.is_superuser:
-        role: str | None = ADMIN
-    else:
-        names = set(user.groups.filter(name__in=ROLES).values_list("name", flat=True))
-        role = max(names, key=ROLE_LEVEL.__getitem__) if names else None
+    names = () if user.is_superuser else user.groups.filter(name__in=ROLES).values_list("name", flat=True)
+    role = role_of(names, is_superuser=user.is_superuser)
     user._ferry_role = role
     return role
+
+
+def role_of(group_names, *, is_superuser: bool) -> str | None:  # noqa: ANN001 - any iterable of names
+    """The highest role among ``group_names`` (admin for a superuser; None: no role group)."""
+    if is_superuser:
+        return ADMIN
+    names = {name for name in group_names if name in ROLE_LEVEL}
+    return max(names, key=ROLE_LEVEL.__getitem__) if names else None
 
 
 def role_at_least(user: AbstractBaseUser | AnonymousUser | None, required: str) -> bool:

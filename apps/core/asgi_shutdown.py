@@ -1,6 +1,7 @@
 """Server shutdown without tracebacks from requests cut off mid-way.
 
-When daphne stops (Ctrl-C of ``make run``) it cancels the requests still running. Django's
+When the web server stops (Ctrl-C of ``make run``; uvicorn after its graceful-shutdown timeout, daphne at once) it
+cancels the requests still running. Django's
 ``ASGIHandler.handle`` is cancelled while it waits on its two child tasks and never collects them; the
 ``listen_for_disconnect`` child then sees the client's ``http.disconnect``, raises ``RequestAborted`` and asyncio
 reports "Task exception was never retrieved" with a traceback when the task is collected. A client disconnect is

@@ -2,7 +2,9 @@
 
 Mapping: Django ``ValidationError`` -> 400 with field messages; ``DataError`` (a value the
 database cannot store) -> 400; :class:`~apps.core.errors.ConflictError`, ``ProtectedError`` and
-``IntegrityError`` (a uniqueness or foreign-key constraint) -> 409 with a message.
+``IntegrityError`` (a uniqueness or foreign-key constraint) -> 409 with a message; no pooled database
+connection free within the pool's timeout (the web process under more load than it can serve) -> 503 with
+``Retry-After``.
 """
 
 from __future__ import annotations
@@ -10,8 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.exceptions import ValidationError as DjangoValidationError
-from django.db import DataError, IntegrityError
+from django.db import DataError, IntegrityError, OperationalError
 from django.db.models import ProtectedError, RestrictedError
+from psycopg_pool import PoolTimeout
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.serializers import as_serializer_error
@@ -24,6 +27,15 @@ class Conflict(exceptions.APIException):
     status_code = status.HTTP_409_CONFLICT
     default_detail = "The request conflicts with the current state."
     default_code = "conflict"
+
+
+class Busy(exceptions.APIException):
+    status_code = status.HTTP_503_SERVICE_UNAVAILABLE
+    default_detail = "The server is busy: no database connection became free in time. Retry shortly."
+    default_code = "busy"
+
+
+RETRY_AFTER_S = 1
 
 
 def _protected_message(exc: ProtectedError | RestrictedError) -> str:
@@ -45,4 +57,8 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         exc = Conflict(f"The change violates a uniqueness or reference constraint: {str(exc).strip()}")
     elif isinstance(exc, DataError):
         exc = exceptions.ValidationError({"non_field_errors": [f"A value cannot be stored: {str(exc).strip()}"]})
+    elif isinstance(exc, OperationalError) and isinstance(exc.__cause__, PoolTimeout):
+        response = drf_exception_handler(Busy(), context)
+        response["Retry-After"] = str(RETRY_AFTER_S)
+        return response
     return drf_exception_handler(exc, context)

@@ -27,6 +27,7 @@ from apps.fleet.models import (
     validate_replica_count,
 )
 from apps.fleet.routing_table import content_digest, routing_table_content
+from apps.fleet.routing_table_cache import routing_table_cache_store
 
 
 def _save(instance: Any, changes: dict[str, Any]) -> Any:
@@ -144,7 +145,9 @@ def replicas_refresh(*, pool: Pool, observed: Any) -> tuple[int, int]:
 def routing_table_publish() -> tuple[RoutingTable, bool]:
     """Rebuild the routing table; bump its version only if the content changed. Returns (table, changed).
 
-    Concurrent publishers serialize on the row (``select_for_update``), so one change is one version.
+    Concurrent publishers serialize on the row (``select_for_update``), so one change is one version. A new
+    version is copied to the Redis cache routers are served from once the transaction commits
+    (:mod:`apps.fleet.routing_table_cache`).
     """
     content = routing_table_content(list(selectors.routing_pools()), selectors.cluster_link_list(),
                                     threshold_tokens=settings.FERRY_REMOTE_PREFILL_THRESHOLD_TOKENS)
@@ -153,10 +156,15 @@ def routing_table_publish() -> tuple[RoutingTable, bool]:
         table, created = RoutingTable.objects.select_for_update().get_or_create(
             pk=1, defaults={"version": 1, "digest": digest, "content": content})
         if created:
+            transaction.on_commit(lambda: routing_table_cache_store(version=1, digest=digest, content=content,
+                                                                    published_at=table.published_at))
             return table, True
         if table.digest == digest:
             return table, False
         table.version += 1
         table.digest, table.content = digest, content
         table.save()
+        version, published_at = table.version, table.published_at
+        transaction.on_commit(lambda: routing_table_cache_store(version=version, digest=digest, content=content,
+                                                                published_at=published_at))
     return table, True

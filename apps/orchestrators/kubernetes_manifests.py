@@ -79,8 +79,25 @@ TERMINATION_MESSAGE_PATH = "/dev/termination-log"
 """Kubernetes' default ``terminationMessagePath``; the worker learns it from ``FERRY_TERMINATION_MESSAGE_PATH``."""
 
 
+KV_LINK_SECRET_NAME = "ferry-kv-link"
+"""The Secret, in the pool's namespace, holding the per-link KV secret under :data:`KV_LINK_SECRET_KEY`; the
+operator creates it (README, "Deploy on Kubernetes") with the value the control plane has."""
+KV_LINK_SECRET_KEY = "FERRY_KV_LINK_SECRET"
+
+
+def kv_link_secret_env() -> dict:
+    """The ``FERRY_KV_LINK_SECRET`` env var by reference to :data:`KV_LINK_SECRET_NAME` (``optional``: without
+    the Secret a worker starts with disaggregation off and says so, as ``inference_worker serve`` does)."""
+    return {"name": KV_LINK_SECRET_KEY, "valueFrom": {"secretKeyRef": {
+        "name": KV_LINK_SECRET_NAME, "key": KV_LINK_SECRET_KEY, "optional": True}}}
+
+
 def worker_container(spec: PoolTrackSpec) -> dict:
-    """The worker container: command, port, probes (/ready, /health), resources, env."""
+    """The worker container: command, port, probes (/ready, /health), resources, env.
+
+    ``FERRY_KV_LINK_SECRET`` comes from the Secret :data:`KV_LINK_SECRET_NAME` unless ``spec.env`` (the control
+    plane's ``FERRY_WORKER_ENV``) sets it as a value.
+    """
     env = [{"name": key, "value": value} for key, value in sorted(spec.env.items())]
     env.append({"name": "FERRY_REPLICA", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}})
     if spec.model.weights_uri:
@@ -88,6 +105,8 @@ def worker_container(spec: PoolTrackSpec) -> dict:
     # A fatal error (a model that fails to load) is written there and the worker exits non-zero; the
     # kubelet keeps it as the container's terminated.message, which observe() reports.
     env.append({"name": "FERRY_TERMINATION_MESSAGE_PATH", "value": TERMINATION_MESSAGE_PATH})
+    if KV_LINK_SECRET_KEY not in spec.env:
+        env.append(kv_link_secret_env())
     requests: dict[str, str] = {}
     limits: dict[str, str] = {}
     if spec.resources.cpu:
@@ -313,7 +332,10 @@ class RouterSpec:
 
 
 def _router_labels(router: RouterSpec) -> dict[str, str]:
-    labels = {"app.kubernetes.io/name": router.name, LABEL_COMPONENT: "router", LABEL_MANAGED_BY: "ferry"}
+    # part-of=ferry: a router is one of Ferry's own pods (the pool NetworkPolicy's CONTROL_PLANE_PEER admits it
+    # too, like the control plane's processes); component=router + managed-by=ferry is ROUTER_PEER.
+    labels = {"app.kubernetes.io/name": router.name, LABEL_PART_OF: "ferry", LABEL_COMPONENT: "router",
+              LABEL_MANAGED_BY: "ferry"}
     if router.track:
         labels[LABEL_TRACK] = router.track
     return labels

@@ -14,7 +14,8 @@ One source for each part:
 
 Configuration and Secrets are by reference: ``ferry-config`` (a ConfigMap in the base; overlays set
 ``FERRY_PROMETHEUS_URL`` and hosts) and the Secrets ``ferry-secrets`` (``DATABASE_URL``, ``REDIS_URL``,
-``SECRET_KEY``) and ``ferry-service-token`` (``token``), which the operator creates (README, "Deploy on
+``SECRET_KEY``), ``ferry-service-token`` (``token``, ``client-api-key``) and ``ferry-kv-link``
+(``FERRY_KV_LINK_SECRET``, also read by the workers of in-cluster pools), which the operator creates (README, "Deploy on
 Kubernetes"). ``python -m apps.setup.kube_manifests`` rewrites the generated YAML files; a test keeps the
 committed files equal to :func:`generated_files`.
 """
@@ -29,9 +30,13 @@ import yaml
 
 from apps.orchestrators.base import LABEL_COMPONENT, LABEL_NAME, LABEL_PART_OF
 from apps.orchestrators.kubernetes_manifests import (
+    GATEWAY_API_GROUP,
+    GATEWAY_API_VERSION,
     ROUTER_NAME,
     ROUTER_PORT,
     RouterSpec,
+    http_route_backend_refs,
+    kv_link_secret_env,
     router_deployment_manifest,
     router_service_manifest,
     track_router,
@@ -107,7 +112,9 @@ def _labels(component: str) -> dict[str, str]:
 def _env() -> tuple[list[dict], list[dict]]:
     env_from = [{"configMapRef": {"name": CONFIG_MAP}}, {"secretRef": {"name": SECRETS}}]
     env = [{"name": "FERRY_SERVICE_TOKEN",
-            "valueFrom": {"secretKeyRef": {"name": SERVICE_TOKEN_SECRET, "key": "token"}}}]
+            "valueFrom": {"secretKeyRef": {"name": SERVICE_TOKEN_SECRET, "key": "token"}}},
+           # signs pool.flush_kv_cache resets: the same Secret the workers of in-cluster pools read
+           kv_link_secret_env()]
     return env_from, env
 
 
@@ -177,7 +184,7 @@ def process_deployment(name: str, argv: list[str]) -> dict:
     }
     if name == "web":
         container["ports"] = [{"name": "http", "containerPort": WEB_PORT, "protocol": "TCP"}]
-        # daphne's --access-log file from the process list
+        # the web server's --access-log file from the process list
         container["volumeMounts"] = [{"name": "log", "mountPath": str(VAR_DIR / "log")}]
         pod["volumes"] = [{"name": "log", "emptyDir": {}}]
     spec: dict = {
@@ -211,6 +218,8 @@ def config_map() -> dict:
                 "FERRY_PROMETHEUS_URL": "",
                 "FERRY_VAR_DIR": str(VAR_DIR),
                 "LOG_LEVEL": "INFO",
+                # web processes per pod: the node's cores would be counted otherwise (a pod is sized by requests)
+                "FERRY_WEB_WORKERS": "2",
             }}
 
 
@@ -244,12 +253,33 @@ GATEWAY_TRACKS = ("stable", "canary")
 
 def gateway_router_objects() -> list[dict]:
     """The ``gateway`` component: one router per track (``ferry-router-<track>``, ``--track``) behind its own
-    ClusterIP Service, for a cluster whose HTTPRoute splits traffic (``Cluster.gateway_httproute``)."""
+    ClusterIP Service and PodDisruptionBudget, for a cluster whose HTTPRoute splits traffic
+    (``Cluster.gateway_httproute``). The component's kustomization removes the base ``ferry-router``: with it
+    left in place a second, unsplit entrance would serve every track and bypass the canary's weights."""
     objects: list[dict] = []
     for track in GATEWAY_TRACKS:
         router = track_router(ROUTER, track)
-        objects += [router_deployment_manifest(router), router_service_manifest(router)]
+        deployment = router_deployment_manifest(router)
+        objects += [deployment, router_service_manifest(router),
+                    pod_disruption_budget(router.name, dict(deployment["spec"]["selector"]["matchLabels"]),
+                                          dict(deployment["metadata"]["labels"]))]
     return objects
+
+
+GATEWAY_NAME = "ferry-gateway"
+"""The Gateway the example HTTPRoute attaches to (the operator's own Gateway; edit ``parentRefs``)."""
+
+
+def example_http_route() -> dict:
+    """The HTTPRoute to copy for the ``gateway`` component: all traffic to ``ferry-router-stable`` (weight 100)
+    and none to ``ferry-router-canary``; its backendRefs are what the rollout controller writes
+    (:func:`http_route_backend_refs`), so a canary's first step patches only the weights."""
+    return {"apiVersion": f"{GATEWAY_API_GROUP}/{GATEWAY_API_VERSION}", "kind": "HTTPRoute",
+            "metadata": {"name": "ferry-chat", "labels": {LABEL_PART_OF: "ferry"}},
+            "spec": {"parentRefs": [{"name": GATEWAY_NAME}],
+                     "rules": [{"matches": [{"path": {"type": "PathPrefix", "value": "/v1"}}],
+                                "backendRefs": http_route_backend_refs(
+                                    ROUTER_NAME, ROUTER_PORT, {"stable": 100, "canary": 0})}]}}
 
 
 def rbac_objects() -> list[dict]:
@@ -303,6 +333,8 @@ def generated_files() -> dict[Path, str]:
         DEPLOY_DIR / "base" / "rbac.yaml": _yaml(rbac_objects(), "ORCHESTRATOR_RULES"),
         DEPLOY_DIR / "components" / "gateway" / "routers.yaml": _yaml(
             gateway_router_objects(), "the Kubernetes backend's router manifests (one per track)"),
+        DEPLOY_DIR / "components" / "gateway" / "httproute.example.yaml": _yaml(
+            [example_http_route()], "the backend's HTTPRoute backendRefs (an example: not applied by the component)"),
         DEPLOY_DIR / "managed-cluster" / "rbac.yaml": _yaml(managed_cluster_objects(), "ORCHESTRATOR_RULES"),
     }
 

@@ -8,7 +8,9 @@ Pure functions (no processes started here), so the process list and the environm
   router's metrics URL for the telemetry poller (router decisions per pool), each only when not already
   set, and the per-link KV secret always in the workers' environment;
 - :func:`procfile` — one line per process, each ``exec``-ed so honcho's SIGTERM reaches the program
-  itself: ``web`` (daphne, the ASGI app), ``worker`` (Celery: Actions, rollouts), ``ticks`` (Celery:
+  itself: ``web`` (:mod:`controlplane.web`: the ASGI app under uvicorn, one worker process per core plus one,
+  ``FERRY_WEB_WORKERS`` overrides; decided at start from the cores it may use, so the generated manifests carry
+  no host's core count), ``worker`` (Celery: Actions, rollouts), ``ticks`` (Celery:
   reconcile and autoscale on their own queue, never queued behind a long Action), ``beat``,
   ``telemetry`` (the poller), ``agent`` (the local agent; it owns the model workers, which reconcile
   starts through the local backend), ``router`` (pulls the routing table from ``web`` with the service
@@ -180,8 +182,8 @@ def procfile(config: LaunchConfig, *, python: str, tokenizer_dir: Path | None = 
     routing_table = f"{config.web_url}/api/v1/routing-table/"
     celery = f"{py} -m celery -A controlplane"
     lines = {
-        "web": f"exec {py} -m daphne -b {shlex.quote(config.host)} -p {config.port} "
-               f"--access-log {log_dir}/web-access.log controlplane.asgi:application",
+        "web": f"exec {py} -m controlplane.web --host {shlex.quote(config.host)} --port {config.port} "
+               f"--access-log {log_dir}/web-access.log",
         "worker": f"exec {celery} worker -Q operations,default -n ops@%h --concurrency 3 "
                   "--without-gossip --without-mingle --loglevel INFO",
         "ticks": f"exec {celery} worker -Q reconcile -n ticks@%h --pool solo --without-gossip --without-mingle "

@@ -32,6 +32,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 from honcho import manager as honcho_manager
@@ -167,19 +168,28 @@ def _group_alive(pgid: int) -> bool:
     return True
 
 
-def sweep(process_group_ids: list[int], agent_state_dir: Path) -> list[str]:
-    """SIGKILL every process group still alive and every model worker the agent left running.
+SWEEP_GRACE_S = 1.0
 
-    Returns what was killed, in words (empty when the shutdown was clean).
+
+def sweep(process_group_ids: list[int], agent_state_dir: Path, *, grace_s: float = SWEEP_GRACE_S) -> list[str]:
+    """SIGKILL every process group still alive after ``grace_s`` and every model worker the agent left running.
+
+    The grace lets a group whose leader has exited finish on its own (the web server's multiprocessing
+    resource tracker exits once the last pipe to it closes, a moment after its parent). Returns what was
+    killed, in words (empty when the shutdown was clean).
     """
     from inference_worker.agent.processes import read_cmdline
     from inference_worker.agent.state import StateStore
 
+    alive = [pgid for pgid in process_group_ids if _group_alive(pgid)]
+    deadline = time.monotonic() + grace_s
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.05)
+        alive = [pgid for pgid in alive if _group_alive(pgid)]
     killed = []
-    for pgid in process_group_ids:
-        if _group_alive(pgid):
-            os.killpg(pgid, signal.SIGKILL)
-            killed.append(f"process group {pgid}")
+    for pgid in alive:
+        os.killpg(pgid, signal.SIGKILL)
+        killed.append(f"process group {pgid}")
     try:
         records = StateStore(agent_state_dir).load().processes.values()
     except ValueError:

@@ -74,6 +74,9 @@ _HASH_BATCH_BYTES = 1 << 20  # hash at least this much at a time (fewer, more ef
 _SCRATCH_BYTES = 1 << 16  # the buffer bytes that are read past land in (one per connection)
 DROP_GRACE_S = 0.5
 """Seconds a dropped connection stays half-open (our side closed) before it is closed."""
+DROP_GRACE_BYTES = 64 << 20
+"""Bytes a dropped connection may still send during its grace before it is closed at once: on loopback a liar
+pushes ~2 GB/s, so the grace is bounded in bytes as well as in time (64 MiB read past into the scratch buffer)."""
 
 
 class KVReceiver:
@@ -238,6 +241,7 @@ class _FrameProtocol(asyncio.BufferedProtocol):
         self.transport: asyncio.Transport | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._scratch: memoryview | None = None
+        self._read_past_closed = 0  # bytes received after our side closed (bounded: DROP_GRACE_BYTES)
         self._closed = False
         self._reset()
 
@@ -294,6 +298,9 @@ class _FrameProtocol(asyncio.BufferedProtocol):
     def buffer_updated(self, nbytes: int) -> None:
         self._last_progress = time.monotonic()
         if self._closed:
+            self._read_past_closed += nbytes
+            if self._read_past_closed > DROP_GRACE_BYTES and self.transport is not None:
+                self.transport.close()
             return
         if self._started is None:
             self._started = time.perf_counter()
@@ -415,8 +422,8 @@ class _FrameProtocol(asyncio.BufferedProtocol):
         """The peer lied (or speaks another protocol): ack with the reason, count, and drop the connection.
 
         The ack is followed by our FIN; what the peer still sends lands in the 64 KiB scratch buffer for at
-        most :data:`DROP_GRACE_S` (so an honest sender of an old protocol reads its ack instead of a reset),
-        then the connection is closed."""
+        most :data:`DROP_GRACE_S` and :data:`DROP_GRACE_BYTES` (so an honest sender of an old protocol reads its
+        ack instead of a reset), then the connection is closed."""
         self._fail(exc)
         self.r.recorder.drop(exc.reason)
         self._close(grace_s=DROP_GRACE_S)

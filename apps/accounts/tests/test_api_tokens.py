@@ -52,3 +52,25 @@ def test_migration_moves_a_clear_text_token_in_place_and_drops_the_clear_text_ta
     assert "authtoken_token" not in connection.introspection.table_names()
     assert legacy not in _database_text()
     assert _status(legacy) == 200
+
+
+def test_a_request_costs_one_token_query_and_an_expired_token_is_refused_and_deleted(django_assert_num_queries):
+    """knox's own authentication read every token of the user on each request (its cleanup of expired ones);
+    Ferry's reads the request's token with its user, once, and still refuses and deletes an expired token."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+    from rest_framework.test import APIRequestFactory
+
+    from apps.accounts.authentication import TokenAuthentication
+
+    created = user_create_with_role(username="quinn", role="viewer")
+    user_create_with_role(username="other", role="viewer")
+    AuthToken.objects.create(created.user)  # a second token of the same user
+    request = APIRequestFactory().get("/", HTTP_AUTHORIZATION=f"Token {created.token}")
+    with django_assert_num_queries(1):
+        user, _ = TokenAuthentication().authenticate(request)
+    assert user == created.user
+    AuthToken.objects.filter(user=created.user).update(expiry=timezone.now() - timedelta(seconds=1))
+    assert _status(created.token) == 401
+    assert AuthToken.objects.filter(user=created.user).count() == 1  # the expired one used is deleted

@@ -10,7 +10,7 @@ from apps.core.asgi_shutdown import QuietAborts
 
 
 def _cut_off_request(app, child_error: BaseException | None = None) -> None:
-    """Run ``app`` as daphne does at shutdown: the request is cancelled while it waits, then the client's
+    """Run ``app`` as the web server does at shutdown: the request is cancelled while it waits, then the client's
     disconnect arrives. The inner app starts Django's own ``listen_for_disconnect`` child task (or one raising
     ``child_error``) and waits, as ``ASGIHandler.handle`` does; nobody collects the child."""
     loop = asyncio.new_event_loop()

@@ -12,11 +12,11 @@ import hmac
 
 from django.conf import settings
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
-from knox.auth import TokenAuthentication
 from rest_framework.authentication import BaseAuthentication, get_authorization_header
 from rest_framework.exceptions import AuthenticationFailed
 from rest_framework.permissions import BasePermission
 
+from apps.accounts.authentication import TokenAuthentication
 from apps.accounts.roles import VIEWER, role_at_least
 
 SERVICE_GROUP = "service"

@@ -9,18 +9,19 @@ from __future__ import annotations
 
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
-from knox.auth import TokenAuthentication
 from rest_framework import status, viewsets
 from rest_framework.authentication import SessionAuthentication
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from apps.accounts.authentication import TokenAuthentication
 from apps.accounts.roles import ADMIN
 from apps.fleet import selectors, services
 from apps.fleet.api.auth import IsServiceOrViewer, ServiceTokenAuthentication
 from apps.fleet.api.filtersets import ClusterFilterSet, ClusterLinkFilterSet, RouterFilterSet
 from apps.fleet.api.serializers import ClusterLinkSerializer, ClusterSerializer, RouterSerializer
+from apps.fleet.routing_table_cache import routing_table_cache_store, routing_table_etag
 
 
 class ClusterViewSet(viewsets.ModelViewSet):
@@ -89,7 +90,8 @@ class RoutingTableView(APIView):
     """``GET /api/v1/routing-table/``: the published table for the router, with ``ETag`` / ``If-None-Match``.
 
     Authenticated by the service token (``Authorization: Bearer``), a ``service`` user's token or a
-    viewer. Before the first reconcile tick the table is published on demand.
+    viewer. Before the first reconcile tick the table is published on demand. The service token's polls are
+    answered before Django from the Redis copy each answer here refreshes (:mod:`apps.fleet.routing_table_cache`).
     """
 
     authentication_classes = [ServiceTokenAuthentication, TokenAuthentication, SessionAuthentication]
@@ -97,7 +99,7 @@ class RoutingTableView(APIView):
 
     @staticmethod
     def etag(version: int, digest: str) -> str:
-        return f'"{version}-{digest[:16]}"'
+        return routing_table_etag(version, digest)
 
     @extend_schema(responses={200: OpenApiTypes.OBJECT, 304: OpenApiResponse(description="Not modified")},
                    parameters=[OpenApiParameter("If-None-Match", str, OpenApiParameter.HEADER, required=False)])
@@ -106,6 +108,9 @@ class RoutingTableView(APIView):
         if table is None:
             table, _ = services.routing_table_publish()
         etag = self.etag(table.version, table.digest)
+        # refill the cache the ASGI fast path serves routers from (apps.fleet.routing_table_cache)
+        routing_table_cache_store(version=table.version, digest=table.digest, content=table.content,
+                                  published_at=table.published_at)
         candidates = [tag.strip() for tag in request.headers.get("If-None-Match", "").split(",")]
         if etag in candidates or "*" in candidates:
             return Response(status=status.HTTP_304_NOT_MODIFIED, headers={"ETag": etag})

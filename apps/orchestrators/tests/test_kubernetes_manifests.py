@@ -72,7 +72,14 @@ def test_worker_container_runs_the_serve_role_with_probes_and_gpu_resources():
         {"name": "FERRY_REPLICA", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": "FERRY_WEIGHTS_PATH", "value": "/models/model.gguf"},
         {"name": "FERRY_TERMINATION_MESSAGE_PATH", "value": "/dev/termination-log"},
+        # the KV link secret by reference (README "Deploy on Kubernetes"), never as a value in the Deployment
+        {"name": "FERRY_KV_LINK_SECRET", "valueFrom": {"secretKeyRef": {
+            "name": "ferry-kv-link", "key": "FERRY_KV_LINK_SECRET", "optional": True}}},
     ]
+    # FERRY_WORKER_ENV setting the secret as a value replaces the reference (one env var, not two)
+    overridden = m.worker_container(make_spec(env={"FERRY_KV_LINK_SECRET": "k" * 32}))
+    assert [e for e in overridden["env"] if e["name"] == "FERRY_KV_LINK_SECRET"] == [
+        {"name": "FERRY_KV_LINK_SECRET", "value": "k" * 32}]
     # A worker that cannot load its model writes why there and exits 3; the kubelet keeps it as
     # lastState.terminated.message (other crashes: the log tail).
     assert (container["terminationMessagePath"], container["terminationMessagePolicy"]) == (

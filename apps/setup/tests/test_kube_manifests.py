@@ -6,8 +6,10 @@ exactly the API calls the Kubernetes backend makes (recorded against the emulato
 """
 
 import copy
+import re
 import shutil
 import subprocess
+from pathlib import Path
 
 import kmock
 import kubernetes_validate
@@ -20,12 +22,15 @@ from apps.orchestrators.kubernetes_backend import KubernetesBackend
 from apps.orchestrators.kubernetes_manifests import (
     GATEWAY_API_GROUP,
     HTTPROUTES,
+    PROMETHEUS_PEER,
     RouterSpec,
+    network_policy_manifest,
     router_deployment_manifest,
     track_manifests,
     track_router,
 )
 from apps.orchestrators.tests.kube_mock import PODS, FakeController, KubeMock, api_client
+from apps.orchestrators.tests.test_kubernetes_gateway import check_backend_refs
 from apps.setup import kube_manifests as km
 from apps.setup.procfile import LaunchConfig, procfile
 from inference_worker.tests.support.agent import wait_for
@@ -35,19 +40,29 @@ KUBERNETES_VERSION = kubernetes_validate.latest_version()  # the newest minor th
 CONTROLLER_AGENT = "fake-controller"
 
 
-def render(path: str) -> list[dict]:
+def render(path: str, root: Path = km.DEPLOY_DIR) -> list[dict]:
     kubectl = shutil.which("kubectl")
     if kubectl is None:
         pytest.skip("kubectl (with kustomize) is not installed")
-    result = subprocess.run([kubectl, "kustomize", str(km.DEPLOY_DIR / path)], capture_output=True, text=True,
-                            timeout=60)
+    result = subprocess.run([kubectl, "kustomize", str(root / path)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
 
 
+def render_with_gateway(overlay: str, tmp: Path) -> list[dict]:
+    """The overlay with ``components: [../../components/gateway]`` added, as the README tells the operator."""
+    root = tmp / "kubernetes"
+    shutil.copytree(km.DEPLOY_DIR, root)
+    kustomization = root / "overlays" / overlay / "kustomization.yaml"
+    kustomization.write_text(kustomization.read_text() + "components:\n  - ../../components/gateway\n")
+    return render(f"overlays/{overlay}", root)
+
+
 @pytest.fixture(scope="module")
-def rendered() -> dict[str, list[dict]]:
-    return {name: render(f"overlays/{name}") for name in OVERLAYS} | {"managed-cluster": render("managed-cluster")}
+def rendered(tmp_path_factory) -> dict[str, list[dict]]:
+    return {name: render(f"overlays/{name}") for name in OVERLAYS} | {
+        "managed-cluster": render("managed-cluster"),
+        "production+gateway": render_with_gateway("production", tmp_path_factory.mktemp("gateway"))}
 
 
 def by_kind(docs: list[dict], kind: str) -> dict[str, dict]:
@@ -73,8 +88,8 @@ def test_every_rendered_object_validates_against_the_kubernetes_schemas(rendered
 def test_gateway_component_and_the_backends_pool_manifests_validate_too():
     routers = list(yaml.safe_load_all(km.generated_files()[km.DEPLOY_DIR / "components" / "gateway" / "routers.yaml"]))
     assert [(d["kind"], d["metadata"]["name"]) for d in routers] == [
-        ("Deployment", "ferry-router-stable"), ("Service", "ferry-router-stable"),
-        ("Deployment", "ferry-router-canary"), ("Service", "ferry-router-canary")]
+        (kind, f"ferry-router-{track}") for track in ("stable", "canary")
+        for kind in ("Deployment", "Service", "PodDisruptionBudget")]
     assert missing_probes_or_resources(routers) == []
     spec = PoolTrackSpec(pool=PoolRef(pool_id=1, pool_name="decode-a", namespace="ferry"), role="decode",
                          track="canary", replicas=2, kv_port=8001, kv_peer_cidrs=("10.8.0.0/16", "fd00:8::/64"),
@@ -177,9 +192,9 @@ def exercise_backend(mock: KubeMock) -> None:
     setup = api_client(mock.url)
     setup.user_agent = CONTROLLER_AGENT
     # the operator creates the HTTPRoute (with its parentRefs); the backend only reads and patches it
-    client.CustomObjectsApi(setup).create_namespaced_custom_object(GATEWAY_API_GROUP, "v1", ns, HTTPROUTES, {
-        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute", "metadata": {"name": "chat", "namespace": ns},
-        "spec": {"rules": [{"backendRefs": []}]}})
+    # (the README's example route, as the operator applies it)
+    route = km.example_http_route()
+    client.CustomObjectsApi(setup).create_namespaced_custom_object(GATEWAY_API_GROUP, "v1", ns, HTTPROUTES, route)
     mock.k["get", PODS, kmock.subresource("log")] << b"ready\n"
     backend = KubernetesBackend(api_client(mock.url), backoff_s=0.01, max_attempts=3, sleep=lambda s: None)
     pool = PoolRef(pool_id=1, pool_name="decode-a", namespace=ns)
@@ -199,8 +214,10 @@ def exercise_backend(mock: KubeMock) -> None:
         backend.apply_router(track_router(RouterSpec(namespace=ns, image=router.image,
                                                      routing_table_url=router.routing_table_url,
                                                      token_secret_name=router.token_secret_name), "stable"))
-        generation = backend.set_route_weights(ns, "chat", "ferry-router", 8080, {"stable": 100})
-        backend.route_accepted(ns, "chat", generation)
+        name = route["metadata"]["name"]
+        generation = backend.set_route_weights(ns, name, "ferry-router", 8080, {"stable": 90, "canary": 10})
+        assert backend.route_weights(ns, name, "ferry-router") == ({"stable": 90, "canary": 10}, generation)
+        backend.route_accepted(ns, name, generation)
         backend.delete_track(pool, "stable")
     finally:
         controller.stop()
@@ -233,3 +250,116 @@ def test_managed_cluster_bundle_binds_the_role_to_its_service_account_with_a_tok
                 for d in by_kind(production, "Deployment").values()}
     assert {name for name, sa in accounts.items() if sa == km.ORCHESTRATOR_ACCOUNT} == {
         "ferry-web", "ferry-worker", "ferry-ticks"}
+
+
+def test_gateway_component_replaces_the_base_router_with_one_router_per_track(rendered):
+    docs = rendered["production+gateway"]
+    routers = {(d["kind"], d["metadata"]["name"]) for d in docs if "router" in d["metadata"]["name"]}
+    assert routers == {(kind, f"ferry-router-{track}") for kind in ("Deployment", "Service", "PodDisruptionBudget")
+                       for track in km.GATEWAY_TRACKS}  # no base ferry-router left as an unsplit entrance
+    deployments = by_kind(docs, "Deployment")
+    assert {name: d["spec"]["replicas"] for name, d in deployments.items() if "router" in name} == {
+        "ferry-router-stable": 3, "ferry-router-canary": 3}  # the overlay's router count applies to both
+    assert missing_probes_or_resources(docs) == []
+
+
+def rendered_pods(rendered) -> dict[str, dict[str, str]]:
+    """``{<render>/<deployment>: pod template labels}`` of every Deployment Ferry's manifests run."""
+    return {f"{name}/{d['metadata']['name']}": d["spec"]["template"]["metadata"]["labels"]
+            for name in (*OVERLAYS, "production+gateway") for d in by_kind(rendered[name], "Deployment").values()}
+
+
+def admitted_by(labels: dict[str, str], peers: list[dict]) -> list[int]:
+    """Indexes of the NetworkPolicy peers whose ``podSelector.matchLabels`` all appear in ``labels``."""
+    return [i for i, peer in enumerate(peers) if peer["podSelector"]["matchLabels"].items() <= labels.items()]
+
+
+def test_pool_network_policy_admits_every_ferry_pod_and_each_selector_selects_real_labels(rendered):
+    spec = PoolTrackSpec(pool=PoolRef(pool_id=1, pool_name="decode-a", namespace="ferry"), role="decode",
+                         track="stable", replicas=1, kv_port=8001,
+                         model=ModelRef(name="gemma-3-270m", version="v1", image="worker:v1"))
+    policy = network_policy_manifest(spec)
+    (http,) = [rule for rule in policy["spec"]["ingress"] if rule["ports"] == [{"protocol": "TCP", "port": spec.port}]]
+    # the peers from other namespaces: Ferry's routers, its control plane, Prometheus
+    peers = [peer for peer in http["from"] if "namespaceSelector" in peer]
+    pods = rendered_pods(rendered)
+    assert {name: admitted_by(labels, peers) for name, labels in pods.items() if not admitted_by(labels, peers)} == {}
+    ferry_peers = [i for i, peer in enumerate(peers) if peer != PROMETHEUS_PEER]
+    unused = [peers[i] for i in ferry_peers if not any(i in admitted_by(labels, peers) for labels in pods.values())]
+    assert unused == [], "a selector of the policy matches no pod Ferry runs"
+    routers = {name: admitted_by(labels, peers) for name, labels in pods.items() if "router" in name}
+    assert len(routers) == 4 and all(len(ids) == 2 for ids in routers.values()), routers  # ROUTER + part-of
+    # the README names each selected label (Prometheus is outside the manifests: the README says which label)
+    section = readme_section("Deploy on Kubernetes")
+    assert [label for peer in peers for label in (f"`{k}: {v}`" for k, v in peer["podSelector"]["matchLabels"].items())
+            if label not in " ".join(section.split())] == []
+    stripped = {key: value for key, value in pods["production/ferry-web"].items() if key != "app.kubernetes.io/part-of"}
+    assert admitted_by(stripped, peers) == []  # the check sees a pod the policy would block
+
+
+README = km.BASE_DIR / "README.md"
+
+
+def readme_section(title: str) -> str:
+    text = README.read_text()
+    start = text.index(f"## {title}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start:end if end != -1 else None]
+
+
+def readme_commands() -> list[str]:
+    """The shell lines of the README's "Deploy on Kubernetes" section, continuation lines joined."""
+    section = readme_section("Deploy on Kubernetes").replace("\\\n", " ")
+    return [" ".join(line.split()) for line in section.splitlines() if line.startswith("       ")]
+
+
+def secret_references(docs: list[dict]) -> tuple[set[str], set[tuple[str, str]]]:
+    """(Secrets read whole by ``envFrom``, (Secret, key) read by ``secretKeyRef``) of the rendered pods."""
+    whole, keys = set(), set()
+    for dep in by_kind(docs, "Deployment").values():
+        for container in dep["spec"]["template"]["spec"]["containers"]:
+            whole |= {ref["secretRef"]["name"] for ref in container.get("envFrom", []) if "secretRef" in ref}
+            keys |= {(ref["name"], ref["key"]) for ref in (e.get("valueFrom", {}).get("secretKeyRef")
+                                                            for e in container.get("env", [])) if ref}
+    return whole, keys
+
+
+@pytest.mark.parametrize("overlay", sorted(OVERLAYS))
+def test_readme_steps_create_what_each_overlay_references_in_its_namespace(rendered, overlay):
+    docs = rendered[overlay]
+    namespaces = {d["metadata"].get("namespace") for d in docs if d["kind"] != "Namespace"}
+    assert namespaces == {OVERLAYS[overlay]}
+    commands = readme_commands()
+    assert f"NS={OVERLAYS[overlay]}" in commands  # the README sets $NS to the overlay's namespace ...
+    assert {m for c in commands for m in re.findall(r"kubectl -n (\S+)", c)} == {'"$NS"'}  # ... and uses it
+    images = {c["image"] for d in by_kind(docs, "Deployment").values() for c in d["spec"]["template"]["spec"]["containers"]}
+    assert [image for image in images if not any(c.startswith(f"docker build -t {image} ") for c in commands)] == []
+    created = {m.group(1): set(re.findall(r"--from-literal=([A-Za-z_-]+)=", c)) for c in commands
+               if (m := re.search(r'kubectl -n "\$NS" create secret generic (\S+)', c))}
+    whole, keys = secret_references(docs)
+    assert sorted(whole - set(created)) == []
+    assert sorted((name, key) for name, key in keys if key not in created.get(name, set())) == []
+    # the exposure step names Services and ports the overlay has
+    services = {(d["metadata"]["name"], p["port"]) for d in by_kind(docs, "Service").values() for p in d["spec"]["ports"]}
+    exposed = {(name, int(port)) for c in commands if "create ingress" in c
+               for name, port in re.findall(r"/\*=([a-z0-9-]+):(\d+)", c)}
+    assert exposed and exposed <= services
+
+
+def test_example_httproute_is_the_backends_backend_refs_to_the_gateway_components_services(rendered):
+    (route,) = yaml.safe_load_all(km.generated_files()[km.DEPLOY_DIR / "components" / "gateway" / "httproute.example.yaml"])
+    # structural check of Gateway API v1 HTTPRoute (no core schema in kubernetes-validate): the fields used
+    assert (route["apiVersion"], route["kind"]) == (f"{GATEWAY_API_GROUP}/v1", "HTTPRoute")
+    assert set(route) == {"apiVersion", "kind", "metadata", "spec"} and set(route["spec"]) == {"parentRefs", "rules"}
+    assert re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", route["metadata"]["name"])
+    assert [set(ref) for ref in route["spec"]["parentRefs"]] == [{"name"}]
+    assert 1 <= len(route["spec"]["rules"]) <= 16
+    for rule in route["spec"]["rules"]:
+        assert set(rule) <= {"matches", "backendRefs"} and len(rule["matches"]) <= 64
+        for match in rule["matches"]:
+            assert match["path"]["type"] in ("Exact", "PathPrefix") and match["path"]["value"].startswith("/")
+        check_backend_refs(rule["backendRefs"])
+        services = {(d["metadata"]["name"], p["port"]) for d in by_kind(rendered["production+gateway"], "Service").values()
+                    for p in d["spec"]["ports"]}
+        assert {(ref["name"], ref["port"]) for ref in rule["backendRefs"]} <= services
+        assert sum(ref["weight"] for ref in rule["backendRefs"]) == 100

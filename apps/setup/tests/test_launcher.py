@@ -48,6 +48,21 @@ def _processes_with_var_dir(var_dir: Path) -> list[int]:
     return found
 
 
+def _web_server_processes(supervisor: int) -> list[int]:
+    """The uvicorn worker processes of the web supervisor (children running ``multiprocessing.spawn``)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes()
+        except (OSError, NotADirectoryError):
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        if ppid == supervisor and b"multiprocessing.spawn" in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
 def _group_alive(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)
@@ -79,7 +94,7 @@ def test_launcher_comes_up_on_embedded_redis_and_postgres_and_one_ctrl_c_stops_e
     ports = {"web": free_tcp_port(), "router": free_tcp_port(), "agent": free_tcp_port()}
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "FERRY_AGENT_TOKEN",
                                                                      "FERRY_SERVICE_TOKEN")}
-    env.update(FERRY_VAR_DIR=str(var_dir), PYTHONUNBUFFERED="1")
+    env.update(FERRY_VAR_DIR=str(var_dir), PYTHONUNBUFFERED="1", FERRY_WEB_WORKERS="2")
     log_path = tmp_path / "launcher.log"
     with log_path.open("wb") as log:
         launcher = subprocess.Popen(
@@ -102,6 +117,9 @@ def test_launcher_comes_up_on_embedded_redis_and_postgres_and_one_ctrl_c_stops_e
         pids = {name: int(pid) for name, pid in re.findall(r"system\s+\| (\w+) started \(pid=(\d+)\)", output)}
         assert set(pids) == {"web", "worker", "ticks", "beat", "telemetry", "agent", "router"}
         assert all(_listening(p) for p in (*ports.values(), redis_port, postgres_port))
+        # web is a supervisor with FERRY_WEB_WORKERS server processes: they must stop with it
+        web_workers = _web_server_processes(pids["web"])
+        assert len(web_workers) == 2, web_workers
 
         os.killpg(launcher.pid, signal.SIGINT)  # Ctrl-C: the terminal signals the foreground process group
         assert launcher.wait(STOP_TIMEOUT_S) == 0, log_path.read_text()[-4000:]
@@ -115,5 +133,6 @@ def test_launcher_comes_up_on_embedded_redis_and_postgres_and_one_ctrl_c_stops_e
     assert "killed leftovers" not in output  # every process stopped on SIGTERM, nothing needed SIGKILL
     assert "Traceback" not in output  # a clean stop prints no traceback (e.g. web's aborted requests)
     assert [name for name, pgid in pids.items() if _group_alive(pgid)] == []
+    assert [pid for pid in web_workers if Path(f"/proc/{pid}").exists()] == []
     assert [port for port in (*ports.values(), redis_port, postgres_port) if _listening(port)] == []
     assert _processes_with_var_dir(var_dir) == []

@@ -23,8 +23,8 @@ def test_procfile_lists_every_process_of_the_product_each_execed():
     processes = parse_procfile(procfile(config, python="/venv/bin/python")).processes
     assert list(processes) == ["web", "worker", "ticks", "beat", "telemetry", "agent", "router"]
     assert all(command.startswith("exec /venv/bin/python ") for command in processes.values())
-    assert processes["web"] == ("exec /venv/bin/python -m daphne -b 127.0.0.1 -p 8000 --access-log "
-                                "/srv/ferry/var/log/web-access.log controlplane.asgi:application")
+    assert processes["web"] == ("exec /venv/bin/python -m controlplane.web --host 127.0.0.1 --port 8000 --access-log "
+                                "/srv/ferry/var/log/web-access.log")
     assert processes["router"] == ("exec /venv/bin/python -m inference_worker router --host 127.0.0.1 --port 8080 "
                                    "--routing-table http://127.0.0.1:8000/api/v1/routing-table/ --log-level warning "
                                   "--api-keys /srv/ferry/var/router_api_keys.json")

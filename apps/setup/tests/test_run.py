@@ -2,6 +2,7 @@
 
 import socket
 import subprocess
+import threading
 import time
 
 from apps.setup.procfile import LaunchConfig
@@ -64,6 +65,15 @@ def test_sweep_kills_live_process_groups_and_workers_the_agent_left(tmp_path):
     assert killed == [f"process group {group.pid}", f"model worker decode-stable-0 (pid {worker.pid})"]
     assert (group.wait(10), worker.wait(10)) == (-9, -9)
     assert sweep([group.pid], tmp_path) == []  # both gone: nothing left to kill
+
+
+def test_sweep_leaves_a_group_that_finishes_within_the_grace_alone(tmp_path):
+    finishing = subprocess.Popen(["sleep", "0.3"], start_new_session=True)
+    reaper = threading.Thread(target=finishing.wait)  # as honcho reaps its children
+    reaper.start()
+    assert sweep([finishing.pid], tmp_path, grace_s=5) == []
+    reaper.join(5)
+    assert finishing.returncode == 0  # exited by itself, not SIGKILLed
 
 
 def test_port_in_use_sees_a_listener():

@@ -79,6 +79,23 @@ def test_celery_app_uses_redis_broker_and_routes_operations_tasks():
     assert app.amqp.router.route({}, "operations.execute_action")["queue"].name == "operations"
 
 
+def test_database_pool_max_size_gives_a_process_a_reused_psycopg_pool(tmp_path):
+    """The web process (controlplane.web) sets DATABASE_POOL_MAX_SIZE: connections are returned to a pool and
+    reused, not opened per request; without it nothing changes for Celery and the tests."""
+    code = ("from django.db import connection\n"
+            "for _ in range(6):\n"
+            "    with connection.cursor() as c:\n"
+            "        c.execute('select pg_backend_pid()'); print(c.fetchone()[0])\n"
+            "    connection.close()\n"
+            "print(connection.settings_dict['OPTIONS'].get('pool'))")
+    # DATABASE_URL: the one given, or the hermetic run's (exported to every child process)
+    env = _env(tmp_path, DJANGO_SETTINGS_MODULE="controlplane.settings", DATABASE_POOL_MAX_SIZE="2")
+    lines = _run([sys.executable, "-c", code], env).stdout.split("\n")
+    # 6 uses on at most the pool's 2 backends (without a pool: 6 backends, one per connection)
+    assert len(lines[:6]) == 6 and len(set(lines[:6])) <= 2
+    assert lines[6] == "{'min_size': 1, 'max_size': 2, 'timeout': 10}"
+
+
 def test_per_poll_loggers_are_quiet_at_info_and_back_at_debug(tmp_path):
     """Loggers that write a line per poll or tick (httpx requests, Celery beat's "Sending due task" every second)
     are at WARNING unless LOG_LEVEL=DEBUG; Ferry's own loggers follow LOG_LEVEL."""
