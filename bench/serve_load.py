@@ -349,7 +349,8 @@ async def main_async(args: argparse.Namespace) -> list[dict]:
         if args.sessions:
             workload = MultiTurnWorkload.from_config(MultiTurnConfig(
                 num_sessions=args.sessions, num_turns=args.turns, num_system_tokens=args.system_tokens,
-                user_tokens=parse_range(args.user_tokens), max_tokens=args.turn_output_tokens, seed=args.seed))
+                user_tokens=parse_range(args.user_tokens), max_tokens=args.turn_output_tokens, seed=args.seed,
+                session_prefix=args.session_prefix))
             turns, duration = await run_sessions(args.base_url, model, workload, concurrency=concurrency,
                                                  session_rate=args.request_rate, seed=args.seed, encode=encode,
                                                  timeout_s=args.timeout_s)
@@ -391,6 +392,9 @@ def main() -> None:
     parser.add_argument("--system-tokens", type=int, default=300, help="multi-turn: shared system prompt tokens")
     parser.add_argument("--user-tokens", default="100:300", help="multi-turn: appended tokens per turn, MIN:MAX")
     parser.add_argument("--turn-output-tokens", type=int, default=32, help="multi-turn: answer tokens per turn")
+    parser.add_argument("--session-prefix", default="",
+                        help="multi-turn: prefix of the session ids (sticky keys); a loop gives each run its own so "
+                             "new sessions keep reaching every track of a weighted split")
     parser.add_argument("--tokenizer", help="multi-turn: tokenizer.json (dir) to re-encode answers when the server "
                                             "returns no token ids (default: the prepared model's)")
     parser.add_argument("--slo-ttft-ms", type=float, default=2000.0)

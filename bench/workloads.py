@@ -155,7 +155,7 @@ class Turn:
 
 @dataclass(frozen=True)
 class Session:
-    """A multi-turn conversation; ``index`` is its creation order (ids are ``session-<index>``)."""
+    """A multi-turn conversation; ``index`` is its creation order (ids are ``<session_prefix>session-<index>``)."""
 
     session_id: str
     index: int
@@ -194,6 +194,9 @@ class MultiTurnConfig:
     seed: int = 0
     vocab_range: tuple[int, int] = (300, 200_000)
     """Token ids are drawn uniformly from ``[low, high)``."""
+    session_prefix: str = ""
+    """Prepended to every session id (``<prefix>session-<index>``): a generator that runs round after round
+    gives each round new ids, so new sessions keep arriving at the router's sticky track split."""
 
     def __post_init__(self) -> None:
         for name in ("num_sessions", "num_turns", "num_system_tokens", "max_tokens"):
@@ -217,7 +220,7 @@ def multi_turn_sessions(config: MultiTurnConfig) -> list[Session]:
         return tuple(rng.randrange(low, high) for _ in range(n))
 
     system = (GEMMA_BOS_TOKEN_ID,) + ids(config.num_system_tokens - 1)
-    sessions = [Session(f"session-{i}", i, system,
+    sessions = [Session(f"{config.session_prefix}session-{i}", i, system,
                         tuple(Turn(ids(rng.randint(*config.user_tokens)), config.max_tokens)
                               for _ in range(config.num_turns)))
                 for i in range(config.num_sessions)]

@@ -1,7 +1,8 @@
 """ASGI entry point: Django over HTTP and Channels consumers over WebSocket (``controlplane.web`` serves it).
 
 Routers' routing-table polls with the service token are answered from Redis before Django
-(:class:`apps.fleet.routing_table_cache.RoutingTableFastPath`)."""
+(:class:`apps.fleet.routing_table_cache.RoutingTableFastPath`); requests cut off by the server's shutdown are not
+reported as tracebacks (:mod:`apps.core.asgi_shutdown`)."""
 
 import os
 
@@ -14,12 +15,14 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
+from apps.core.asgi_shutdown import QuietAborts  # noqa: E402
 from apps.fleet.routing_table_cache import RoutingTableFastPath  # noqa: E402
 from controlplane.websocket_urls import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
-        "http": RoutingTableFastPath(django_asgi_app),
+        # a request cut off by the server's shutdown is not a traceback (apps.core.asgi_shutdown)
+        "http": QuietAborts(RoutingTableFastPath(django_asgi_app)),
         "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )

@@ -5,7 +5,8 @@ Environment variables (all optional; safe development defaults, production-safe 
 - ``DATABASE_URL`` (default ``postgres://postgres@127.0.0.1:5432/ferry``): PostgreSQL, the only engine.
   ``make run`` and ``make test`` set it to an embedded PostgreSQL when it is unset
   (:mod:`apps.setup.embedded_postgresql`); the default here serves ``manage.py`` run by hand.
-- ``REDIS_URL`` (default ``redis://127.0.0.1:6379/0``): Celery broker and Channels layer (embedded likewise).
+- ``REDIS_URL`` (default ``redis://127.0.0.1:6379/0``): Celery broker and Channels layer. ``make run`` and
+  ``make test`` set it to an embedded Redis when it is unset (never a Redis they find on the machine).
 - ``SECRET_KEY``: unset, a random key is created once in ``var/secret_key`` (mode 0600).
 - ``DEBUG`` (default off), ``ALLOWED_HOSTS`` and ``CSRF_TRUSTED_ORIGINS`` (comma separated).
 - ``SECURE_SSL_REDIRECT`` (default on when DEBUG is off), ``SECURE_HSTS_SECONDS`` (default one
@@ -314,7 +315,9 @@ LOGGING = {
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
-    # httpx logs every request at INFO: the telemetry poller and reconcile would print several lines a
-    # second and bury what matters (the ready banner, Actions). LOG_LEVEL=DEBUG shows them again.
-    "loggers": {"httpx": {"level": "DEBUG" if os.environ.get("LOG_LEVEL") == "DEBUG" else "WARNING"}},
+    # httpx logs every request at INFO and Celery beat every task it sends (the rollouts tick each second): the
+    # telemetry poller, reconcile and beat would print several lines a second and bury what matters (the ready
+    # banner, Actions). LOG_LEVEL=DEBUG shows them again.
+    "loggers": {name: {"level": "DEBUG" if os.environ.get("LOG_LEVEL") == "DEBUG" else "WARNING"}
+                for name in ("httpx", "celery.beat")},
 }

@@ -14,7 +14,12 @@ from django.db.models import Count, Prefetch, Q
 
 from apps.catalog.models import KV_REPORT_TOKENS, ModelVersion
 from apps.fleet.models import Cluster, ClusterLink, Pool, PoolTrack
+from apps.operations.models import Action
+from apps.operations.tracks import POOL_TRACK_DELETE, POOL_TRACK_SET
+from apps.rollouts.canary import NEW_TRACK
+from apps.rollouts.desired import requester as rollout_requester
 from apps.rollouts.models import RolloutPlan
+from apps.rollouts.transitions import allowed_verbs
 from apps.rollouts.validators import GATE_SIGNALS
 from apps.telemetry.broadcast import FLEET_GROUP, pool_group
 from apps.telemetry.history import SignalHistory
@@ -136,7 +141,36 @@ def rollout_detail(rollout_id: int) -> dict:
         "current_step_index": plan.current_step_index, "steps": plan.steps, "gates": gates,
         "target_model_version": str(plan.target_model_version), "message": plan.message,
         "pools": [pool_summary(p, []) for p in _pools_with_counts().filter(rollouts=plan).order_by("pk")],
+        "allowed_verbs": allowed_verbs(plan.state),
+        "rollback_of": plan.rollback_of_id,
+        "rollbacks": list(RolloutPlan.objects.filter(rollback_of=plan).order_by("pk").values_list("pk", flat=True)),
+        "weight_history": rollout_weight_history(plan),
     }
+
+
+WEIGHT_TRACKS = (NEW_TRACK, "green")  # the tracks the rollout page charts (rollout.js: canary or green)
+
+
+def rollout_weight_history(plan: RolloutPlan) -> dict[str, list[list]]:
+    """The new track's traffic weight (percent) over the rollout, per pool, from the ``pool.track_set`` and
+    ``pool.track_delete`` Actions the rollout asked for (requester ``rollout:<id>``): ``{pool id (str): [[ISO
+    time, weight], ...]}`` in the order they were recorded, a deleted track counted 0. A page opened after the
+    fact draws the whole rollout from it, then extends it live. One query.
+    """
+    out: dict[str, list[list]] = {}
+    actions = (Action.objects.filter(kind__in=(POOL_TRACK_SET, POOL_TRACK_DELETE), target_type="pool",
+                                     params__requester=rollout_requester(plan), params__track__in=WEIGHT_TRACKS)
+               .order_by("created_at", "pk").values_list("kind", "target_id", "created_at", "params"))
+    for kind, pool_id, at, params in actions:
+        changes = params.get("changes") or {}
+        if kind == POOL_TRACK_DELETE:
+            weight = 0
+        elif "weight" in changes:
+            weight = changes["weight"]
+        else:
+            continue
+        out.setdefault(str(pool_id), []).append([at.isoformat(), weight])
+    return out
 
 
 def rollout_form(pool_ids: list[int] | None = None) -> dict:

@@ -89,8 +89,11 @@ def force_cleanup(plan: RolloutPlan, *, switch_back: bool) -> list[str]:
     return lines
 
 
-def status_text(plan: RolloutPlan) -> str:
-    """The operator message of a progressing rollout that waits for nothing (1-based ``step N of M``)."""
+def status_text(plan: RolloutPlan, now: datetime) -> str:
+    """The operator message of a progressing rollout that waits for nothing (1-based ``step N of M``).
+
+    "All M steps done" only once the last step is over: while a last ``pause`` runs (``next_step_at`` after
+    ``now``) or a last ``analysis`` runs, the message names that step."""
     prog = plan.typed_progress
     if plan.strategy == RolloutPlan.Strategy.BLUE_GREEN:
         if plan.phase == Phase.SWITCHED:
@@ -100,7 +103,8 @@ def status_text(plan: RolloutPlan) -> str:
     traffic = f"canary weight {weight}%" + (f" (target {target}%)" if weight != target else "")
     if canary_mode(plan) == "finalize":
         return f"Finalizing: the stable tracks take {plan.target_model_version}; {traffic}."
-    if plan.steps and plan.current_step_index >= len(plan.steps):
+    last_step_running = prog.analysis is not None or (plan.next_step_at is not None and plan.next_step_at > now)
+    if plan.steps and plan.current_step_index >= len(plan.steps) and not last_step_running:
         return f"All {len(plan.steps)} steps done: {traffic}."
     return f"At {step_position(plan)}: {traffic}."
 
@@ -114,7 +118,7 @@ def _advance(plan: RolloutPlan, now: datetime, *, cleanup: bool) -> str:
         plan.message = ""  # each tick says what holds the rollout now; no stale "Waiting for ..."
         result = (bluegreen.tick if blue_green else canary_tick)(plan, now)
         if not plan.message:
-            plan.message = status_text(plan)
+            plan.message = status_text(plan, now)
         return result
     except RolloutFailure as exc:
         kind = "rollout.abort" if exc.event == "gate_abort" else "rollout.fail"

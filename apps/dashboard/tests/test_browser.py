@@ -105,11 +105,12 @@ def test_pages_load_only_from_loopback_viewer_has_no_controls_and_gaps_resync(
             (start, end), notes = ranges["queue-depth"]
             assert notes == [] and start <= now - 5 and end >= now - 1 and end - start < 120
         if name == "rollout":
-            # not started: no step in effect yet, the first one is next; "step 0 of 2"
+            # not started: no step in effect yet, the first one is next; steps are numbered from 1
             page.wait_for_selector("#steps li.next")
             assert page.locator("#steps li.next").all_inner_texts() == ["set weight 10%"]
             assert page.locator("#steps li.current").count() == 0
-            assert page.inner_text("#rollout-step") + " of " + page.inner_text("#rollout-steps-total") == "0 of 2"
+            assert page.inner_text("#rollout-position") == "before step 1 of 2"
+            assert page.evaluate("document.getElementById('steps').start") == 1  # the list numbers steps from 1
             assert page.locator("#rollout-controls button[data-verb=abort]").count() == 1
             page.wait_for_selector("#gates tr[data-gate-index='0']")
             assert page.inner_text("#gates tr[data-gate-index='0'] td:nth-child(2)") == "error_rate"
@@ -176,4 +177,56 @@ def test_a_remote_script_is_caught_by_the_request_guard(server, browser, operato
     page.evaluate("fetch('https://cdn.example.com/plotly.min.js').catch(() => null)")
     page.wait_for_timeout(500)
     assert guard.remote == ["https://cdn.example.com/plotly.min.js"]
+    context.close()
+
+
+def test_finished_rollout_page_charts_its_history_allows_only_its_verbs_and_rollback_opens_the_new_rollout(
+        server, browser, make_pool, make_model_version, operator_session):
+    """Opened after the fact: the weight chart is the rollout's recorded history, not one flat reading; a promoted
+    rollout's Abort is disabled (the server's allowed verbs); Rollback asks first, then the page is the new rollout,
+    which links back, and the old one's event log links to it."""
+    from apps.rollouts.services import rollout_start
+    from apps.rollouts.tests.conftest import drive
+
+    pool = make_pool("chat", role="colocated")
+    plan = rollout_plan_create(name="to-v2", pools=[pool], target_model_version=make_model_version("v2"),
+                               strategy="canary", steps=[{"set_weight": 25}, {"set_weight": 50}])
+    with ThreadPoolExecutor(max_workers=1) as executor:  # off Playwright's event loop thread (see publish)
+        executor.submit(lambda: (rollout_start(plan=plan), drive(plan))).result(timeout=120)  # to promoted
+    context, page, guard = signed_in(browser, server, "olga")
+    page.goto(f"{server.base_url}/rollouts/{plan.pk}/")
+    page.wait_for_selector("#steps li")
+    assert page.evaluate("document.getElementById('steps').start") == 1  # the list numbers steps from 1
+    assert page.inner_text("#rollout-position") == "all 2 steps done"
+    chart = "document.getElementById('chart-canary-weight')"
+    history = page.evaluate(f"{chart}.data[0].y.slice()")
+    assert history[:3] == [0, 25, 50] and 100 in history and history[-1] == 0  # created, steps, 100%, removed
+    span = page.evaluate(f"(d => (new Date(d.x[d.x.length - 1]) - new Date(d.x[0])) / 1000)({chart}.data[0])")
+    assert span > 0 and page.evaluate(f"{chart}.layout.annotations.length") == 0
+    enabled = page.evaluate("Array.from(document.querySelectorAll('#rollout-controls button'), b => [b.dataset.verb, "
+                            "!b.disabled])")
+    assert enabled == [["start", False], ["pause", False], ["resume", False], ["promote", False], ["abort", False],
+                       ["rollback", True]]
+    # and a disabled "danger" button looks disabled (it kept its red, enabled look before)
+    looks = page.evaluate("['abort', 'rollback'].map(v => { const s = getComputedStyle(document.querySelector("
+                          "`#rollout-controls button[data-verb=${v}]`)); return [s.cursor, s.color]; })")
+    assert looks[0][0] == "not-allowed" and looks[1][0] == "pointer" and looks[0][1] != looks[1][1]
+    dialogs = []
+    page.once("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+    page.click("#rollout-controls button[data-verb=rollback]")
+    page.wait_for_timeout(300)
+    assert dialogs == ["Roll back rollout to-v2? A new rollout moves the pools back to the version they ran before."]
+    assert RolloutPlan.objects.filter(rollback_of=plan).count() == 0  # dismissed: nothing was asked
+    page.once("dialog", lambda d: d.accept())
+    page.click("#rollout-controls button[data-verb=rollback]")
+    page.wait_for_url(lambda url: url != f"{server.base_url}/rollouts/{plan.pk}/")
+    back = RolloutPlan.objects.get(rollback_of=plan)
+    assert page.url == f"{server.base_url}/rollouts/{back.pk}/"
+    assert page.inner_text("#rollback-of") == f"Rollback of rollout #{plan.pk}"
+    page.goto(f"{server.base_url}/rollouts/{plan.pk}/")
+    page.wait_for_selector("#events a.rollout-link")
+    assert page.get_attribute("#events a.rollout-link", "href") == f"/rollouts/{back.pk}/"
+    assert page.inner_text("#rolled-back-by") == f"Rolled back by rollout #{back.pk}"
+    page.screenshot(path=str(ARTIFACTS / "operator-rollout-rolled-back.png"), full_page=True)
+    assert guard.remote == []
     context.close()

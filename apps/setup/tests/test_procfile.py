@@ -3,10 +3,19 @@
 import json
 import os
 import stat
+import subprocess
 
+import pytest
 from honcho.environ import parse_procfile
 
-from apps.setup.procfile import LaunchConfig, child_env, launcher_tokens, procfile, worker_threads
+from apps.setup.procfile import (
+    LaunchConfig,
+    child_env,
+    launcher_tokens,
+    procfile,
+    router_extra_args,
+    worker_threads,
+)
 
 
 def test_procfile_lists_every_process_of_the_product_each_execed():
@@ -30,9 +39,41 @@ def test_load_adds_a_bounded_generator_loop_against_the_router_and_tokenizer_is_
     assert processes["router"].endswith("--tokenizer /m/gemma-3-270m")
     # the generator starts once the launcher reports ready (no 503s from a router without workers)
     assert processes["load"].startswith("until [ -e /v/ready ]; do sleep 2; done; "
-                                        "while :; do py bench/serve_load.py --base-url http://127.0.0.1:9090 ")
+                                        "n=0; while :; do n=$((n+1)); py bench/serve_load.py --base-url http://127.0.0.1:9090 ")
     # multi-turn sessions by default (bench/workloads.py): the router's prefix cache hits show on the pool page
-    assert "--sessions 4 --turns 4" in processes["load"] and processes["load"].endswith("; sleep 3; done")
+    assert "--sessions 12 --turns 2" in processes["load"] and processes["load"].endswith("; sleep 1; done")
+
+
+def test_load_rounds_bring_new_sessions_so_a_canary_of_any_weight_gets_some(tmp_path):
+    """The sticky track split hashes the session id: rounds reusing ids send every round's sessions to the same
+    tracks (a 25% canary could get none, forever). Run the load line's shell loop for real (serve_load replaced
+    by a recorder) and route the session ids of its rounds through the router's split."""
+    from bench.workloads import MultiTurnConfig, multi_turn_sessions
+    from inference_worker.router.decisions import choose_track
+    from inference_worker.router.table import Track
+
+    (tmp_path / "ready").touch()
+    recorder = tmp_path / "py"
+    calls = tmp_path / "calls"
+    # records its arguments; the third round ends the loop's shell
+    recorder.write_text(f'#!/bin/sh\necho "$@" >> {calls}\n[ $(wc -l < {calls}) -ge 3 ] && kill $PPID\nexit 0\n')
+    recorder.chmod(0o755)
+    config = LaunchConfig(load=True, var_dir=str(tmp_path))
+    line = parse_procfile(procfile(config, python=str(recorder))).processes["load"]
+    subprocess.run(["sh", "-c", line], cwd=tmp_path, timeout=20)
+    rounds = [c.split() for c in calls.read_text().splitlines()]
+    assert len(rounds) == 3
+    ids = []
+    for argv in rounds:
+        option = dict(zip(argv, argv[1:]))
+        cfg = MultiTurnConfig(num_sessions=int(option["--sessions"]), num_turns=int(option["--turns"]),
+                              seed=int(option["--seed"]), session_prefix=option["--session-prefix"])
+        ids.append([s.session_id for s in multi_turn_sessions(cfg)])
+    assert len({i for r in ids for i in r}) == 3 * len(ids[0])  # every round's sessions are new
+    for weight in (5, 15, 25, 50):
+        tracks = (Track("stable", "v1", 100 - weight), Track("canary", "v2", weight))
+        # each weight sees a canary session within the first two rounds (exact: the split is a fixed hash)
+        assert any(choose_track(tracks, i).name == "canary" for i in ids[0] + ids[1]), weight
 
 
 def test_child_env_keeps_user_values_but_not_their_redis_and_database_urls():
@@ -101,3 +142,18 @@ def test_make_runs_router_requires_the_generated_client_key(tmp_path):
     assert f"--api-keys {tmp_path}/router_api_keys.json" in lines["router"] and "--no-auth" not in lines["router"]
     env = child_env(config, {}, redis_url="redis://r:1/0", database_url="postgres://p@d:1/f", tokens=tokens)
     assert env["FERRY_CLIENT_API_KEY"] == key  # bench/serve_load.py sends it as a Bearer key
+
+
+def test_router_extra_args_are_appended_quoted_and_checked_by_the_routers_parser():
+    config = LaunchConfig(var_dir="/v")
+    line = parse_procfile(procfile(config, python="py", router_args="--breaker-window 10 --breaker-min-requests 4")
+                          ).processes["router"]
+    assert line.endswith("--api-keys /v/router_api_keys.json --breaker-window 10 --breaker-min-requests 4")
+    assert router_extra_args("--no-breaker") == ["--no-breaker"]
+    for bad, message in (("--breaker-windw 10", "unrecognized arguments: --breaker-windw 10"),
+                         ("--breaker-window ten", "argument --breaker-window: invalid float value: 'ten'"),
+                         ("--port 9", "may not set --port: make run sets them"),
+                         ("--no-auth", "may not set --no-auth"),
+                         ("--breaker-window '10", "No closing quotation")):
+        with pytest.raises(ValueError, match=message):
+            router_extra_args(bad)

@@ -6,7 +6,7 @@ import threading
 import time
 
 from apps.setup.procfile import LaunchConfig
-from apps.setup.run import agent_state_reset, port_in_use, ready_banner, sweep
+from apps.setup.run import agent_state_reset, port_in_use, ready_banner, redis_choice, sweep
 from inference_worker.agent.processes import read_cmdline
 from inference_worker.agent.state import AgentState, ProcessRecord, StateStore
 
@@ -86,3 +86,40 @@ def test_port_in_use_sees_a_listener():
     port = free.getsockname()[1]
     free.close()
     assert port_in_use("127.0.0.1", port) is False
+
+
+def test_redis_is_embedded_unless_redis_url_is_set_like_the_database():
+    answers = {"redis://127.0.0.1:6379/5": True, "redis://127.0.0.1:6379/0": True}
+    asked = []
+
+    def reachable(url):
+        asked.append(url)
+        return answers.get(url, False)
+
+    # unset or empty: embedded, and a Redis answering on the default port is not even asked
+    assert redis_choice({}, reachable) == (None, "") and redis_choice({"REDIS_URL": " "}, reachable) == (None, "")
+    assert asked == []
+    assert redis_choice({"REDIS_URL": "redis://127.0.0.1:6379/5"}, reachable) == ("redis://127.0.0.1:6379/5", "")
+    url, problem = redis_choice({"REDIS_URL": "redis://down:6379/0"}, reachable)
+    assert url is None and problem.startswith("REDIS_URL=redis://down:6379/0 does not answer PING")
+
+
+def test_launcher_stops_before_starting_anything_on_bad_router_args_or_a_silent_redis_url(tmp_path, monkeypatch, capsys):
+    from apps.setup.embedded_redis import free_tcp_port
+    from apps.setup.run import main
+
+    ports = ["--port", str(free_tcp_port()), "--router-port", str(free_tcp_port()), "--agent-port", str(free_tcp_port())]
+    monkeypatch.setenv("FERRY_VAR_DIR", str(tmp_path / "var"))
+    monkeypatch.setenv("FERRY_ROUTER_EXTRA_ARGS", "--breaker-windw 10")
+    assert main(ports) == 2
+    assert capsys.readouterr().out == ("ferry | error: FERRY_ROUTER_EXTRA_ARGS: inference_worker router: error: "
+                                         "unrecognized arguments: --breaker-windw 10\n")
+    assert not (tmp_path / "var").exists()
+    monkeypatch.setenv("FERRY_ROUTER_EXTRA_ARGS", "--breaker-window 10")
+    closed = f"redis://127.0.0.1:{free_tcp_port()}/0"
+    monkeypatch.setenv("REDIS_URL", closed)
+    assert main(ports) == 2
+    out = capsys.readouterr().out
+    assert out.endswith(f"ferry | error: REDIS_URL={closed} does not answer PING; start that Redis, fix REDIS_URL, "
+                        "or unset it to use an embedded one\n")
+    assert not (tmp_path / "var" / "redis").exists()  # no embedded Redis was started in its place

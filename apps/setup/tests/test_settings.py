@@ -94,3 +94,14 @@ def test_database_pool_max_size_gives_a_process_a_reused_psycopg_pool(tmp_path):
     # 6 uses on at most the pool's 2 backends (without a pool: 6 backends, one per connection)
     assert len(lines[:6]) == 6 and len(set(lines[:6])) <= 2
     assert lines[6] == "{'min_size': 1, 'max_size': 2, 'timeout': 10}"
+
+
+def test_per_poll_loggers_are_quiet_at_info_and_back_at_debug(tmp_path):
+    """Loggers that write a line per poll or tick (httpx requests, Celery beat's "Sending due task" every second)
+    are at WARNING unless LOG_LEVEL=DEBUG; Ferry's own loggers follow LOG_LEVEL."""
+    code = ("import django, logging; django.setup(); print(*[logging.getLevelName(logging.getLogger(n)"
+            ".getEffectiveLevel()) for n in ('httpx', 'celery.beat', 'apps.telemetry.sources.scrape')])")
+    levels = {level: _run([sys.executable, "-c", code], _env(tmp_path, DJANGO_SETTINGS_MODULE="controlplane.settings",
+                                                             LOG_LEVEL=level)).stdout.split()
+              for level in ("INFO", "DEBUG")}
+    assert levels == {"INFO": ["WARNING", "WARNING", "INFO"], "DEBUG": ["DEBUG", "DEBUG", "DEBUG"]}

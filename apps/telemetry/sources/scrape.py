@@ -206,6 +206,47 @@ class ScopeView:
         return ready
 
 
+@dataclass
+class _Outage:
+    since_s: float
+    count: int
+    first_error: str
+    last_error: str
+
+
+class ScrapeFailures:
+    """Logs a scrape target's outage, not every failed poll: one INFO line when a target starts failing
+    (its error), one when it answers again and one when it is no longer scraped (each with the number of
+    failed scrapes and the seconds since the first). Workers starting and stopping make targets refuse
+    connections for a while; a poll every half second would otherwise log each refusal.
+
+    ``outages``: metrics URL -> the current outage (read by tests and the poller)."""
+
+    def __init__(self) -> None:
+        self.outages: dict[str, _Outage] = {}
+
+    def failed(self, url: str, error: str, at_s: float) -> None:
+        outage = self.outages.get(url)
+        if outage is None:
+            self.outages[url] = _Outage(at_s, 1, error, error)
+            logger.info("scrape of %s failing: %s (logged again when it recovers)", url, error)
+        else:
+            outage.count += 1
+            outage.last_error = error
+
+    def succeeded(self, url: str, at_s: float) -> None:
+        outage = self.outages.pop(url, None)
+        if outage is not None:
+            logger.info("scrape of %s recovered after %d failed scrapes over %.1f s (last error: %s)",
+                        url, outage.count, at_s - outage.since_s, outage.last_error)
+
+    def forget_missing(self, urls: set[str]) -> None:
+        for url in [u for u in self.outages if u not in urls]:
+            outage = self.outages.pop(url)
+            logger.info("scrape of %s no longer asked for after %d failed scrapes (last error: %s)",
+                        url, outage.count, outage.last_error)
+
+
 class DirectScrapeSource(MetricSource):
     """Scrapes replicas (and routers) itself and evaluates signals from the samples it keeps.
 
@@ -234,27 +275,33 @@ class DirectScrapeSource(MetricSource):
         self._owns_client = client is None
         self._clock = clock
         self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="ferry-scrape")
+        self.failures = ScrapeFailures()
 
-    def _scrape(self, endpoint: Endpoint) -> tuple[Endpoint, str | None, float]:
+    def _scrape(self, endpoint: Endpoint) -> tuple[Endpoint, str, float, bool]:
+        """``(endpoint, exposition text or the error, when, ok)``."""
         try:
             response = self._client.get(endpoint.metrics_url)
             response.raise_for_status()
-            return endpoint, response.text, self._clock()
+            return endpoint, response.text, self._clock(), True
         except httpx.HTTPError as exc:
-            logger.info("scrape of %s failed: %s", endpoint.metrics_url, exc)
-            return endpoint, None, self._clock()
+            return endpoint, f"{type(exc).__name__}: {exc}", self._clock(), False
 
     def refresh(self, endpoints: Sequence[Endpoint], now_s: float) -> None:
-        """Scrape every endpoint once; failures mark the replica down (logged, not raised)."""
-        for endpoint, text, at_s in self._pool.map(self._scrape, endpoints):
-            if text is None:
+        """Scrape every endpoint once; failures mark the replica down (logged once per outage by
+        :class:`ScrapeFailures`, not raised)."""
+        for endpoint, text, at_s, ok in self._pool.map(self._scrape, endpoints):
+            if not ok:
+                self.failures.failed(endpoint.metrics_url, text, at_s)
                 self.store.mark_down(endpoint, at_s)
                 continue
             try:
                 self.store.ingest(endpoint, text, at_s)
             except ValueError as exc:
-                logger.warning("%s", exc)
+                self.failures.failed(endpoint.metrics_url, str(exc), at_s)
                 self.store.mark_down(endpoint, at_s)
+                continue
+            self.failures.succeeded(endpoint.metrics_url, at_s)
+        self.failures.forget_missing({e.metrics_url for e in endpoints})
         self.store.forget_missing(endpoints)
         self.store.prune(now_s)
 

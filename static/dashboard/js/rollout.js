@@ -1,5 +1,7 @@
-/* Rollout page: steps (current highlighted), canary weight over time, gates against live canary signals,
-   controls (abort asks for confirmation) and the event log (the rollout's Actions and their logs).
+/* Rollout page: steps (numbered from 1, current highlighted), canary weight over time (the rollout's recorded
+   history, then live), gates against live canary signals, controls (only the verbs the server allows in this
+   state are enabled; abort and rollback ask for confirmation; a rollback opens the rollout it created) and the
+   event log (the rollout's Actions and their logs, a rollback linking to its rollout).
    Pool signals stream over ws/rollouts/<id>/; the plan's state is re-read from the REST API every 2 s and
    whenever a rollout.state message arrives. */
 "use strict";
@@ -8,14 +10,18 @@
   const latest = {};  // pool id -> latest telemetry record
   const weightDiv = document.getElementById("chart-canary-weight");
 
-  // Empty until the first reading (every 2 s while the page is open): the last five minutes up to now,
-  // "no data yet"; then the axis follows the readings.
-  let weightCharted = false;
-  Plotly.newPlot(weightDiv, rollout.pools.map(p => ({x: [], y: [], name: `${p.name} (${p.role})`, type: "scatter",
+  // The rollout's own history first (its recorded weight changes, selectors.rollout_weight_history), so a page
+  // opened after the fact shows the whole rollout; then a reading every 2 s while the page is open. With neither
+  // yet: the last five minutes up to now, "no data yet".
+  const history = rollout.weight_history || {};
+  let weightCharted = rollout.pools.some(p => (history[p.id] || []).length);
+  Plotly.newPlot(weightDiv, rollout.pools.map(p => ({x: (history[p.id] || []).map(h => new Date(h[0])),
+    y: (history[p.id] || []).map(h => h[1]), name: `${p.name} (${p.role})`, type: "scatter",
     mode: "lines+markers", line: {shape: "hv"}})),
     {height: 260, margin: {l: 60, r: 20, t: 20, b: 40},
-     xaxis: {title: {text: "time"}, type: "date", autorange: false, range: Ferry.emptyTimeAxis(300)["xaxis.range"]},
-     yaxis: {title: {text: "canary traffic weight (%)"}, range: [0, 105]}, annotations: Ferry.NO_DATA},
+     xaxis: weightCharted ? {title: {text: "time"}, type: "date", autorange: true}
+       : {title: {text: "time"}, type: "date", autorange: false, range: Ferry.emptyTimeAxis(300)["xaxis.range"]},
+     yaxis: {title: {text: "canary traffic weight (%)"}, range: [0, 105]}, annotations: weightCharted ? [] : Ferry.NO_DATA},
     {displaylogo: false, responsive: true});
 
   function stepText(step) {
@@ -25,18 +31,27 @@
     return JSON.stringify(step);
   }
 
+  // Where the rollout is, counting steps from 1 as the server's messages do. current_step_index (API, 0-based)
+  // is the next step to run, so it is also the 1-based number of the step in effect; 0 = none applied yet.
+  function position() {
+    const total = rollout.steps.length, started = Math.min(rollout.current_step_index, total);
+    if (!total) return "no steps";
+    if (rollout.state === "promoted") return `all ${total} steps done`;
+    if (started === 0) return `before step 1 of ${total}`;
+    const where = `step ${started} of ${total}`;
+    return ["aborted", "failed"].includes(rollout.state) ? `stopped at ${where}` : where;
+  }
+
   function renderPlan() {
     document.getElementById("rollout-state").textContent = rollout.state;
     document.getElementById("rollout-state").className = `state state-${rollout.state}`;
-    // current_step_index (API, 0-based) is the next step to run, so it is also the 1-based number of the step
-    // in effect, as the server's messages count ("step N of M"); 0 = no step applied yet.
-    document.getElementById("rollout-step").textContent = String(rollout.current_step_index);
-    document.getElementById("rollout-steps-total").textContent = String(rollout.steps.length);
+    document.getElementById("rollout-position").textContent = position();
     document.getElementById("rollout-message").textContent = rollout.message || "";
     document.getElementById("rollout-phase").textContent = rollout.phase || "—";
     if (rollout.allowed_verbs) {
       document.querySelectorAll("#rollout-controls button[data-verb]").forEach(b => {
         b.disabled = !rollout.allowed_verbs.includes(b.dataset.verb);
+        b.title = b.disabled ? `not allowed while the rollout is ${rollout.state}` : "";
       });
     }
     // the step in effect is "current" (index current_step_index - 1), the one to run next is "next"
@@ -114,8 +129,12 @@
     if (!result.ok) return;
     const rows = [];
     for (const a of result.data.results) {
+      // a rollback names the rollout it created (params.rollout_id): link to it
+      const created = a.kind === "rollout.rollback" && a.params && a.params.rollout_id;
       rows.push(Ferry.el("tr", {class: `status-${a.status}`}, Ferry.el("td", {}, Ferry.fmtTime(a.created_at)),
-        Ferry.el("td", {}, `#${a.id} ${a.kind}`), Ferry.el("td", {}, a.status), Ferry.el("td", {}, a.error || "")));
+        Ferry.el("td", {}, `#${a.id} ${a.kind}`), Ferry.el("td", {}, a.status),
+        Ferry.el("td", {}, a.error || "", created ? Ferry.el("a", {href: `/rollouts/${created}/`, class: "rollout-link"},
+          `open rollout #${created}`) : "")));
       for (const entry of (a.log || [])) {
         rows.push(Ferry.el("tr", {class: "log"}, Ferry.el("td", {}, Ferry.fmtTime(entry.at)), Ferry.el("td", {}, ""),
           Ferry.el("td", {}, ""), Ferry.el("td", {}, entry.message)));
@@ -129,9 +148,17 @@
     controls.addEventListener("click", async (event) => {
       const verb = event.target.dataset && event.target.dataset.verb;
       if (!verb) return;
-      if (verb === "abort" && !window.confirm(`Abort rollout ${rollout.name}? Traffic returns to the stable version.`)) return;
+      const question = {
+        abort: `Abort rollout ${rollout.name}? Traffic returns to the stable version.`,
+        rollback: `Roll back rollout ${rollout.name}? A new rollout moves the pools back to the version they ran before.`,
+      }[verb];
+      if (question && !window.confirm(question)) return;
       const result = await Ferry.api("POST", `/api/v1/rollouts/${rollout.id}/${verb}/`);
       document.getElementById("rollout-result").textContent = result.ok ? `${verb}: accepted` : `${verb} refused: ${Ferry.errorText(result)}`;
+      if (result.ok && verb === "rollback") {  // the rollback is a new rollout: follow it
+        window.location.assign(`/rollouts/${result.data.id}/`);
+        return;
+      }
       refreshPlan();
     });
   }
