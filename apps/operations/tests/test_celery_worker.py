@@ -36,8 +36,8 @@ def status_of(action_id):
     return Action.objects.get(pk=action_id).status
 
 
-def scale_patches(kube):
-    return kube.requests("PATCH", "/deployments/decode-a-stable/scale")
+def stable_deployment(kube):
+    return kube.obj(DEPLOYMENTS, NS, "decode-a-stable")
 
 
 def test_one_action_delivered_twice_runs_once(worker, kube, kube_controller, k8s_pool, operator_api):
@@ -61,7 +61,9 @@ def test_sigkill_mid_action_is_taken_over_by_reconcile_and_applied_once(worker, 
     kube_controller.ready_delay_s = 10.0  # new pods take 10 s to become ready: the Action waits
     r = operator_api.post(f"/api/v1/pools/{k8s_pool.pk}/scale/", {"replicas": 3}, format="json")
     action_id = r.json()["id"]
-    assert wait_for(lambda: status_of(action_id) == "running" and len(scale_patches(kube)) == 1, 30)
+    # a track Action applies the track's whole spec (apps.operations.tracks): the Deployment asks for 3 replicas
+    assert wait_for(lambda: status_of(action_id) == "running" and stable_deployment(kube)["spec"]["replicas"] == 3, 30)
+    generation = stable_deployment(kube)["metadata"]["generation"]
 
     busy = operator_api.post(f"/api/v1/pools/{k8s_pool.pk}/scale/", {"replicas": 5}, format="json")
     assert busy.status_code == 409
@@ -84,5 +86,6 @@ def test_sigkill_mid_action_is_taken_over_by_reconcile_and_applied_once(worker, 
     assert messages[-2:] == ["ready: stable: 3/3 ready", "succeeded"]
     deployment = kube.obj(DEPLOYMENTS, NS, "decode-a-stable")
     assert (deployment["spec"]["replicas"], deployment["status"]["readyReplicas"]) == (3, 3)
-    assert len(scale_patches(kube)) == 1  # the takeover found 3 already applied and patched nothing
+    # the takeover found 3 already applied: the same spec again changes nothing (no new generation, no rollout)
+    assert deployment["metadata"]["generation"] == generation
     assert k8s_pool.tracks.get().replicas == 3
