@@ -85,6 +85,15 @@ class RouterProcess(BaseRouterProcess):
         super().__init__(table_url, "--service-token", SERVICE_TOKEN, "--table-interval", "0.5",
                          log_path=log_dir / "router.log")
 
+    def counter(self, name: str, **labels: str) -> float:
+        """The sum of the router's ``name`` samples whose labels include ``labels``."""
+        total = 0.0
+        for family in text_string_to_metric_families(httpx.get(self.url + "/metrics", timeout=5).text):
+            for sample in family.samples:
+                if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                    total += sample.value
+        return total
+
     def decisions(self) -> Counter:
         """``ferry_router_decisions_total`` summed by track."""
         out: Counter = Counter()
