@@ -237,7 +237,9 @@ def _canary_under_load(stack, operator_api, load, pool, v2) -> None:  # noqa: AN
     assert table_weights() == {"canary": ("v2", 25), "stable": ("v1", 75)}
     plan = wait_plan(plan_id, lambda p: p.current_step_index >= 3, 60, stack)
     at_100, decisions_100 = time.monotonic(), router.decisions()
-    assert at_100 - at_25 >= 19.5  # the pause held the step
+    # the pause held the step: 20 s less how late this loop saw the pause begin (0.2 s polls, queries under load;
+    # 19.3 s seen in a full CI run); a pause that did not hold ends in a second or two
+    assert at_100 - at_25 >= 18.0
     during_25 = decisions_100 - decisions_25
     tracks_25 = Counter(r[2] for r in load.between(at_25, at_100))
     assert during_25["stable"] > during_25["canary"] > 0, during_25  # both tracks served, stable most
