@@ -30,8 +30,10 @@ def restore_umask():
 
 
 def test_launcher_closes_an_old_var_and_everything_created_after_is_private(tmp_path, restore_umask):
+    os.umask(0o022)  # an old var/ made under the common umask (an earlier test may have left 0077)
     var = tmp_path / "var"
     (var / "agent").mkdir(parents=True, mode=0o755)
+    (var / "agent").chmod(0o755)
     (var / "ferry.sqlite3").write_text("tokens")
     (var / "ferry.sqlite3").chmod(0o644)
     (var / "agent" / "processes.json").write_text("{}")
