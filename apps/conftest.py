@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 from rest_framework.test import APIClient
 
@@ -82,3 +84,29 @@ def make_pool(cluster, model_version):
 @pytest.fixture
 def pool(make_pool):
     return make_pool()
+
+
+@pytest.fixture
+def history():
+    """A SignalHistory under a prefix of its own in the real Redis (REDIS_URL), removed after."""
+    from apps.telemetry.history import SignalHistory
+
+    h = SignalHistory(prefix=f"ferry:test:{uuid.uuid4().hex}:")
+    yield h
+    h.clear()
+
+
+@pytest.fixture
+def default_history():
+    """The SignalHistory under its default prefix (what gates and reconcile read), emptied before and after."""
+    from apps.telemetry.history import SignalHistory
+
+    h = SignalHistory()
+
+    def empty() -> None:
+        for key in h.client.scan_iter(match=f"{h.prefix}history:*"):
+            h.client.delete(key)
+
+    empty()
+    yield h
+    empty()

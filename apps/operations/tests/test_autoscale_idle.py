@@ -6,7 +6,6 @@ into the Redis signal history, and the autoscaler reading that history (fake clo
 """
 
 import time
-import uuid
 from datetime import UTC, datetime
 
 import pytest
@@ -15,7 +14,6 @@ from prometheus_client import start_http_server
 from apps.operations.autoscale import pool_autoscale
 from apps.operations.models import Action
 from apps.telemetry.endpoints import ReplicaEndpoint
-from apps.telemetry.history import SignalHistory
 from apps.telemetry.poller import TelemetryPoller, scrape_retention_s
 from apps.telemetry.sources.scrape import DirectScrapeSource
 from inference_worker.metrics import WorkerMetrics
@@ -29,13 +27,6 @@ class Clock:
 
     def __call__(self):
         return self.t
-
-
-@pytest.fixture
-def history():
-    h = SignalHistory(prefix=f"ferry:test:{uuid.uuid4().hex}:")
-    yield h
-    h.clear()
 
 
 @pytest.fixture

@@ -13,7 +13,6 @@ from apps.operations.models import Action
 from apps.operations.pool_actions import POOL_RESTART_REPLICA
 from apps.operations.reconcile import pool_converge, replicas_ejected_repeatedly
 from apps.orchestrators.base import ObservedReplica, ObservedState, ObservedTrack
-from apps.telemetry.history import SignalHistory
 
 
 def test_ejections_are_counter_increases_after_the_last_restart_with_router_restarts_as_resets():
@@ -30,16 +29,6 @@ def test_ejections_are_counter_increases_after_the_last_restart_with_router_rest
     assert replicas_ejected_repeatedly(records, since_s={"r0": 5.0, "r1": 5.0}, limit=1) == {}
 
 
-@pytest.fixture
-def history():
-    h = SignalHistory()
-    for key in h.client.scan_iter(match=f"{h.prefix}history:*"):
-        h.client.delete(key)
-    yield h
-    for key in h.client.scan_iter(match=f"{h.prefix}history:*"):
-        h.client.delete(key)
-
-
 def observed(pool, restart_count=0):
     replicas = tuple(ObservedReplica(name=f"decode-stable-{i}", track="stable", endpoint=f"http://127.0.0.1:{9000 + i}",
                                      ready=True, alive=True, version="v1", restart_count=restart_count)
@@ -48,14 +37,14 @@ def observed(pool, restart_count=0):
 
 
 @pytest.mark.django_db
-def test_a_replica_ejected_three_times_is_restarted_once_and_counting_starts_again(pool, history, settings):
+def test_a_replica_ejected_three_times_is_restarted_once_and_counting_starts_again(pool, default_history, settings):
     settings.FERRY_EJECTIONS_BEFORE_RESTART, settings.FERRY_EJECTION_RESTART_WINDOW_S = 3, 600
     now = time.time()
     for i, count in enumerate((0.0, 1.0, 2.0)):
-        history.append(f"pool:{pool.pk}", now - 30 + i, {"at": now - 30 + i, "ejections": {"decode-stable-1": count}})
+        default_history.append(f"pool:{pool.pk}", now - 30 + i, {"at": now - 30 + i, "ejections": {"decode-stable-1": count}})
     assert pool_converge(pool, observed(pool)) is None  # two ejections: not yet
     assert not Action.objects.filter(kind=POOL_RESTART_REPLICA).exists()
-    history.append(f"pool:{pool.pk}", now - 20, {"at": now - 20, "ejections": {"decode-stable-1": 3.0}})
+    default_history.append(f"pool:{pool.pk}", now - 20, {"at": now - 20, "ejections": {"decode-stable-1": 3.0}})
     assert pool_converge(pool, observed(pool)) == POOL_RESTART_REPLICA
     action = Action.objects.get(kind=POOL_RESTART_REPLICA)
     assert action.params == {"replica": "decode-stable-1", "reason": "replica decode-stable-1 was ejected 3 times "
@@ -66,6 +55,6 @@ def test_a_replica_ejected_three_times_is_restarted_once_and_counting_starts_aga
     assert Action.objects.filter(kind=POOL_RESTART_REPLICA).count() == 1
     later = time.time() + 1
     for i, count in enumerate((3.0, 4.0, 5.0, 6.0)):
-        history.append(f"pool:{pool.pk}", later + i, {"at": later + i, "ejections": {"decode-stable-1": count}})
+        default_history.append(f"pool:{pool.pk}", later + i, {"at": later + i, "ejections": {"decode-stable-1": count}})
     assert pool_converge(pool, observed(pool, restart_count=1)) == POOL_RESTART_REPLICA
     assert Action.objects.filter(kind=POOL_RESTART_REPLICA).count() == 2

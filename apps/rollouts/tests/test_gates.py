@@ -10,7 +10,6 @@ from apps.rollouts import services
 from apps.rollouts.gates import compare, gate_worst_value
 from apps.rollouts.models import GateMeasurement
 from apps.rollouts.tests.conftest import drive, observe, table_weights
-from apps.telemetry.history import SignalHistory
 
 RECORDS = [
     {"at": 1.0, "tracks": {"canary": {"ttft_p99_s": 0.30, "error_rate": 0.0}, "stable": {"ttft_p99_s": 0.20}}},
@@ -37,16 +36,6 @@ def test_no_data_never_passes():
     assert compare(0.0, "<=", 0.0) is True
 
 
-@pytest.fixture
-def history():
-    h = SignalHistory()
-    for key in h.client.scan_iter(match=f"{h.prefix}history:*"):
-        h.client.delete(key)
-    yield h
-    for key in h.client.scan_iter(match=f"{h.prefix}history:*"):
-        h.client.delete(key)
-
-
 def _plan(make_pool, v2, gates, settings):
     settings.FERRY_ROLLOUT_TICK_S = 0
     pool = make_pool("decode", role="colocated", replicas=2)
@@ -57,14 +46,14 @@ def _plan(make_pool, v2, gates, settings):
     return pool, plan
 
 
-def _record(history, pool, canary: dict, stable: dict | None = None) -> None:
+def _record(default_history, pool, canary: dict, stable: dict | None = None) -> None:
     now = time.time()
-    history.append(f"pool:{pool.pk}", now, {"at": now, "signals": {},
+    default_history.append(f"pool:{pool.pk}", now, {"at": now, "signals": {},
                                              "tracks": {"canary": canary, "stable": stable or {}}})
 
 
 @pytest.mark.django_db
-def test_no_data_fails_the_gate_and_aborts_after_the_failure_limit(make_pool, v2, settings, history):
+def test_no_data_fails_the_gate_and_aborts_after_the_failure_limit(make_pool, v2, settings, default_history):
     gate = {"signal": "error_rate", "threshold": 0.05, "comparison": "<", "window_s": 30, "failure_limit": 1}
     pool, plan = _plan(make_pool, v2, [gate], settings)
     drive(plan, until=("aborted",))
@@ -80,11 +69,11 @@ def test_no_data_fails_the_gate_and_aborts_after_the_failure_limit(make_pool, v2
 
 
 @pytest.mark.django_db
-def test_failing_measurement_is_recorded_with_its_value(make_pool, v2, settings, history):
+def test_failing_measurement_is_recorded_with_its_value(make_pool, v2, settings, default_history):
     gate = {"signal": "ttft_p99_seconds", "threshold": 1.5, "comparison": "<", "window_s": 30,
             "relative_to_stable": True}
     pool, plan = _plan(make_pool, v2, [gate], settings)
-    _record(history, pool, {"ttft_p99_s": 0.5}, {"ttft_p99_s": 0.2})
+    _record(default_history, pool, {"ttft_p99_s": 0.5}, {"ttft_p99_s": 0.2})
     drive(plan, until=("aborted",))
     plan.refresh_from_db()
     m = GateMeasurement.objects.get(rollout=plan)
@@ -94,12 +83,12 @@ def test_failing_measurement_is_recorded_with_its_value(make_pool, v2, settings,
 
 
 @pytest.mark.django_db
-def test_passing_analysis_lets_the_rollout_continue(operator_api, make_pool, v2, settings, history):
+def test_passing_analysis_lets_the_rollout_continue(operator_api, make_pool, v2, settings, default_history):
     gates = [{"signal": "error_rate", "threshold": 0.05, "comparison": "<", "window_s": 30},
              {"signal": "tpot_p99_seconds", "threshold": 0.2, "comparison": "<=", "window_s": 30}]
     pool, plan = _plan(make_pool, v2, gates, settings)
-    _record(history, pool, {"error_rate": 0.0, "tpot_p99_s": 0.05})
-    _record(history, pool, {"error_rate": 0.01, "tpot_p99_s": 0.2})
+    _record(default_history, pool, {"error_rate": 0.0, "tpot_p99_s": 0.05})
+    _record(default_history, pool, {"error_rate": 0.01, "tpot_p99_s": 0.2})
     drive(plan, until=("paused",))
     plan.refresh_from_db()
     assert plan.current_step_index == 3
