@@ -149,6 +149,26 @@ def failures(results) -> list:  # noqa: ANN001
     return [r for r in results if r[1] != 200]
 
 
+def serving_pool_under_load(stack, v1, *, production: bool = True):  # noqa: ANN001, ANN201
+    """Cluster ``here`` on the stack's agent, pool ``chat`` (colocated, 1 replica of ``v1``) ready and in the
+    router's table, and the client load started and answered: returns (pool, load); stop the load after."""
+    cluster = cluster_create(name="here", kind="local", agent_url=stack["agent"].base_url, datacenter="dc1",
+                             production=production)
+    pool = pool_create(name="chat", cluster=cluster, role="colocated", model_version=v1, replicas=1,
+                       drain_timeout_s=10)
+    assert wait_for(lambda: Replica.objects.filter(pool=pool, track="stable", ready=True).exists()
+                    and router_applied(stack, routing_table_current().version), READY_TIMEOUT_S), (
+        stack["celery"].log()[-3000:])
+    load = Load(stack["router"].url)
+    load.start()
+    try:
+        assert wait_for(lambda: load.results and load.results[-1][1] == 200, 30), load.results[-3:]
+    except BaseException:
+        load.stop()
+        raise
+    return pool, load
+
+
 def start(operator_api, **body) -> int:  # noqa: ANN001
     r = operator_api.post("/api/v1/rollouts/", body, format="json")
     assert r.status_code == 201, r.json()
@@ -164,16 +184,8 @@ def test_a_canary_that_never_becomes_ready_fails_is_removed_and_the_pool_takes_a
     (an unready replica is the first to go), no client request fails, and a new rollout of the pool starts."""
     agent, router = stack["agent"], stack["router"]
     v1, v2 = register("v1", "gemma-3-270m"), register("v2", "gemma-3-270m@bf16")
-    cluster = cluster_create(name="here", kind="local", agent_url=agent.base_url, datacenter="dc1")
-    pool = pool_create(name="chat", cluster=cluster, role="colocated", model_version=v1, replicas=1,
-                       drain_timeout_s=10)
-    assert wait_for(lambda: Replica.objects.filter(pool=pool, track="stable", ready=True).exists()
-                    and router_applied(stack, routing_table_current().version), READY_TIMEOUT_S), (
-        stack["celery"].log()[-3000:])
-    load = Load(router.url)
-    load.start()
+    pool, load = serving_pool_under_load(stack, v1)
     try:
-        assert wait_for(lambda: load.results and load.results[-1][1] == 200, 30), load.results[-3:]
         began = time.monotonic()
         plan_id = start(operator_api, name="v2 never ready", pools=[pool.pk], target_model_version=v2.pk,
                         strategy="canary", worker_args="--kv-cache-memory 1KiB", router=router_for(router.url).pk,
@@ -208,19 +220,9 @@ def test_a_canary_that_never_becomes_ready_fails_is_removed_and_the_pool_takes_a
 
 
 def test_canary_under_load_faulty_canary_abort_and_blue_green_switch_back(stack, operator_api):
-    agent, router = stack["agent"], stack["router"]
     v1, v2, v3 = register("v1", "gemma-3-270m"), register("v2", "gemma-3-270m@bf16"), register("v3", "gemma-3-270m")
-    cluster = cluster_create(name="here", kind="local", agent_url=agent.base_url, datacenter="dc1",
-                             production=False)  # the faulty canary is a rehearsal
-    pool = pool_create(name="chat", cluster=cluster, role="colocated", model_version=v1, replicas=1,
-                       drain_timeout_s=10)
-    assert wait_for(lambda: Replica.objects.filter(pool=pool, track="stable", ready=True).exists()
-                    and router_applied(stack, routing_table_current().version), READY_TIMEOUT_S), (
-        stack["celery"].log()[-3000:])
-    load = Load(router.url)
-    load.start()
+    pool, load = serving_pool_under_load(stack, v1, production=False)  # the faulty canary is a rehearsal
     try:
-        assert wait_for(lambda: load.results and load.results[-1][1] == 200, 30), load.results[-3:]
         _canary_under_load(stack, operator_api, load, pool, v2)
         _faulty_canary_aborts(stack, operator_api, load, pool, v3)
         _blue_green_switch_back_then_promote(stack, operator_api, load, pool, v3)
