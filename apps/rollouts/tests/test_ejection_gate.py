@@ -6,14 +6,14 @@ import pytest
 from apps.operations.models import Action
 from apps.rollouts.models import GateMeasurement
 from apps.rollouts.tests.conftest import drive, table_weights
-from apps.rollouts.tests.test_gates import _plan, _record, history  # noqa: F401 - history is a fixture
+from apps.rollouts.tests.test_gates import _plan, _record
 
 
 @pytest.mark.django_db
-def test_an_ejected_canary_replica_fails_the_gate_and_the_abort_names_it(make_pool, v2, settings, history):  # noqa: F811
+def test_an_ejected_canary_replica_fails_the_gate_and_the_abort_names_it(make_pool, v2, settings, default_history):
     gate = {"signal": "ejected_replicas", "threshold": 1, "comparison": "<", "window_s": 30, "failure_limit": 0}
     pool, plan = _plan(make_pool, v2, [gate], settings)
-    _record(history, pool, {"router_ejected_replicas": 1.0}, {"router_ejected_replicas": 0.0})
+    _record(default_history, pool, {"router_ejected_replicas": 1.0}, {"router_ejected_replicas": 0.0})
     drive(plan, until=("aborted",))
     plan.refresh_from_db()
     row = GateMeasurement.objects.filter(rollout=plan).latest("id")
@@ -25,9 +25,9 @@ def test_an_ejected_canary_replica_fails_the_gate_and_the_abort_names_it(make_po
 
 
 @pytest.mark.django_db
-def test_no_ejection_passes_the_gate(make_pool, v2, settings, history):  # noqa: F811
+def test_no_ejection_passes_the_gate(make_pool, v2, settings, default_history):
     gate = {"signal": "ejected_replicas", "threshold": 1, "comparison": "<", "window_s": 30}
     pool, plan = _plan(make_pool, v2, [gate], settings)
-    _record(history, pool, {"router_ejected_replicas": 0.0})
+    _record(default_history, pool, {"router_ejected_replicas": 0.0})
     drive(plan, until=("paused",))
     assert list(GateMeasurement.objects.filter(rollout=plan).values_list("value", "passed")) == [(0.0, True)]
