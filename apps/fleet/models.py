@@ -59,6 +59,22 @@ def validate_worker_args(value: str) -> None:
         raise ValidationError(str(exc)) from exc
 
 
+def validate_pool_engine(engine: str, role: str, cluster_kind: str | None) -> None:
+    """A pool's engine against its role and cluster kind. Raises ValidationError naming the field.
+
+    vLLM and SGLang pools run on Kubernetes only (the local agent starts Ferry workers) and only as colocated
+    pools: the prefill -> decode KV hand-off is Ferry's own protocol.
+    """
+    if engine in ("", "ferry"):
+        return
+    if cluster_kind is not None and cluster_kind != "kubernetes":
+        raise ValidationError({"engine": f"engine {engine!r} runs on Kubernetes clusters only; the local agent "
+                                         "runs Ferry workers (engine 'ferry')."})
+    if role not in ("", "colocated"):
+        raise ValidationError({"engine": f"engine {engine!r} serves colocated pools only; prefill and decode pools "
+                                         "hand KV over with Ferry's protocol (engine 'ferry')."})
+
+
 class Cluster(models.Model):
     """A place workers run: a Kubernetes cluster (kubeconfig reference or in-cluster) or this host."""
 
@@ -199,6 +215,11 @@ class Pool(models.Model):
         DECODE = "decode"
         COLOCATED = "colocated"
 
+    class Engine(models.TextChoices):
+        FERRY = "ferry"
+        VLLM = "vllm"
+        SGLANG = "sglang"
+
     class AutoscalingSignal(models.TextChoices):
         NUM_REQUESTS_WAITING = "num_requests_waiting"
         KV_CACHE_USAGE = "kv_cache_usage"
@@ -236,6 +257,10 @@ class Pool(models.Model):
     schedule_overrides = models.JSONField(default=list, blank=True, validators=[validate_schedule_overrides])
     schedule_time_zone = models.CharField(max_length=64, default="UTC", validators=[validate_time_zone])
     drain_timeout_s = models.PositiveIntegerField(default=300, validators=[MaxValueValidator(86_400)])
+    engine = models.CharField(
+        max_length=16, choices=Engine.choices, default=Engine.FERRY,
+        help_text="The server its replicas run (inference_worker.engine_kinds). vllm and sglang: Kubernetes "
+                  "clusters and colocated pools only (the local agent runs Ferry workers; PD hand-off is Ferry's).")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -256,6 +281,7 @@ class Pool(models.Model):
             raise ValidationError({"min_replicas": "min_replicas must be <= max_replicas."})
         if self.gpu_count and not self.gpu_kind:
             raise ValidationError({"gpu_kind": "Say which GPU kind when gpu_count > 0."})
+        validate_pool_engine(self.engine, self.role, self.cluster.kind if self.cluster_id else None)
 
     @property
     def replicas(self) -> int:

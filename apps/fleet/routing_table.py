@@ -126,8 +126,10 @@ def routing_table_content(pools: Sequence[Pool], links: Iterable[ClusterLink], *
              "model_version": r.version or track_versions.get(r.track, "")}
             for r in getattr(pool, "ready_replicas", [])
         ]
-        table_pools.append({"name": pool.name, "role": pool.role, "datacenter": datacenter_of(pool.cluster),
-                            "replicas": replicas})
+        entry = {"name": pool.name, "role": pool.role, "datacenter": datacenter_of(pool.cluster), "replicas": replicas}
+        if pool.engine != Pool.Engine.FERRY:
+            entry["engine"] = pool.engine  # absent for Ferry pools: older routers read the table unchanged
+        table_pools.append(entry)
     content = {
         "tracks": _traffic_tracks(pools),
         "pools": table_pools,

@@ -29,9 +29,10 @@ def replica_list() -> QuerySet[Replica]:
 
 
 def replica_endpoint_rows() -> QuerySet:
-    """``(pool_id, track, name, endpoint)`` of every alive observed replica with an endpoint (one query);
-    telemetry's direct scrape reads them (:func:`apps.telemetry.endpoints.replica_endpoints`)."""
-    return Replica.objects.filter(alive=True).exclude(endpoint="").values_list("pool_id", "track", "name", "endpoint")
+    """``(pool_id, track, name, endpoint, engine, pool name)`` of every alive observed replica with an endpoint (one
+    query); telemetry's direct scrape reads them (:func:`apps.telemetry.endpoints.replica_endpoints`)."""
+    return (Replica.objects.filter(alive=True).exclude(endpoint="")
+            .values_list("pool_id", "track", "name", "endpoint", "pool__engine", "pool__name"))
 
 
 def routing_pools() -> QuerySet[Pool]:

@@ -109,11 +109,19 @@ def track_spec(pool: Pool, track: PoolTrack) -> PoolTrackSpec:
         InvalidSpec: a field the backend cannot express (name too long, bad toleration, worker
             arguments the worker would refuse, ...).
     """
-    try:
-        extra_args = worker_extra_args() + parse_worker_args(track.extra_args,
-                                                             faults_allowed=not pool.cluster.production)
-    except InvalidWorkerArgs as exc:
-        raise InvalidSpec(str(exc)) from exc
+    if pool.engine != Pool.Engine.FERRY:
+        # worker_args and FERRY_WORKER_EXTRA_ARGS are Ferry worker options (an allowlist of its CLI); an engine's
+        # own options are not taken from operators (the allowlist would not cover them).
+        if track.extra_args.strip():
+            raise InvalidSpec(f"worker_args are Ferry worker options; pool {pool.name!r} runs {pool.engine}, whose "
+                              "options cannot be set through worker_args")
+        extra_args: list[str] = []
+    else:
+        try:
+            extra_args = worker_extra_args() + parse_worker_args(track.extra_args,
+                                                                 faults_allowed=not pool.cluster.production)
+        except InvalidWorkerArgs as exc:
+            raise InvalidSpec(str(exc)) from exc
     tolerations = tuple(
         Toleration(key=t.get("key", ""), operator=t.get("operator", "Equal"), value=t.get("value") or None,
                    effect=t.get("effect") or None)
@@ -133,6 +141,7 @@ def track_spec(pool: Pool, track: PoolTrack) -> PoolTrackSpec:
         resources=Resources(gpu_count=pool.gpu_count, cpu=pool.cpu or None, memory=pool.memory or None),
         node_selector=dict(pool.node_selector), tolerations=tolerations,
         drain_timeout_s=min(max(pool.drain_timeout_s, 1), 3600),
+        engine=pool.engine,
     )
 
 

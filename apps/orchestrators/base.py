@@ -19,6 +19,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from inference_worker.engine_kinds import ENGINE_KINDS, FERRY
+
 ROLES = ("prefill", "decode", "colocated")
 TRACKS = ("stable", "canary", "blue", "green")
 
@@ -196,6 +198,9 @@ class PoolTrackSpec:
     labels: Mapping[str, str] = field(default_factory=dict)  # extra labels, merged under Ferry's
     kv_port: int | None = None
     """Decode workers' KV receiver port on Kubernetes (``--kv-port``; the NetworkPolicy opens it); None: any."""
+    engine: str = "ferry"
+    """The server the replicas run (:mod:`inference_worker.engine_kinds`): ``ferry`` (``worker_args``), ``vllm`` or
+    ``sglang`` (Kubernetes only: the container follows the engine's CLI, its weights are a model directory)."""
     kv_peer_cidrs: tuple[str, ...] = ()
     """Addresses of the workers in linked clusters (``ClusterLink.source_cidrs`` of links into this cluster):
     they reach the KV port of decode pools and the HTTP port of prefill pools (remote prefill)."""
@@ -217,6 +222,10 @@ class PoolTrackSpec:
             raise InvalidSpec(f"kv_port must be in 1..65535 and differ from port {self.port}, got {self.kv_port!r}")
         for cidr in self.kv_peer_cidrs:
             validate_cidr(cidr, "kv_peer_cidrs")
+        if self.engine not in ENGINE_KINDS:
+            raise InvalidSpec(f"engine must be one of {', '.join(ENGINE_KINDS)}, got {self.engine!r}")
+        if self.engine != FERRY and self.role != "colocated":
+            raise InvalidSpec(f"engine {self.engine!r} serves colocated pools only (the PD hand-off is Ferry's)")
         for key, value in self.labels.items():
             if key.startswith("ferry.io/"):
                 raise InvalidSpec(f"label {key!r}: the ferry.io/ prefix is reserved for Ferry's own labels")

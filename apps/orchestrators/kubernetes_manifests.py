@@ -31,6 +31,7 @@ from apps.orchestrators.base import (
     PoolTrackSpec,
     validate_dns_label,
 )
+from inference_worker.engine_kinds import FERRY, engine_container
 
 WEIGHTS_DIR = "/models"
 CONTAINER_NAME = "worker"
@@ -57,6 +58,45 @@ if got != want:
     sys.exit(f"sha256 mismatch for {uri}: got {got}, want {want}")
 os.replace(tmp, path)
 """
+
+
+# The same for an engine's model directory (vLLM, SGLang): WEIGHTS_URI is the directory's base URL, holding a
+# SHA256SUMS file (`sha256sum` format, relative paths) whose own sha256 is WEIGHTS_SHA256. The sums file is checked
+# first, then every file it lists is fetched and checked; WEIGHTS_PATH is the directory to fill.
+FETCH_MODEL_DIR_SCRIPT = """\
+import hashlib, os, posixpath, sys, urllib.request
+base, want, root = os.environ["WEIGHTS_URI"].rstrip("/"), os.environ["WEIGHTS_SHA256"], os.environ["WEIGHTS_PATH"]
+def digest(p):
+    h = hashlib.sha256()
+    with open(p, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+with urllib.request.urlopen(base + "/SHA256SUMS") as src:
+    sums = src.read()
+if hashlib.sha256(sums).hexdigest() != want:
+    sys.exit(f"sha256 mismatch for {base}/SHA256SUMS: want {want}")
+for line in sums.decode().splitlines():
+    if not line.strip():
+        continue
+    expected, name = line.split(None, 1)
+    name = name.lstrip("*")
+    if name.startswith("/") or ".." in name.split("/"):
+        sys.exit(f"SHA256SUMS names a path outside the model directory: {name!r}")
+    path = posixpath.join(root, name)
+    if os.path.exists(path) and digest(path) == expected:
+        continue
+    os.makedirs(posixpath.dirname(path), exist_ok=True)
+    with urllib.request.urlopen(base + "/" + name) as src, open(path + ".part", "wb") as dst:
+        while chunk := src.read(1 << 20):
+            dst.write(chunk)
+    if digest(path + ".part") != expected:
+        os.remove(path + ".part")
+        sys.exit(f"sha256 mismatch for {base}/{name}: want {expected}")
+    os.replace(path + ".part", path)
+"""
+MODEL_DIR = f"{WEIGHTS_DIR}/model"
+"""Where an engine's model directory lives in the pod (vLLM, SGLang)."""
 
 
 def selector_labels(pool_name: str, track: str) -> dict[str, str]:
@@ -92,21 +132,7 @@ def kv_link_secret_env() -> dict:
         "name": KV_LINK_SECRET_NAME, "key": KV_LINK_SECRET_KEY, "optional": True}}}
 
 
-def worker_container(spec: PoolTrackSpec) -> dict:
-    """The worker container: command, port, probes (/ready, /health), resources, env.
-
-    ``FERRY_KV_LINK_SECRET`` comes from the Secret :data:`KV_LINK_SECRET_NAME` unless ``spec.env`` (the control
-    plane's ``FERRY_WORKER_ENV``) sets it as a value.
-    """
-    env = [{"name": key, "value": value} for key, value in sorted(spec.env.items())]
-    env.append({"name": "FERRY_REPLICA", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}})
-    if spec.model.weights_uri:
-        env.append({"name": "FERRY_WEIGHTS_PATH", "value": weights_path(spec)})
-    # A fatal error (a model that fails to load) is written there and the worker exits non-zero; the
-    # kubelet keeps it as the container's terminated.message, which observe() reports.
-    env.append({"name": "FERRY_TERMINATION_MESSAGE_PATH", "value": TERMINATION_MESSAGE_PATH})
-    if KV_LINK_SECRET_KEY not in spec.env:
-        env.append(kv_link_secret_env())
+def _resources(spec: PoolTrackSpec) -> dict:
     requests: dict[str, str] = {}
     limits: dict[str, str] = {}
     if spec.resources.cpu:
@@ -116,6 +142,55 @@ def worker_container(spec: PoolTrackSpec) -> dict:
     if spec.resources.gpu_count:
         # Extended resources must have request == limit.
         requests[spec.resources.gpu_kind] = limits[spec.resources.gpu_kind] = str(spec.resources.gpu_count)
+    return {"requests": requests, "limits": limits}
+
+
+def engine_worker_container(spec: PoolTrackSpec) -> dict:
+    """The container of a vLLM or SGLang replica: the engine's own CLI (:func:`inference_worker.engine_kinds.
+    engine_container`) serving :data:`MODEL_DIR` (or, without ``weights_uri``, the model name, which the engine
+    resolves itself), with probes on the engine's health paths and the same resources and drain as Ferry's."""
+    engine = engine_container(spec.engine, model_dir=MODEL_DIR if spec.model.weights_uri else spec.model.name,
+                              served_model_name=spec.model.name, port=spec.port, extra_args=spec.extra_args)
+    container: dict = {
+        "name": CONTAINER_NAME,
+        "image": spec.model.image,
+        "command": engine.command,
+        "args": engine.args,
+        "ports": [{"name": "http", "containerPort": spec.port, "protocol": "TCP"}],
+        "env": [{"name": key, "value": value} for key, value in sorted(spec.env.items())],
+        "terminationMessagePath": TERMINATION_MESSAGE_PATH,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "resources": _resources(spec),
+        "readinessProbe": {"httpGet": {"path": engine.ready_path, "port": "http"}, "periodSeconds": 5,
+                           "failureThreshold": 1},
+        "livenessProbe": {"httpGet": {"path": engine.health_path, "port": "http"}, "initialDelaySeconds": 30,
+                          "periodSeconds": 10, "failureThreshold": 3},
+        "startupProbe": {"httpGet": {"path": engine.health_path, "port": "http"}, "periodSeconds": 5,
+                         "failureThreshold": 360},  # up to 30 minutes: large models and compile/graph capture
+    }
+    if spec.model.weights_uri:
+        container["volumeMounts"] = [{"name": "weights", "mountPath": WEIGHTS_DIR}]
+    return container
+
+
+def worker_container(spec: PoolTrackSpec) -> dict:
+    """The worker container: command, port, probes (/ready, /health), resources, env.
+
+    ``FERRY_KV_LINK_SECRET`` comes from the Secret :data:`KV_LINK_SECRET_NAME` unless ``spec.env`` (the control
+    plane's ``FERRY_WORKER_ENV``) sets it as a value. A vLLM or SGLang track gets
+    :func:`engine_worker_container` instead.
+    """
+    if spec.engine != FERRY:
+        return engine_worker_container(spec)
+    env = [{"name": key, "value": value} for key, value in sorted(spec.env.items())]
+    env.append({"name": "FERRY_REPLICA", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}})
+    if spec.model.weights_uri:
+        env.append({"name": "FERRY_WEIGHTS_PATH", "value": weights_path(spec)})
+    # A fatal error (a model that fails to load) is written there and the worker exits non-zero; the
+    # kubelet keeps it as the container's terminated.message, which observe() reports.
+    env.append({"name": "FERRY_TERMINATION_MESSAGE_PATH", "value": TERMINATION_MESSAGE_PATH})
+    if KV_LINK_SECRET_KEY not in spec.env:
+        env.append(kv_link_secret_env())
     container: dict = {
         "name": CONTAINER_NAME,
         "image": spec.model.image,
@@ -130,7 +205,7 @@ def worker_container(spec: PoolTrackSpec) -> dict:
         "env": env,
         "terminationMessagePath": TERMINATION_MESSAGE_PATH,
         "terminationMessagePolicy": "FallbackToLogsOnError",  # other crashes: the log tail is the message
-        "resources": {"requests": requests, "limits": limits},
+        "resources": _resources(spec),
         "readinessProbe": {
             "httpGet": {"path": "/ready", "port": "http"},
             "periodSeconds": 2,
@@ -154,15 +229,20 @@ def worker_container(spec: PoolTrackSpec) -> dict:
 
 
 def fetch_weights_init_container(spec: PoolTrackSpec) -> dict:
-    """Init container that downloads ``weights_uri`` and refuses to start on a sha256 mismatch."""
+    """Init container that downloads ``weights_uri`` and refuses to start on a sha256 mismatch.
+
+    Ferry's worker: one weights file checked against ``sha256``. vLLM/SGLang: a model directory checked through
+    its ``SHA256SUMS`` file, whose sha256 is ``sha256`` (:data:`FETCH_MODEL_DIR_SCRIPT`).
+    """
+    directory = spec.engine != FERRY
     return {
         "name": "fetch-weights",
         "image": spec.model.image,
-        "command": ["python", "-c", FETCH_WEIGHTS_SCRIPT],
+        "command": ["python3", "-c", FETCH_MODEL_DIR_SCRIPT] if directory else ["python", "-c", FETCH_WEIGHTS_SCRIPT],
         "env": [
             {"name": "WEIGHTS_URI", "value": spec.model.weights_uri},
             {"name": "WEIGHTS_SHA256", "value": spec.model.sha256},
-            {"name": "WEIGHTS_PATH", "value": weights_path(spec)},
+            {"name": "WEIGHTS_PATH", "value": MODEL_DIR if directory else weights_path(spec)},
         ],
         "volumeMounts": [{"name": "weights", "mountPath": WEIGHTS_DIR}],
     }

@@ -25,19 +25,25 @@ from urllib.parse import urlsplit
 from django.conf import settings
 
 from apps.fleet.selectors import replica_endpoint_rows, router_list
+from inference_worker.engine_kinds import FERRY, check_engine, prometheus_metric_relabel_configs
 
 
 @dataclass(frozen=True)
 class ReplicaEndpoint:
     """One worker replica: its pool's primary key, track, replica name and base URL (``http://host:port``).
 
-    ``metrics_url`` is ``<url>/metrics``. Raises ``ValueError`` for a URL without scheme/host.
+    ``metrics_url`` is ``<url>/metrics``. ``engine`` is the pool's engine kind
+    (:mod:`inference_worker.engine_kinds`): its series are translated to Ferry's names where they are read.
+    ``pool_name`` is the pool's name (the ``pool`` label a Prometheus job sets on an engine's series, which do not
+    carry Ferry's labels themselves). Raises ``ValueError`` for a URL without scheme/host or an unknown engine.
     """
 
     pool_id: str
     track: str
     replica: str
     url: str
+    engine: str = FERRY
+    pool_name: str = ""
 
     def __post_init__(self):
         parts = urlsplit(self.url)
@@ -45,6 +51,7 @@ class ReplicaEndpoint:
             raise ValueError(f"replica {self.replica!r} has URL {self.url!r}; expected http(s)://host:port")
         if not self.pool_id or not self.track or not self.replica:
             raise ValueError("a replica endpoint needs a pool, a track and a replica name")
+        check_engine(self.engine)
 
     @property
     def metrics_url(self) -> str:
@@ -126,8 +133,9 @@ def replica_endpoints() -> list[ReplicaEndpoint]:
     if _provider:
         return list(_provider[0]())
     found = {}
-    for pool_id, track, name, endpoint in replica_endpoint_rows():
-        ep = ReplicaEndpoint(pool_id=str(pool_id), track=track, replica=name, url=endpoint)
+    for pool_id, track, name, endpoint, engine, pool_name in replica_endpoint_rows():
+        ep = ReplicaEndpoint(pool_id=str(pool_id), track=track, replica=name, url=endpoint, engine=engine,
+                             pool_name=pool_name)
         found[ep.key] = ep
     for ep in static_endpoints():
         found.setdefault(ep.key, ep)
@@ -138,10 +146,13 @@ def prometheus_scrape_config(endpoints: Iterable[ReplicaEndpoint], *, interval_s
     """A Prometheus ``scrape_configs`` job scraping ``endpoints``, as a dict to dump as YAML.
 
     Targets carry ``pool_id``/``track``/``replica`` target labels (so ``up`` is attributable);
-    ``honor_labels`` keeps the worker's own labels (``pool`` = the pool's name) authoritative.
+    ``honor_labels`` keeps the worker's own labels (``pool`` = the pool's name) authoritative. Only Ferry workers:
+    replicas of other engine kinds are scraped by :func:`prometheus_engine_scrape_configs`' jobs.
     """
     static_configs = []
     for ep in endpoints:
+        if ep.engine != FERRY:
+            continue
         static_configs.append(
             {
                 "targets": [urlsplit(ep.url).netloc],
@@ -157,6 +168,31 @@ def prometheus_scrape_config(endpoints: Iterable[ReplicaEndpoint], *, interval_s
         "metrics_path": "/metrics",
         "static_configs": static_configs,
     }
+
+
+def prometheus_engine_scrape_configs(endpoints: Iterable[ReplicaEndpoint], *, interval_s: float = 1.0) -> list[dict]:
+    """One Prometheus ``scrape_configs`` job per engine kind other than Ferry's (``ferry-<engine>``), as dicts.
+
+    An engine's series carry none of Ferry's labels, so each target sets ``pool`` (the pool's name), ``pool_id``,
+    ``track`` and ``replica``, and the job's ``metric_relabel_configs`` rename the engine's series to Ferry's
+    names (:func:`inference_worker.engine_kinds.prometheus_metric_relabel_configs`): the PromQL signals then read
+    a vLLM or SGLang pool exactly as a Ferry one. Raises ``ValueError`` for an engine endpoint without a pool name.
+    """
+    by_engine: dict[str, list[dict]] = {}
+    for ep in endpoints:
+        if ep.engine == FERRY:
+            continue
+        if not ep.pool_name:
+            raise ValueError(f"replica {ep.replica!r} runs {ep.engine} but has no pool name for its pool label")
+        by_engine.setdefault(ep.engine, []).append({
+            "targets": [urlsplit(ep.url).netloc],
+            "labels": {"pool": ep.pool_name, "pool_id": ep.pool_id, "track": ep.track, "replica": ep.replica},
+        })
+    interval = f"{round(interval_s * 1000)}ms"
+    return [{"job_name": f"ferry-{engine}", "scrape_interval": interval, "scrape_timeout": interval,
+             "metrics_path": "/metrics", "static_configs": targets,
+             "metric_relabel_configs": prometheus_metric_relabel_configs(engine)}
+            for engine, targets in sorted(by_engine.items())]
 
 
 def prometheus_router_scrape_config(routers: Iterable[RouterEndpoint], *, interval_s: float = 1.0) -> dict:

@@ -37,14 +37,15 @@ class PoolTarget:
     label: str
     tracks: tuple[str, ...]
     source: SourceChoice
+    engine: str = "ferry"
 
     def scope(self, track: str | None = None) -> Scope:
         """The pool's scope for its source: Prometheus selects by the workers' ``pool`` label (the
         pool's name, as the orchestrator passes ``--pool``); direct scrape by endpoint pool id, and
-        router series (labelled with the pool's name) by that label."""
+        router series (labelled with the pool's name) by that label. ``engine``: the pool's engine kind."""
         if self.source.kind == "prometheus":
-            return Scope(self.label, track)
-        return Scope(str(self.pool_id), track, label=self.label)
+            return Scope(self.label, track, engine=self.engine)
+        return Scope(str(self.pool_id), track, label=self.label, engine=self.engine)
 
 
 def metric_source_choice(cluster: Cluster) -> SourceChoice:
@@ -73,7 +74,7 @@ def poll_targets() -> list[PoolTarget]:
     )
     return [
         PoolTarget(pool.pk, pool.name, tuple(t.name for t in pool.tracks.all()),
-                   metric_source_choice(pool.cluster))
+                   metric_source_choice(pool.cluster), engine=pool.engine)
         for pool in pools
     ]
 

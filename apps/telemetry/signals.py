@@ -32,6 +32,7 @@ from apps.telemetry.series_math import (
     histogram_quantile,
     safe_ratio,
 )
+from inference_worker.engine_kinds import FERRY, UNSUPPORTED_SIGNALS
 
 Matcher = tuple[str, str, str]  # (label, op, value) with op one of "=", "!=", "=~", "!~"
 
@@ -290,6 +291,9 @@ class Scope:
     pool: str
     track: str | None = None
     label: str | None = None
+    engine: str = FERRY
+    """The pool's engine kind: signals its metrics cannot give (:data:`~inference_worker.engine_kinds.
+    UNSUPPORTED_SIGNALS`) are no data, never a value read from absent series."""
 
     @property
     def pool_label(self) -> str:
@@ -315,6 +319,11 @@ class SignalSet:
     window_s: float
     source: str
     values: dict[str, float | None] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in UNSUPPORTED_SIGNALS.get(self.scope.engine, ()):
+            if name in self.values:
+                self.values[name] = None
 
     def get(self, name: str) -> float | None:
         if name not in SIGNAL_SPECS:

@@ -8,7 +8,8 @@ A pull or parse failure keeps the last good table and is counted. The version ap
 
 :class:`QueueDepthScraper` reads each replica's ``/metrics`` and records the sums of
 ``ferry_num_requests_waiting`` and ``ferry_num_requests_running`` and the largest
-``ferry_kv_cache_usage_ratio`` (scoring's load signals).
+``ferry_kv_cache_usage_ratio`` (scoring's load signals); a vLLM or SGLang pool's page is read through
+:func:`inference_worker.engine_kinds.translate_samples` (``vllm:num_requests_waiting``, ``sglang:num_queue_reqs``...).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from inference_worker.engine_kinds import FERRY, translate_samples
 from inference_worker.router.decisions import LoadTracker
 from inference_worker.router.metrics import RouterMetrics
 from inference_worker.router.table import RoutingTable, RoutingTableError
@@ -102,7 +104,7 @@ class QueueDepthScraper:
         table = self.source.table
         if table is None:
             return
-        results = await asyncio.gather(*(self._signals(r.url) for r in table.replicas))
+        results = await asyncio.gather(*(self._signals(r.url, r.engine) for r in table.replicas))
         for replica, signals in zip(table.replicas, results, strict=True):
             if signals is None:
                 self.loads.forget(replica.name)
@@ -112,14 +114,20 @@ class QueueDepthScraper:
                 self.loads.running[replica.name] = running
                 self.loads.kv_usage[replica.name] = usage
 
-    async def _signals(self, url: str) -> tuple[float, float, float] | None:
+    async def _signals(self, url: str, engine: str = FERRY) -> tuple[float, float, float] | None:
+        """Summed waiting and running requests and the largest KV usage of one replica's ``/metrics`` page, read in
+        Ferry's names (an engine's own series translated by :mod:`inference_worker.engine_kinds`); None if the page
+        cannot be fetched or parsed."""
         try:
             response = await self.client.get(url + "/metrics", timeout=2.0)
             response.raise_for_status()
             values: dict[str, list[float]] = {name: [] for name in SCRAPED}
-            for family in text_string_to_metric_families(response.text):
-                if family.name in values:
-                    values[family.name].extend(sample.value for sample in family.samples)
+            samples = translate_samples(engine, ((sample.name, sample.labels, sample.value)
+                                                 for family in text_string_to_metric_families(response.text)
+                                                 for sample in family.samples))
+            for name, _labels, value in samples:
+                if name in values:
+                    values[name].append(value)
             waiting, running, usage = values.values()
             return sum(waiting), sum(running), max(usage, default=0.0)
         except (httpx.HTTPError, ValueError):

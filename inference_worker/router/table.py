@@ -12,7 +12,9 @@ JSON shape (served by the control plane at ``GET /api/v1/routing-table/`` or kep
         {"name": "decode-dc1", "role": "decode", "datacenter": "dc1",       # role: decode|colocated|prefill
          "replicas": [{"name": "decode-dc1-0", "url": "http://10.0.0.5:8000", "track": "stable",
                        "model_version": "v1"}]},                             # model_version: default = track's
-        {"name": "prefill-dc2", "role": "prefill", "datacenter": "dc2", "replicas": [...]}
+        {"name": "prefill-dc2", "role": "prefill", "datacenter": "dc2", "replicas": [...]},
+        {"name": "chat-vllm", "role": "colocated", "engine": "vllm", "replicas": [...]}  # engine: ferry (default)
+                                                        # | vllm | sglang (inference_worker.engine_kinds)
       ],
       "links": [{"source": "dc2", "target": "dc1", "bandwidth_gbps": 10, "rtt_ms": 20}],
       "length_routing": {"threshold_tokens": 2048},    # fixed threshold, or derived:
@@ -37,6 +39,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from inference_worker.engine_kinds import ENGINE_KINDS, FERRY
 from inference_worker.kv_transfer.layout import KVLayout
 from inference_worker.router.pd_cost import PDProfile
 from inference_worker.router.pd_cost import derived_threshold as _derived_threshold
@@ -62,6 +65,8 @@ class Replica:
     track: str
     model_version: str
     datacenter: str = ""
+    engine: str = FERRY
+    """The pool's engine kind (:mod:`inference_worker.engine_kinds`): how its ``/metrics`` names read."""
 
 
 @dataclass(frozen=True)
@@ -144,6 +149,10 @@ class RoutingTable:
                 role = pool["role"]
                 if role not in ROLES:
                     raise RoutingTableError(f"pool {pool['name']!r}: role must be one of {ROLES}, got {role!r}")
+                engine = str(pool.get("engine", FERRY))
+                if engine not in ENGINE_KINDS:
+                    raise RoutingTableError(f"pool {pool['name']!r}: engine must be one of {ENGINE_KINDS}, got "
+                                            f"{engine!r}")
                 for r in pool["replicas"]:
                     track = by_track.get(r["track"])
                     model_version = r.get("model_version") or (track.model_version if track else None)
@@ -151,7 +160,8 @@ class RoutingTable:
                         raise RoutingTableError(f"replica {r['name']!r}: unknown track {r['track']!r} and no "
                                                 "model_version")
                     replicas.append(Replica(str(r["name"]), str(r["url"]).rstrip("/"), str(pool["name"]), role,
-                                            str(r["track"]), str(model_version), str(pool.get("datacenter", ""))))
+                                            str(r["track"]), str(model_version), str(pool.get("datacenter", "")),
+                                            engine))
             if len({r.name for r in replicas}) != len(replicas):
                 raise RoutingTableError("replica names must be unique")
             links = tuple(Link(str(x["source"]), str(x["target"]), float(x["bandwidth_gbps"]),

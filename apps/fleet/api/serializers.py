@@ -4,10 +4,20 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.core.exceptions import ValidationError as DjangoValidationError
 from rest_framework import serializers
 
 from apps.core.serializers import StrictFieldsMixin
-from apps.fleet.models import MAX_REPLICAS, Cluster, ClusterLink, Pool, PoolTrack, Replica, Router
+from apps.fleet.models import (
+    MAX_REPLICAS,
+    Cluster,
+    ClusterLink,
+    Pool,
+    PoolTrack,
+    Replica,
+    Router,
+    validate_pool_engine,
+)
 
 
 class ClusterSerializer(StrictFieldsMixin, serializers.ModelSerializer):
@@ -68,10 +78,18 @@ class PoolSerializer(StrictFieldsMixin, serializers.ModelSerializer):
                   "cpu", "memory", "node_selector", "tolerations", "autoscaling_enabled", "min_replicas",
                   "max_replicas", "autoscaling_signal", "autoscaling_target", "scale_up_stabilization_s",
                   "scale_down_stabilization_s", "schedule_overrides",
-                  "schedule_time_zone", "drain_timeout_s", "created_at", "updated_at"]
+                  "schedule_time_zone", "drain_timeout_s", "engine", "created_at", "updated_at"]
         read_only_fields = ["created_at", "updated_at"]
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        current = self.instance
+        cluster = attrs.get("cluster", current.cluster if current is not None else None)
+        try:
+            validate_pool_engine(attrs.get("engine", current.engine if current is not None else Pool.Engine.FERRY),
+                                 attrs.get("role", current.role if current is not None else ""),
+                                 cluster.kind if cluster is not None else None)
+        except DjangoValidationError as exc:
+            raise serializers.ValidationError(exc.message_dict) from exc
         if self.instance is not None and "replicas" in attrs:
             raise serializers.ValidationError({"replicas": "Change replicas with POST /api/v1/pools/{id}/scale/."})
         if self.instance is None and "replicas" not in attrs:

@@ -38,6 +38,7 @@ from apps.telemetry import metric_names as m
 from apps.telemetry.endpoints import ReplicaEndpoint, RouterEndpoint
 from apps.telemetry.signals import Matcher, Scope, SignalSet, evaluate_signals, labels_match
 from apps.telemetry.sources.base import MetricSource
+from inference_worker.engine_kinds import FERRY, translate_name, translate_samples
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +70,26 @@ def _starts_at_zero(family_type: str, sample_name: str) -> bool:
     return sample_name.endswith(_MONOTONIC_SUFFIXES.get(family_type, ()))
 
 
+def _samples(endpoint: Endpoint, families: list) -> list[tuple[str, dict[str, str], float, bool]]:
+    """``(name, labels, value, monotonic)`` of every sample worth storing, in Ferry's names.
+
+    A replica of another engine kind (``ReplicaEndpoint.engine``) has its series translated by
+    :func:`inference_worker.engine_kinds.translate_samples` (what Ferry does not read is left out); ``monotonic``:
+    the series counts up from 0 when created (:func:`_starts_at_zero`).
+    """
+    engine = getattr(endpoint, "engine", FERRY)
+    if engine == FERRY:
+        return [(sample.name, sample.labels, sample.value, _starts_at_zero(family.type, sample.name))
+                for family in families for sample in family.samples if not sample.name.endswith("_created")]
+    kinds = {sample.name: family.type for family in families for sample in family.samples}
+    translated = translate_samples(engine, ((sample.name, sample.labels, sample.value)
+                                            for family in families for sample in family.samples
+                                            if not sample.name.endswith("_created")))
+    monotonic_names = {target for source, family_type in kinds.items() if _starts_at_zero(family_type, source)
+                       for target in [translate_name(engine, source)] if target is not None}
+    return [(name, labels, value, name in monotonic_names) for name, labels, value in translated]
+
+
 class SampleStore:
     """Recent samples per series per replica (or router), trimmed to ``retention_s`` seconds.
 
@@ -94,18 +115,14 @@ class SampleStore:
                          and state.last_ok_s < at_s else None)
         stored = 0
         seen: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
-        for family in families:
-            for sample in family.samples:
-                if sample.name.endswith("_created"):
-                    continue
-                labels = tuple(sorted(sample.labels.items()))
-                series = self._series.setdefault((endpoint.key, sample.name, labels), deque())
-                if (previous_ok_s is not None and (sample.name, labels) not in state.series
-                        and _starts_at_zero(family.type, sample.name)):
-                    series.append((previous_ok_s, 0.0))
-                series.append((at_s, float(sample.value)))
-                seen.add((sample.name, labels))
-                stored += 1
+        for name, sample_labels, value, monotonic in _samples(endpoint, families):
+            labels = tuple(sorted(sample_labels.items()))
+            series = self._series.setdefault((endpoint.key, name, labels), deque())
+            if previous_ok_s is not None and (name, labels) not in state.series and monotonic:
+                series.append((previous_ok_s, 0.0))
+            series.append((at_s, float(value)))
+            seen.add((name, labels))
+            stored += 1
         if state is None:
             state = self._replicas[endpoint.key] = _ReplicaState(endpoint, at_s, True)
         state.endpoint, state.last_seen_s, state.up, state.last_ok_s = endpoint, at_s, True, at_s

@@ -20,6 +20,7 @@ import yaml
 from apps.telemetry.endpoints import (
     ReplicaEndpoint,
     RouterEndpoint,
+    prometheus_engine_scrape_configs,
     prometheus_router_scrape_config,
     prometheus_scrape_config,
 )
@@ -47,6 +48,7 @@ class PrometheusProcess:
         config = {"global": {"scrape_interval": f"{round(interval_s * 1000)}ms",
                              "evaluation_interval": f"{round(interval_s * 1000)}ms"},
                   "scrape_configs": [prometheus_scrape_config(endpoints, interval_s=interval_s)]}
+        config["scrape_configs"] += prometheus_engine_scrape_configs(endpoints, interval_s=interval_s)
         if routers:
             config["scrape_configs"].append(prometheus_router_scrape_config(routers, interval_s=interval_s))
         (self.dir / "prometheus.yml").write_text(yaml.safe_dump(config))
