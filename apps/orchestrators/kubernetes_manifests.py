@@ -34,6 +34,7 @@ from apps.orchestrators.base import (
 from inference_worker.engine_kinds import FERRY, engine_container
 
 WEIGHTS_DIR = "/models"
+LABEL_ENGINE = "ferry.io/engine"
 CONTAINER_NAME = "worker"
 
 # Runs in the worker image (it has Python) as the init container: download the weights once,
@@ -105,8 +106,12 @@ def selector_labels(pool_name: str, track: str) -> dict[str, str]:
 
 
 def track_labels(spec: PoolTrackSpec) -> dict[str, str]:
-    """All labels on a track's objects and pods."""
-    return {**spec.ferry_labels(), LABEL_COMPONENT: "inference-worker", LABEL_MANAGED_BY: "ferry"}
+    """All labels on a track's objects and pods; vLLM and SGLang pods also carry ``ferry.io/engine`` (a Prometheus
+    ``kubernetes_sd`` job selects them by it to apply the engine's relabel rules)."""
+    labels = {**spec.ferry_labels(), LABEL_COMPONENT: "inference-worker", LABEL_MANAGED_BY: "ferry"}
+    if spec.engine != FERRY:
+        labels[LABEL_ENGINE] = spec.engine
+    return labels
 
 
 def weights_path(spec: PoolTrackSpec) -> str:

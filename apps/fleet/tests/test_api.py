@@ -195,3 +195,27 @@ def test_cluster_and_link_writes_refuse_read_only_and_unknown_fields(admin_api, 
     r = admin_api.post("/api/v1/cluster-links/", {"source": a.pk, "destination": b.pk, "bandwidth_gbps": 10,
                                                    "rtt_ms": 1, "latency_ms": 1}, format="json")
     assert (r.status_code, r.json()) == (400, {"latency_ms": ["Unknown field: it is not part of this resource."]})
+
+
+@pytest.mark.django_db
+def test_a_vllm_or_sglang_pool_is_a_colocated_pool_on_kubernetes(admin_api, cluster, make_cluster, model_version):
+    kube = make_cluster("k8s-e", kind="kubernetes", agent_url="", namespace="ferry", in_cluster=True)
+    local = admin_api.post("/api/v1/pools/", _pool_body(cluster, model_version, name="chat", role="colocated",
+                                                        engine="vllm"), format="json")
+    assert local.status_code == 400
+    assert local.json() == {"engine": ["engine 'vllm' runs on Kubernetes clusters only; the local agent runs Ferry "
+                                       "workers (engine 'ferry')."]}
+    decode = admin_api.post("/api/v1/pools/", _pool_body(kube, model_version, name="chat", engine="sglang"),
+                            format="json")
+    assert decode.status_code == 400
+    assert "colocated pools only" in decode.json()["engine"][0]
+    unknown = admin_api.post("/api/v1/pools/", _pool_body(kube, model_version, name="chat", role="colocated",
+                                                          engine="tgi"), format="json")
+    assert unknown.status_code == 400 and "engine" in unknown.json()
+    ok = admin_api.post("/api/v1/pools/", _pool_body(kube, model_version, name="chat", role="colocated",
+                                                     engine="vllm"), format="json")
+    assert ok.status_code == 201, ok.json()
+    assert ok.json()["engine"] == "vllm"
+    switch = admin_api.patch(f"/api/v1/pools/{ok.json()['id']}/", {"role": "decode"}, format="json")
+    assert switch.status_code == 400 and "colocated pools only" in switch.json()["engine"][0]
+    assert Pool.objects.get(pk=ok.json()["id"]).role == "colocated"

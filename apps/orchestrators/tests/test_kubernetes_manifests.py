@@ -192,3 +192,98 @@ def test_invalid_specs_raise_clear_errors(overrides, message):
 def test_model_with_weights_uri_requires_a_sha256():
     with pytest.raises(InvalidSpec, match="sha256 must be 64 lowercase hex"):
         ModelRef(name="gemma-3-270m", version="v1", weights_uri="https://x/y.gguf", sha256="abc")
+
+
+@pytest.mark.parametrize(("engine", "command", "args", "ready"), [
+    ("vllm", ["vllm"], ["serve", "/models/model", "--served-model-name", "gemma-3-270m", "--host", "0.0.0.0",
+                        "--port", "8000"], "/health"),
+    ("sglang", ["python3", "-m", "sglang.launch_server"],
+     ["--model-path", "/models/model", "--served-model-name", "gemma-3-270m", "--host", "0.0.0.0", "--port", "8000",
+      "--enable-metrics"], "/health_generate"),
+])
+def test_an_engine_pool_runs_the_engines_cli_on_a_checked_model_directory(engine, command, args, ready):
+    spec = make_spec(engine=engine, role="colocated", extra_args=(), tolerations=(), node_selector={},
+                     model=ModelRef(name="gemma-3-270m", version="v2", image=f"registry.local/{engine}:1",
+                                    weights_uri="https://models.local/gemma-3-270m/", sha256=SHA))
+    dep = m.deployment_manifest(spec)
+    assert dep["metadata"]["labels"]["ferry.io/engine"] == engine
+    assert dep["spec"]["template"]["spec"] == {
+        "containers": [{
+            "name": "worker",
+            "image": f"registry.local/{engine}:1",
+            "command": command,
+            "args": args,
+            "ports": [{"name": "http", "containerPort": 8000, "protocol": "TCP"}],
+            "env": [{"name": "FERRY_LOG_LEVEL", "value": "info"}],
+            "terminationMessagePath": "/dev/termination-log",
+            "terminationMessagePolicy": "FallbackToLogsOnError",
+            "resources": {"requests": {"cpu": "4", "memory": "16Gi", "nvidia.com/gpu": "1"},
+                          "limits": {"memory": "16Gi", "nvidia.com/gpu": "1"}},
+            "readinessProbe": {"httpGet": {"path": ready, "port": "http"}, "periodSeconds": 5, "failureThreshold": 1},
+            "livenessProbe": {"httpGet": {"path": "/health", "port": "http"}, "initialDelaySeconds": 30,
+                              "periodSeconds": 10, "failureThreshold": 3},
+            "startupProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 5, "failureThreshold": 360},
+            "volumeMounts": [{"name": "weights", "mountPath": "/models"}],
+        }],
+        "terminationGracePeriodSeconds": 50,
+        "initContainers": [{
+            "name": "fetch-weights",
+            "image": f"registry.local/{engine}:1",
+            "command": ["python3", "-c", m.FETCH_MODEL_DIR_SCRIPT],
+            "env": [{"name": "WEIGHTS_URI", "value": "https://models.local/gemma-3-270m/"},
+                    {"name": "WEIGHTS_SHA256", "value": SHA},
+                    {"name": "WEIGHTS_PATH", "value": "/models/model"}],
+            "volumeMounts": [{"name": "weights", "mountPath": "/models"}],
+        }],
+        "volumes": [{"name": "weights", "emptyDir": {}}],
+    }
+
+
+def test_an_engine_pool_is_colocated_only():
+    with pytest.raises(InvalidSpec, match="colocated pools only"):
+        make_spec(engine="vllm", role="decode")
+    with pytest.raises(InvalidSpec, match="engine must be one of"):
+        make_spec(engine="tgi", role="colocated")
+
+
+def test_the_model_directory_check_refuses_a_tampered_file(tmp_path):
+    """The init script itself: a directory served over HTTP whose SHA256SUMS is pinned; one file changed after the
+    sums were made is refused with its name, and nothing half-written stays."""
+    import hashlib
+    import os
+    import subprocess
+    import sys
+    import threading
+    from functools import partial
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+    src = tmp_path / "src"
+    (src / "tokenizer").mkdir(parents=True)
+    files = {"config.json": b'{"model_type": "gemma3"}', "tokenizer/tokenizer.json": b"{}", "model.safetensors": b"w" * 4096}
+    for name, body in files.items():
+        (src / name).write_bytes(body)
+    sums = "".join(f"{hashlib.sha256(body).hexdigest()}  {name}\n" for name, body in files.items()).encode()
+    (src / "SHA256SUMS").write_bytes(sums)
+    pinned = hashlib.sha256(sums).hexdigest()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), partial(SimpleHTTPRequestHandler, directory=str(src)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/"
+
+    def fetch(dest, sha):
+        env = {**os.environ, "WEIGHTS_URI": url, "WEIGHTS_SHA256": sha, "WEIGHTS_PATH": str(dest)}
+        return subprocess.run([sys.executable, "-c", m.FETCH_MODEL_DIR_SCRIPT], env=env, capture_output=True,
+                              text=True, timeout=60)
+
+    try:
+        ok = fetch(tmp_path / "a", pinned)
+        assert ok.returncode == 0, ok.stderr
+        assert {p.relative_to(tmp_path / "a").as_posix() for p in (tmp_path / "a").rglob("*") if p.is_file()} == set(files)
+        assert fetch(tmp_path / "b", "0" * 64).stderr.strip().endswith(f"{url}SHA256SUMS: want {'0' * 64}")
+        (src / "model.safetensors").write_bytes(b"x" * 4096)
+        bad = fetch(tmp_path / "c", pinned)
+        assert bad.returncode == 1 and f"sha256 mismatch for {url}model.safetensors" in bad.stderr
+        assert not (tmp_path / "c" / "model.safetensors").exists()
+        assert not (tmp_path / "c" / "model.safetensors.part").exists()
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -96,3 +96,52 @@ def test_passing_analysis_lets_the_rollout_continue(operator_api, make_pool, v2,
     assert values == [("error_rate", 0.01, True), ("tpot_p99_seconds", 0.2, True)]
     body = operator_api.get(f"/api/v1/rollout-measurements/?rollout={plan.pk}").json()
     assert body["count"] == 2
+
+
+@pytest.mark.django_db
+def test_a_ttft_gate_evaluates_on_a_vllm_pool_from_the_engines_own_metrics(make_cluster, model_version, v2, settings,
+                                                                           default_history):
+    """A vLLM pool under a canary: the real poller reads the canary replica's vLLM page (documented names, served in
+    the text format), writes the history the gate reads, and the TTFT p99 gate measures the hand-computed value."""
+    from apps.fleet.services import pool_create
+    from apps.telemetry.endpoints import ReplicaEndpoint
+    from apps.telemetry.poller import TelemetryPoller
+    from apps.telemetry.tests.engine_exporters import VllmExporter, serve_text_format
+
+    settings.FERRY_ROLLOUT_TICK_S = 0
+    settings.FERRY_PROMETHEUS_URL = ""  # direct scrape
+    kube = make_cluster("k8s-v", kind="kubernetes", agent_url="", namespace="ferry", in_cluster=True)
+    pool = pool_create(name="chat", cluster=kube, role="colocated", model_version=model_version, replicas=2,
+                       engine="vllm")
+    observe(pool)
+    gate = {"signal": "ttft_p99_seconds", "threshold": 0.2, "comparison": "<", "window_s": 30, "failure_limit": 1}
+    plan = services.rollout_plan_create(pools=[pool], target_model_version=v2, name="vllm-canary", strategy="canary",
+                                        steps=[{"set_weight": 50}, {"pause": {}}, {"analysis": {}}, {"pause": {}}],
+                                        gates=[gate])
+    services.rollout_start(plan=plan)
+    drive(plan, until=("paused",))  # the canary track exists, at 50%
+
+    exporter = VllmExporter()
+    server = serve_text_format(exporter.registry)
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    poller = TelemetryPoller(history=default_history, window_s=10,
+                             endpoints=lambda: [ReplicaEndpoint(str(pool.pk), "canary", "chat-canary-0", url,
+                                                                engine="vllm", pool_name="chat")])
+    try:
+        poller.poll_once()
+        for _ in range(2):
+            time.sleep(0.5)  # samples are stamped at scrape time
+            for ttft in (0.05,) * 7 + (0.3,) * 2:  # 7 in (0.04, 0.06], 2 in (0.25, 0.5]
+                exporter.ttft.observe(ttft)
+            poller.poll_once()
+    finally:
+        server.shutdown()
+        server.server_close()
+    services.rollout_resume(plan=plan)
+    drive(plan, until=("aborted",))
+    plan.refresh_from_db()
+    measured = GateMeasurement.objects.filter(rollout=plan).order_by("id").first()
+    # p99: the same 9 observations per interval, rank 8.91 of 9 in (0.25, 0.5]: 0.25 + 0.25 * 1.91 / 2.
+    assert (measured.signal, measured.track, measured.passed) == ("ttft_p99_seconds", "canary", False)
+    assert measured.value == pytest.approx(0.25 + 0.25 * 1.91 / 2, rel=1e-9)
+    assert plan.state == "aborted"
