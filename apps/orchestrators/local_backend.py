@@ -98,6 +98,8 @@ class LocalAgentBackend(OrchestratorBackend):
     # -- verbs ------------------------------------------------------------------------------------
 
     def apply_pool_track(self, spec: PoolTrackSpec) -> None:
+        if spec.engine != "ferry":
+            raise InvalidSpec(f"the local agent runs Ferry workers only, not {spec.engine} (use a Kubernetes cluster)")
         template = {
             "labels": spec.ferry_labels(),
             "args": spec.worker_args(),
