@@ -2,8 +2,10 @@
 
 Path measured: a worker's ``/metrics`` gauge changes (``ferry_num_requests_waiting`` on a real
 ``inference_worker.metrics`` registry served over HTTP) -> the telemetry poller scrapes it on its next
-tick and broadcasts ``telemetry.signals`` to the pool's channel-layer group (Redis) -> daphne's
-``PoolConsumer`` instances forward it -> each of ``--clients`` websocket clients (the ``websockets``
+tick and broadcasts ``telemetry.signals`` to the pool's channel-layer group (Redis) -> the web server's
+``PoolConsumer`` instances forward it (``--server web``, the default: ``python -m controlplane.web``, uvicorn with
+its worker processes as ``make run`` runs it, the clients spread over them by the kernel; ``--server daphne``: one
+daphne process, the server before issue 21) -> each of ``--clients`` websocket clients (the ``websockets``
 library, signed in with a session cookie, as a browser tab is) receives the message carrying the new
 value. Latency = receive time - change time, on this host's clock; one sample per client per change.
 
@@ -50,6 +52,9 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=50)
     parser.add_argument("--changes", type=int, default=20)
     parser.add_argument("--interval", type=float, default=1.0, help="Telemetry poll interval, seconds.")
+    parser.add_argument("--server", choices=("web", "daphne"), default="web",
+                        help="web: python -m controlplane.web (make run's server); daphne: one daphne process")
+    parser.add_argument("--workers", type=int, default=None, help="web worker processes (default: as make run)")
     args = parser.parse_args()
     if args.clients < 1 or args.changes < 1 or args.interval <= 0:
         parser.error("--clients and --changes must be >= 1 and --interval > 0")
@@ -95,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
 
     from apps.accounts.services import user_create_with_role
     from apps.catalog.services import model_version_register
-    from apps.dashboard.tests.live_stack import Daphne
+    from apps.dashboard.tests.live_stack import Daphne, WebServer
     from apps.fleet.services import cluster_create, pool_create
     from apps.telemetry.endpoints import ReplicaEndpoint
     from apps.telemetry.history import SignalHistory
@@ -120,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
     exporter, _ = start_http_server(0, addr="127.0.0.1", registry=metrics.registry)
     endpoint = ReplicaEndpoint(str(pool.pk), "stable", "r0", f"http://127.0.0.1:{exporter.server_address[1]}")
     tmp = Path(tempfile.mkdtemp(prefix="ferry-dashboard-bench-"))
-    daphne = Daphne(tmp).start()
+    daphne = (WebServer(tmp, args.workers) if args.server == "web" else Daphne(tmp)).start()
     poller = TelemetryPoller(window_s=10.0, interval_s=args.interval, endpoints=lambda: [endpoint])
     stop = threading.Event()
 
@@ -225,7 +230,7 @@ def report(args: argparse.Namespace, result: dict) -> int:
             ("websocket clients: poll -> client", result["ws_poll"]),
             ("reference channel-layer subscriber: change -> subscriber", result["ref"])]
     table = {}
-    print(f"\ndashboard latency: {args.clients} websocket clients, {args.changes} metric changes, "
+    print(f"\ndashboard latency ({args.server}): {args.clients} websocket clients, {args.changes} metric changes, "
           f"poll interval {args.interval:g} s")
     print(f"{'path':58} {'samples':>8} {'p50 ms':>9} {'p95 ms':>9} {'p99 ms':>9} {'max ms':>9}")
     for name, values in rows:
@@ -245,7 +250,8 @@ def report(args: argparse.Namespace, result: dict) -> int:
         print(f"WARNING: {missing} of {expected} (client, change) samples never arrived")
     out = ROOT / "bench" / "results" / "dashboard_latency.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"clients": args.clients, "changes": args.changes, "poll_interval_s": args.interval,
+    out.write_text(json.dumps({"server": args.server, "workers": args.workers, "load_average": os.getloadavg(),
+                               "clients": args.clients, "changes": args.changes, "poll_interval_s": args.interval,
                                "expected_samples": expected, "paths": table, "ratio_p95_ws_over_reference": ratio},
                               indent=2))
     print(f"wrote {out.relative_to(ROOT)}")

@@ -103,6 +103,19 @@ class Daphne(ChildProcess):
         raise RuntimeError(f"daphne not serving within {timeout_s}s:\n{self.log()[-3000:]}")
 
 
+class WebServer(Daphne):
+    """The production ``web`` process (``python -m controlplane.web``: uvicorn, ``workers`` processes, or the default
+    for this machine's cores when None) on a free loopback port; started and probed like :class:`Daphne`."""
+
+    def __init__(self, log_dir: Path, workers: int | None = None):
+        self.port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        ChildProcess.__init__(self, "web", [sys.executable, "-m", "controlplane.web", "--host", "127.0.0.1",
+                                            "--port", str(self.port),
+                                            *(["--workers", str(workers)] if workers else [])],
+                              child_env(DEBUG="1"), log_dir)
+
+
 def telemetry_poller(log_dir: Path, *, interval_s: float = 1.0, window_s: float = 10.0) -> ChildProcess:
     """``manage.py telemetry`` (the real poller process: direct scrape of the observed replicas)."""
     return ChildProcess("telemetry", [sys.executable, "manage.py", "telemetry", "--interval", str(interval_s),
