@@ -467,6 +467,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--budget-min", type=float, default=45.0, help="wall-clock budget of the matrix, minutes")
     parser.add_argument("--cell-timeout-s", type=float, default=420.0, help="the most one cell may take")
     parser.add_argument("--seed", type=int, default=0, help="seed of the prompts (bench/workloads.py)")
+    parser.add_argument("--ready-timeout-s", type=float, default=600.0,
+                        help="how long the stack may take to become ready (a loaded machine loads models slowly)")
     parser.add_argument("--var-dir", type=Path, default=None, help="runtime files (default: a fresh temp dir, removed)")
     args = parser.parse_args(argv)
     args.scenario = args.scenario or list(SCENARIOS)
@@ -491,9 +493,9 @@ def main(argv: list[str] | None = None) -> int:
         stack.start()
         users = {u["username"]: u for u in stack.summary.get("users", [])}
         api = Api(stack.config.web_url, users["operator"]["token"])
-        missing = wait_ready(stack, api, 600)
+        missing = wait_ready(stack, api, args.ready_timeout_s)
         if missing:
-            print(f"chaos | not ready after 600 s: {'; '.join(missing)}", flush=True)
+            print(f"chaos | not ready after {args.ready_timeout_s:g} s: {'; '.join(missing)}", flush=True)
             return 1
         load = Load(stack.config.router_url, args.rate, args.seed)
         load.start()
