@@ -32,8 +32,11 @@ response notices the disconnect. The response carries ``X-Ferry-Replica``, ``X-F
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
+import functools
 import logging
+import os
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -137,6 +140,11 @@ class Router:
         self.loads = LoadTracker()
         self.seats = InFlightLimits(config.max_in_flight, config.max_in_flight_per_key)
         self.hasher = PromptHasher(config.tokenizer_dir)
+        # Request bodies are parsed, tokenized and hashed on a bounded pool, never on the event loop: one thread
+        # per core but one, so a burst of huge prompts leaves a core — and the GIL every switch interval — to
+        # the loop that answers /health and streams (the default executor's cores + 4 threads would all contend).
+        self.prompt_executor = concurrent.futures.ThreadPoolExecutor(
+            max_workers=max(1, (os.cpu_count() or 2) - 1), thread_name_prefix="router-prompt")
         self.index = PrefixIndex()
         self.breaker = CircuitBreaker(config.breaker)
         self._breaker_table_version: int | None = None
@@ -234,10 +242,14 @@ class Router:
             if not handed_over:
                 leave()
 
+    async def _off_loop(self, fn, *args):
+        """``fn(*args)`` on :attr:`prompt_executor` (JSON parsing, tokenizing, hashing: CPU work of one request)."""
+        return await asyncio.get_running_loop().run_in_executor(self.prompt_executor, fn, *args)
+
     async def _completions(self, request: Request) -> Response:
         """Raises OpenAIError (413, 400) for a body over the cap or malformed (module docstring)."""
         raw = await read_body_capped(request, self.config.max_body_bytes)
-        body = await asyncio.to_thread(parse_json_body, raw)  # pure Python on ~1 MB: off the loop's turn
+        body = await self._off_loop(parse_json_body, raw)  # pure Python on ~1 MB: off the loop's turn
         check_request_size(body, max_prompts=self.config.max_prompts)
         table = self.source.table if self.source else None
         if table is None:
@@ -256,8 +268,8 @@ class Router:
             return _error(503, str(exc), "unavailable")
         version = eligible.track.model_version
         hashing = self.config.policy == "cache_aware" and self.config.kv_index
-        prompt = await asyncio.to_thread(self.hasher.info, version, table.model_info[version], request.url.path, body,
-                                         hashing=hashing)
+        prompt = await self._off_loop(functools.partial(self.hasher.info, version, table.model_info[version],
+                                                        request.url.path, body, hashing=hashing))
         headers = {"content-type": "application/json", "x-request-id": request_id,
                    http_headers.TRACK: eligible.track.name, http_headers.MODEL_VERSION: version}
         forward = asyncio.ensure_future(self._forward(request.url.path, raw, headers, table, eligible, prompt,
