@@ -3,6 +3,7 @@ TestClient, its upstream client pointed at a worker stand-in behind the worker's
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import httpx
@@ -10,6 +11,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from inference_worker.router.app import Router, RouterConfig
+from inference_worker.router.prefix_index import KVEventSubscriber, PrefixIndex
 from inference_worker.router.table import RoutingTable, RoutingTableError
 from inference_worker.server.worker_auth import WorkerAuthMiddleware, WorkerTokens
 
@@ -81,3 +83,24 @@ def test_a_pool_without_a_token_sends_no_authorization_and_a_replicas_repr_hides
 def test_a_malformed_token_in_the_table_is_refused(bad):
     with pytest.raises(RoutingTableError, match="worker_token and worker_token_previous must be printable ASCII"):
         RoutingTable.from_dict(table(worker_token=bad))
+
+
+def test_the_kv_events_subscriber_sends_the_token_and_moves_to_the_previous_one_after_a_401():
+    seen = []
+
+    def handler(request):
+        seen.append(request.headers.get("authorization"))
+        ok = request.headers.get("authorization") == f"Bearer {OLD}"  # a replica not yet rolled
+        return httpx.Response(200 if ok else 401, content=b"")
+
+    async def run():
+        index = PrefixIndex()
+        index.retain({"w0": "v1"})
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+            subscriber = KVEventSubscriber(index, "w0", "http://w0", client=client, tokens=(NEW, OLD))
+            with pytest.raises(httpx.HTTPStatusError):
+                await subscriber._stream_once()
+            await subscriber._stream_once()
+
+    asyncio.run(run())
+    assert seen == [f"Bearer {NEW}", f"Bearer {OLD}"]
