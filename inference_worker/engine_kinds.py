@@ -248,27 +248,33 @@ class EngineContainer:
     health_path: str
     ready_path: str
     metrics_path: str = "/metrics"
+    api_key_env_names: tuple[str, ...] = ()
+    """Environment variables the engine reads its API key from (set to the pool's worker token)."""
 
 
 def engine_container(engine: str, *, model_dir: str, served_model_name: str, port: int,
-                     extra_args: Iterable[str] = ()) -> EngineContainer:
+                     extra_args: Iterable[str] = (), api_key_env: str | None = None) -> EngineContainer:
     """The container of a ``vllm`` or ``sglang`` replica serving the model directory ``model_dir`` on ``port``.
 
     ``served_model_name`` is the OpenAI ``model`` clients send (the router routes by it). vLLM: ``vllm serve DIR
     --served-model-name NAME --host 0.0.0.0 --port P``, ``/health`` answers 200 once the engine is up (vLLM has
     no separate readiness path). SGLang: ``python -m sglang.launch_server --model-path DIR --served-model-name
     NAME --host 0.0.0.0 --port P --enable-metrics`` (metrics are off without the flag); ``/health`` for liveness,
-    ``/health_generate`` (runs one generation step) for readiness. Raises ValueError for ``ferry`` (its command is
+    ``/health_generate`` (runs one generation step) for readiness. ``api_key_env``: the environment variable that
+    holds the API key clients must send as ``Authorization: Bearer`` (vLLM reads ``VLLM_API_KEY``; SGLang takes
+    ``--api-key``, given as ``$(VAR)`` for the kubelet to expand). Raises ValueError for ``ferry`` (its command is
     ``PoolTrackSpec.worker_args``) or an unknown kind.
     """
     extra = list(extra_args)
     if check_engine(engine) == VLLM:
         return EngineContainer(["vllm"], ["serve", model_dir, "--served-model-name", served_model_name,
                                           "--host", "0.0.0.0", "--port", str(port), *extra],
-                               health_path="/health", ready_path="/health")
+                               health_path="/health", ready_path="/health",
+                               api_key_env_names=("VLLM_API_KEY",) if api_key_env else ())
     if engine == SGLANG:
         return EngineContainer(["python3", "-m", "sglang.launch_server"],
                                ["--model-path", model_dir, "--served-model-name", served_model_name,
-                                "--host", "0.0.0.0", "--port", str(port), "--enable-metrics", *extra],
+                                "--host", "0.0.0.0", "--port", str(port), "--enable-metrics",
+                                *(["--api-key", f"$({api_key_env})"] if api_key_env else []), *extra],
                                health_path="/health", ready_path="/health_generate")
     raise ValueError("the ferry engine's container runs `python -m inference_worker serve` (PoolTrackSpec.worker_args)")

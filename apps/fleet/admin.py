@@ -4,6 +4,7 @@ The pool admin is operations' (:mod:`apps.operations.admin`): deleting and scali
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from django import forms
@@ -14,6 +15,7 @@ from django.http import HttpRequest
 
 from apps.fleet import selectors, services
 from apps.fleet.models import Cluster, ClusterLink, Replica, Router, RoutingTable
+from apps.fleet.routing_table import content_redacted
 
 
 def model_fields(form: forms.ModelForm, only_changed: bool = False) -> dict[str, Any]:
@@ -102,4 +104,12 @@ class ReplicaAdmin(_ReadOnlyAdmin):
 
 @admin.register(RoutingTable)
 class RoutingTableAdmin(_ReadOnlyAdmin):
+    """The published table, its pools' worker tokens left out (:func:`content_redacted`)."""
+
     list_display = ("version", "digest", "published_at")
+    fields = ("version", "digest", "published_at", "content_without_secrets")
+    readonly_fields = fields
+
+    @admin.display(description="content (worker tokens left out)")
+    def content_without_secrets(self, obj: RoutingTable) -> str:
+        return json.dumps(content_redacted(obj.content), indent=2, sort_keys=True)

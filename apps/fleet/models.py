@@ -11,6 +11,7 @@ Outside a rollout only ``stable`` exists and its model version equals ``Pool.mod
 from __future__ import annotations
 
 import math
+import secrets
 
 from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
@@ -207,8 +208,25 @@ class ClusterLink(models.Model):
             raise ValidationError({"destination": "A link needs two different clusters (source == destination)."})
 
 
+WORKER_TOKEN_MAX_LENGTH = 64
+
+
+def new_worker_token() -> str:
+    """A fresh pool worker token: 32 random bytes as URL-safe base64 (43 characters, 256 bits of
+    :func:`secrets.token_urlsafe`), printable ASCII without spaces as the workers and routers require."""
+    return secrets.token_urlsafe(32)
+
+
 class Pool(models.Model):
-    """A set of identical workers in one cluster, with per-track desired replicas (``tracks``)."""
+    """A set of identical workers in one cluster, with per-track desired replicas (``tracks``).
+
+    ``worker_token`` is the pool's worker credential (issue 19): the bearer secret its workers require on every
+    route but the probes (``inference_worker.server.worker_auth``), given to them by the backend (the process
+    environment locally, a Secret on Kubernetes) and to routers in the routing table. It is stored in clear
+    because the control plane must hand it out as it is (a hash could not be sent to workers); it is never
+    editable, never in a serializer, form, page or log. ``worker_token_previous`` is the token before the last
+    rotation, which workers and routers still accept while the replicas roll ("" when none).
+    """
 
     class Role(models.TextChoices):
         PREFILL = "prefill"
@@ -261,6 +279,11 @@ class Pool(models.Model):
         max_length=16, choices=Engine.choices, default=Engine.FERRY,
         help_text="The server its replicas run (inference_worker.engine_kinds). vllm and sglang: Kubernetes "
                   "clusters and colocated pools only (the local agent runs Ferry workers; PD hand-off is Ferry's).")
+    worker_token = models.CharField(max_length=WORKER_TOKEN_MAX_LENGTH, default=new_worker_token, editable=False,
+                                    help_text="Bearer secret the pool's workers require (never shown).")
+    worker_token_previous = models.CharField(max_length=WORKER_TOKEN_MAX_LENGTH, blank=True, default="",
+                                             editable=False,
+                                             help_text="The token before the last rotation, still accepted.")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

@@ -8,8 +8,10 @@ without the ``version`` (the publish service numbers it). Rules:
   track is not active). Weights that do not sum to 100 are rescaled by the largest remainder method;
   all zero gives ``stable`` (or the first track) 100. With no pools: ``stable`` at 100 with an empty
   model version.
-* ``pools``: every pool with its role, its cluster's datacenter (or the cluster name) and its
-  replicas that are alive, ready and have an endpoint (the router must not pick a starting one).
+* ``pools``: every pool with its role, its cluster's datacenter (or the cluster name), its worker token
+  (``worker_token``, and ``worker_token_previous`` during a rotation: the router sends it to the pool's
+  replicas; only the service token's readers get them, :func:`content_redacted`) and its replicas that are
+  alive, ready and have an endpoint (the router must not pick a starting one).
 * ``links``: cluster links by datacenter; ``models``: per model version in use, its KV layout and what the
   router needs to route by ``model`` and hash prompts like the workers (:func:`model_entry`);
   ``length_routing``: ``FERRY_REMOTE_PREFILL_THRESHOLD_TOKENS`` when set.
@@ -126,7 +128,10 @@ def routing_table_content(pools: Sequence[Pool], links: Iterable[ClusterLink], *
              "model_version": r.version or track_versions.get(r.track, "")}
             for r in getattr(pool, "ready_replicas", [])
         ]
-        entry = {"name": pool.name, "role": pool.role, "datacenter": datacenter_of(pool.cluster), "replicas": replicas}
+        entry = {"name": pool.name, "role": pool.role, "datacenter": datacenter_of(pool.cluster),
+                 "worker_token": pool.worker_token, "replicas": replicas}
+        if pool.worker_token_previous:
+            entry["worker_token_previous"] = pool.worker_token_previous
         if pool.engine != Pool.Engine.FERRY:
             entry["engine"] = pool.engine  # absent for Ferry pools: older routers read the table unchanged
         table_pools.append(entry)
@@ -140,6 +145,16 @@ def routing_table_content(pools: Sequence[Pool], links: Iterable[ClusterLink], *
     if threshold_tokens is not None:
         content["length_routing"] = {"threshold_tokens": threshold_tokens}
     return content
+
+
+WORKER_TOKEN_FIELDS = ("worker_token", "worker_token_previous")
+
+
+def content_redacted(content: dict) -> dict:
+    """``content`` without the pools' worker tokens: what a reader of the table who is not a router (a viewer, a
+    page) may see. The service token's readers (routers) get the whole table."""
+    pools = [{k: v for k, v in pool.items() if k not in WORKER_TOKEN_FIELDS} for pool in content.get("pools", ())]
+    return {**content, "pools": pools}
 
 
 def content_digest(content: dict) -> str:

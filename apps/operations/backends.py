@@ -101,7 +101,9 @@ def track_spec(pool: Pool, track: PoolTrack) -> PoolTrackSpec:
     """Everything a backend needs to run ``track`` of ``pool`` at ``track.replicas`` replicas.
 
     ``drain_timeout_s`` is clamped to the backend's 1..3600 s. ``extra_args``: ``FERRY_WORKER_EXTRA_ARGS``
-    then the track's ``extra_args`` (re-checked with the worker's parser). On Kubernetes decode pools receive KV
+    then the track's ``extra_args`` (re-checked with the worker's parser). The pool's worker token (and the
+    previous one during a rotation) travels in ``worker_token``, which each backend puts in the workers'
+    environment, never in their arguments; a ``FERRY_WORKER_ENV`` that sets it is refused. On Kubernetes decode pools receive KV
     on :data:`KUBERNETES_KV_PORT`, and ``kv_peer_cidrs`` are the ``source_cidrs`` of the links into the pool's
     cluster (the track's NetworkPolicy admits them).
 
@@ -142,6 +144,7 @@ def track_spec(pool: Pool, track: PoolTrack) -> PoolTrackSpec:
         node_selector=dict(pool.node_selector), tolerations=tolerations,
         drain_timeout_s=min(max(pool.drain_timeout_s, 1), 3600),
         engine=pool.engine,
+        worker_token=pool.worker_token, worker_token_previous=pool.worker_token_previous,
     )
 
 

@@ -32,7 +32,7 @@ POOL_RESTART_REPLICA = "pool.restart_replica"
 POOL_DELETE = "pool.delete"
 POOL_FLUSH_KV_CACHE = "pool.flush_kv_cache"
 KV_CACHE_RESET_PATH = "/admin/kv-cache/reset"
-"""The worker's signed prefix-cache reset (``inference_worker/server/kv_cache_routes.py``)."""
+"""The worker's authenticated prefix-cache reset (``inference_worker/server/kv_cache_routes.py``)."""
 KV_CACHE_RESET_TIMEOUT_S = 30.0
 
 
@@ -175,8 +175,10 @@ def pool_delete_handler(action: Action) -> None:
 @register(POOL_FLUSH_KV_CACHE)
 def pool_flush_kv_cache_handler(action: Action) -> None:
     """Flush the prefix cache of every running replica of the pool: its backend's observed replicas (the agent's
-    processes or the pods), each sent the worker's ``POST /admin/kv-cache/reset`` signed with the KV link secret
-    (``FERRY_KV_LINK_SECRET``, the secret the backend gives the workers; HMAC-SHA256 of the body, 64 hex digits).
+    processes or the pods), each sent the worker's ``POST /admin/kv-cache/reset`` with the pool's worker token
+    (``Authorization: Bearer``; on a 401 the token before the pool's last rotation, once: that replica has not
+    rolled yet) and, when the control plane has ``FERRY_KV_LINK_SECRET``, also signed with it (HMAC-SHA256 of the
+    body, 64 hex digits), which a worker started without a worker token checks instead.
 
     Idempotent: a flushed cache flushed again stays empty. Every replica is tried; the ones that failed are named
     in the error with their reason (HTTP status and the worker's message, a 200 whose body has no ``cleared_blocks``
@@ -184,13 +186,10 @@ def pool_flush_kv_cache_handler(action: Action) -> None:
     retryable: a retry flushes every replica again.
 
     Raises:
-        ActionError: no link secret configured (not retryable), no running replica or a replica failed (retryable).
+        ActionError: no running replica or a replica failed (retryable).
         BackendError: from ``observe``.
     """
     secret = settings.FERRY_KV_LINK_SECRET
-    if not secret:
-        raise ActionError("FERRY_KV_LINK_SECRET is not set on the control plane: it signs the workers' KV cache "
-                          "reset (set it to the secret the workers were started with)")
     pool = _locked_pool(action)
     with backend_session(pool.cluster) as backend:
         observed = backend.observe(pool_ref(pool))
@@ -199,13 +198,20 @@ def pool_flush_kv_cache_handler(action: Action) -> None:
     if not replicas:
         raise ActionError(f"pool {pool} has no running replica to flush ({_describe(observed)})", retryable=True)
     body = b"{}"
-    headers = {http_headers.KV_SIGNATURE: sign(secret.encode(), body), "content-type": "application/json"}
+    headers = {"content-type": "application/json"}
+    if secret:
+        headers[http_headers.KV_SIGNATURE] = sign(secret.encode(), body)
+    tokens = [t for t in (pool.worker_token, pool.worker_token_previous) if t]
     failures = []
     with httpx.Client(timeout=KV_CACHE_RESET_TIMEOUT_S) as client:
         for replica in replicas:
             try:
-                response = client.post(replica.endpoint.rstrip("/") + KV_CACHE_RESET_PATH, content=body,
-                                       headers=headers)
+                for token in tokens or [""]:
+                    auth = {"Authorization": f"Bearer {token}"} if token else {}
+                    response = client.post(replica.endpoint.rstrip("/") + KV_CACHE_RESET_PATH, content=body,
+                                           headers={**headers, **auth})
+                    if response.status_code != 401:
+                        break
             except (httpx.HTTPError, httpx.InvalidURL) as exc:
                 failures.append(f"{replica.name}: {type(exc).__name__}: {exc}")
                 continue

@@ -17,11 +17,11 @@ from django.db import transaction
 from apps.core.errors import ConflictError
 from apps.fleet import services as fleet_services
 from apps.fleet.holds import pool_hold_reason
-from apps.fleet.models import Pool, PoolTrack, Replica, validate_replica_count
+from apps.fleet.models import Pool, PoolTrack, Replica, new_worker_token, validate_replica_count
 from apps.operations import tracks
 from apps.operations.backends import backend_session, pool_ref
 from apps.operations.models import Action
-from apps.operations.pool_actions import POOL_DELETE, POOL_FLUSH_KV_CACHE, POOL_SCALE
+from apps.operations.pool_actions import POOL_APPLY, POOL_DELETE, POOL_FLUSH_KV_CACHE, POOL_SCALE
 from apps.operations.services import action_create
 
 AUTOSCALER = "autoscaler"
@@ -96,6 +96,42 @@ def pool_flush_kv_cache(
         kind=POOL_FLUSH_KV_CACHE, target_type="pool", target_id=str(pool.pk), target_repr=str(pool), pool=pool,
         params={}, requested_by=requested_by, idempotency_key=idempotency_key,
     )
+
+
+def pool_worker_token_rotate(
+    *, pool: Pool, keep_previous: bool = True, requested_by: AbstractBaseUser | None = None,
+    idempotency_key: str | None = None,
+) -> tuple[Action, bool]:
+    """Give the pool a new worker token and roll it out: one transaction sets ``worker_token`` to a fresh token
+    (``worker_token_previous`` to the old one, or "" without ``keep_previous``) and creates a pending ``pool.apply``
+    Action, whose handler re-applies every track with the new tokens (the local agent replaces each replica whose
+    environment changed; Kubernetes updates the pool's Secret and rolls the Deployments, whose pod template
+    carries the tokens' digest). The routing table is published after commit, so routers send the new token.
+
+    During the roll nothing fails: new replicas accept the new and the previous token; routers and the KV cache
+    flush send the new one and, on a replica's 401 (not rolled yet), the previous one once. The previous token
+    stays accepted until the next rotation; rotate with ``keep_previous=False`` when the old token leaked (replicas
+    not yet rolled then refuse the routers' calls until they restart, a short 502 window per replica).
+
+    A second call with the same ``idempotency_key`` returns the first Action and rotates nothing.
+
+    Raises:
+        ConflictError: the pool already has a pending or running Action (nothing is rotated), or the key was reused
+            for another request.
+    """
+    params = {"reason": "worker token rotated", "keep_previous": bool(keep_previous)}
+    with transaction.atomic():
+        locked = Pool.objects.select_for_update().get(pk=pool.pk)
+        action, created = action_create(
+            kind=POOL_APPLY, target_type="pool", target_id=str(pool.pk), target_repr=str(pool), pool=locked,
+            params=params, requested_by=requested_by, idempotency_key=idempotency_key,
+        )
+        if created:
+            locked.worker_token_previous = locked.worker_token if keep_previous else ""
+            locked.worker_token = new_worker_token()
+            locked.save(update_fields=["worker_token", "worker_token_previous", "updated_at"])
+        transaction.on_commit(fleet_services.routing_table_publish)
+    return action, created
 
 
 def pool_scale_by_system(*, pool: Pool, replicas: int, reason: str, idempotency_key: str) -> tuple[Action, bool]:

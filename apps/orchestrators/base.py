@@ -39,6 +39,11 @@ LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 LABEL_NAME = "app.kubernetes.io/name"
 LABEL_PART_OF = "app.kubernetes.io/part-of"
 
+# The worker's environment variables of its pool's credential (inference_worker.server.worker_auth; not imported:
+# this package depends on nobody).
+WORKER_TOKEN_ENV = "FERRY_WORKER_TOKEN"
+WORKER_TOKEN_PREVIOUS_ENV = "FERRY_WORKER_TOKEN_PREVIOUS"
+
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -204,6 +209,12 @@ class PoolTrackSpec:
     kv_peer_cidrs: tuple[str, ...] = ()
     """Addresses of the workers in linked clusters (``ClusterLink.source_cidrs`` of links into this cluster):
     they reach the KV port of decode pools and the HTTP port of prefill pools (remote prefill)."""
+    worker_token: str = field(default="", repr=False)
+    """The pool's worker token: the workers get it as ``FERRY_WORKER_TOKEN`` in their environment (never in
+    ``worker_args()``, which ``ps`` shows), locally in the process env, on Kubernetes from a Secret per pool.
+    "" = none (the workers run open)."""
+    worker_token_previous: str = field(default="", repr=False)
+    """The token before the pool's last rotation (``FERRY_WORKER_TOKEN_PREVIOUS``), still accepted; "" = none."""
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -226,6 +237,13 @@ class PoolTrackSpec:
             raise InvalidSpec(f"engine must be one of {', '.join(ENGINE_KINDS)}, got {self.engine!r}")
         if self.engine != FERRY and self.role != "colocated":
             raise InvalidSpec(f"engine {self.engine!r} serves colocated pools only (the PD hand-off is Ferry's)")
+        for token in (self.worker_token, self.worker_token_previous):
+            if token and (len(token) < 16 or not token.isascii() or not token.isprintable() or " " in token):
+                raise InvalidSpec("worker tokens must be at least 16 printable ASCII characters without spaces")
+        if self.worker_token_previous and not self.worker_token:
+            raise InvalidSpec("worker_token_previous needs a worker_token")
+        if WORKER_TOKEN_ENV in self.env or WORKER_TOKEN_PREVIOUS_ENV in self.env:
+            raise InvalidSpec(f"env must not set {WORKER_TOKEN_ENV}: the pool's worker token comes from the pool")
         for key, value in self.labels.items():
             if key.startswith("ferry.io/"):
                 raise InvalidSpec(f"label {key!r}: the ferry.io/ prefix is reserved for Ferry's own labels")
@@ -246,6 +264,14 @@ class PoolTrackSpec:
             LABEL_TRACK: self.track,
             LABEL_MODEL_VERSION: self.model.version,
         }
+
+    def worker_token_env(self) -> dict[str, str]:
+        """``{FERRY_WORKER_TOKEN: ..., FERRY_WORKER_TOKEN_PREVIOUS: ...}`` (each only when set): the environment
+        that gives the workers their pool's credential (the local backend merges it into the process env)."""
+        env = {WORKER_TOKEN_ENV: self.worker_token} if self.worker_token else {}
+        if self.worker_token_previous:
+            env[WORKER_TOKEN_PREVIOUS_ENV] = self.worker_token_previous
+        return env
 
     def worker_args(self) -> list[str]:
         """Arguments after ``python -m inference_worker`` for ``serve``.

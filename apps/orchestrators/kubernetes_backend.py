@@ -223,6 +223,7 @@ class KubernetesBackend(HTTPRouteWeights, OrchestratorBackend):
                                     self.policy.patch_namespaced_pod_disruption_budget),
             "NetworkPolicy": (self.networking.create_namespaced_network_policy,
                               self.networking.patch_namespaced_network_policy),
+            "Secret": (self.core.create_namespaced_secret, self.core.patch_namespaced_secret),
         }[kind]
         try:
             self._call(create, namespace, manifest)

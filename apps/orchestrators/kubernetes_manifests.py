@@ -1,6 +1,7 @@
 """Pure functions that build Kubernetes manifests (plain dicts) for pools, tracks and the router.
 
-Per pool track: a Deployment, a headless Service (the router picks pods itself), a
+Per pool: a Secret ``<pool>-worker-token`` with the pool's worker token, which the workers read by
+``secretKeyRef``. Per pool track: a Deployment, a headless Service (the router picks pods itself), a
 PodDisruptionBudget and a NetworkPolicy (ingress only from routers, the control plane, Prometheus and,
 for KV and remote prefill, peer workers and linked clusters' CIDRs), all named ``<pool>-<track>`` and
 labelled ``ferry.io/pool``, ``ferry.io/role``, ``ferry.io/model-version``, ``ferry.io/track``. Per pool
@@ -13,6 +14,7 @@ Nothing here talks to a cluster; the functions are unit-tested as data.
 
 from __future__ import annotations
 
+import hashlib
 import posixpath
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -26,6 +28,8 @@ from apps.orchestrators.base import (
     LABEL_POOL,
     LABEL_ROLE,
     LABEL_TRACK,
+    WORKER_TOKEN_ENV,
+    WORKER_TOKEN_PREVIOUS_ENV,
     InvalidSpec,
     PoolRef,
     PoolTrackSpec,
@@ -120,6 +124,7 @@ def weights_path(spec: PoolTrackSpec) -> str:
     return f"{WEIGHTS_DIR}/{name}"
 
 
+WORKER_TOKEN_ANNOTATION = "ferry.io/worker-token-digest"
 TERMINATION_MESSAGE_PATH = "/dev/termination-log"
 """Kubernetes' default ``terminationMessagePath``; the worker learns it from ``FERRY_TERMINATION_MESSAGE_PATH``."""
 
@@ -135,6 +140,43 @@ def kv_link_secret_env() -> dict:
     the Secret a worker starts with disaggregation off and says so, as ``inference_worker serve`` does)."""
     return {"name": KV_LINK_SECRET_KEY, "valueFrom": {"secretKeyRef": {
         "name": KV_LINK_SECRET_NAME, "key": KV_LINK_SECRET_KEY, "optional": True}}}
+
+
+WORKER_TOKEN_SECRET_SUFFIX = "-worker-token"
+"""The pool's worker token Secret is ``<pool>-worker-token`` in the pool's namespace (pool names are <= 40
+characters, so the name stays a DNS label)."""
+
+
+def worker_token_secret_name(pool: PoolRef) -> str:
+    return f"{pool.pool_name}{WORKER_TOKEN_SECRET_SUFFIX}"
+
+
+def worker_token_secret_manifest(spec: PoolTrackSpec) -> dict:
+    """v1 Secret ``<pool>-worker-token``: the pool's worker token under ``FERRY_WORKER_TOKEN`` and the one before
+    its last rotation under ``FERRY_WORKER_TOKEN_PREVIOUS`` ("" when none, so a patch also clears it)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": worker_token_secret_name(spec.pool), "namespace": spec.pool.namespace,
+                     "labels": {LABEL_POOL: spec.pool.pool_name, LABEL_MANAGED_BY: "ferry"}},
+        "type": "Opaque",
+        "stringData": {WORKER_TOKEN_ENV: spec.worker_token, WORKER_TOKEN_PREVIOUS_ENV: spec.worker_token_previous},
+    }
+
+
+def worker_token_env(spec: PoolTrackSpec) -> list[dict]:
+    """The worker's ``FERRY_WORKER_TOKEN`` and ``FERRY_WORKER_TOKEN_PREVIOUS`` by ``secretKeyRef`` to the pool's
+    Secret (:func:`worker_token_secret_manifest`): never a value in the Deployment, which more people can read."""
+    name = worker_token_secret_name(spec.pool)
+    return [{"name": key, "valueFrom": {"secretKeyRef": {"name": name, "key": key}}}
+            for key in (WORKER_TOKEN_ENV, WORKER_TOKEN_PREVIOUS_ENV)]
+
+
+def worker_token_digest(spec: PoolTrackSpec) -> str:
+    """First 16 hex digits of SHA-256 over the pool's tokens: a pod-template annotation, so a rotation changes the
+    template and the Deployment rolls its pods onto the new Secret (env from a Secret is read at container start).
+    A prefix of a hash of 256-bit random tokens tells nothing about them."""
+    return hashlib.sha256(f"{spec.worker_token}\n{spec.worker_token_previous}".encode()).hexdigest()[:16]
 
 
 def _resources(spec: PoolTrackSpec) -> dict:
@@ -153,16 +195,26 @@ def _resources(spec: PoolTrackSpec) -> dict:
 def engine_worker_container(spec: PoolTrackSpec) -> dict:
     """The container of a vLLM or SGLang replica: the engine's own CLI (:func:`inference_worker.engine_kinds.
     engine_container`) serving :data:`MODEL_DIR` (or, without ``weights_uri``, the model name, which the engine
-    resolves itself), with probes on the engine's health paths and the same resources and drain as Ferry's."""
+    resolves itself), with probes on the engine's health paths and the same resources and drain as Ferry's. The
+    pool's worker token is the engine's API key (vLLM reads ``VLLM_API_KEY``; SGLang gets ``--api-key`` expanded by
+    the kubelet from the Secret-backed env), so the router's bearer token is checked by the engine itself; an
+    engine accepts one key, so during a rotation the router's retry with the previous token covers the roll."""
     engine = engine_container(spec.engine, model_dir=MODEL_DIR if spec.model.weights_uri else spec.model.name,
-                              served_model_name=spec.model.name, port=spec.port, extra_args=spec.extra_args)
+                              served_model_name=spec.model.name, port=spec.port, extra_args=spec.extra_args,
+                              api_key_env=WORKER_TOKEN_ENV if spec.worker_token else None)
+    env = [{"name": key, "value": value} for key, value in sorted(spec.env.items())]
+    if spec.worker_token:
+        env.extend(worker_token_env(spec))
+        env.extend({"name": name, "valueFrom": {"secretKeyRef": {"name": worker_token_secret_name(spec.pool),
+                                                                 "key": WORKER_TOKEN_ENV}}}
+                   for name in engine.api_key_env_names)
     container: dict = {
         "name": CONTAINER_NAME,
         "image": spec.model.image,
         "command": engine.command,
         "args": engine.args,
         "ports": [{"name": "http", "containerPort": spec.port, "protocol": "TCP"}],
-        "env": [{"name": key, "value": value} for key, value in sorted(spec.env.items())],
+        "env": env,
         "terminationMessagePath": TERMINATION_MESSAGE_PATH,
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "resources": _resources(spec),
@@ -182,8 +234,9 @@ def worker_container(spec: PoolTrackSpec) -> dict:
     """The worker container: command, port, probes (/ready, /health), resources, env.
 
     ``FERRY_KV_LINK_SECRET`` comes from the Secret :data:`KV_LINK_SECRET_NAME` unless ``spec.env`` (the control
-    plane's ``FERRY_WORKER_ENV``) sets it as a value. A vLLM or SGLang track gets
-    :func:`engine_worker_container` instead.
+    plane's ``FERRY_WORKER_ENV``) sets it as a value; the pool's worker token from the pool's Secret
+    (:func:`worker_token_env`) when the spec has one. A vLLM or SGLang track gets :func:`engine_worker_container`
+    instead.
     """
     if spec.engine != FERRY:
         return engine_worker_container(spec)
@@ -196,6 +249,8 @@ def worker_container(spec: PoolTrackSpec) -> dict:
     env.append({"name": "FERRY_TERMINATION_MESSAGE_PATH", "value": TERMINATION_MESSAGE_PATH})
     if KV_LINK_SECRET_KEY not in spec.env:
         env.append(kv_link_secret_env())
+    if spec.worker_token:
+        env.extend(worker_token_env(spec))
     container: dict = {
         "name": CONTAINER_NAME,
         "image": spec.model.image,
@@ -291,6 +346,7 @@ def deployment_manifest(spec: PoolTrackSpec) -> dict:
                         "prometheus.io/scrape": "true",
                         "prometheus.io/port": str(spec.port),
                         "prometheus.io/path": "/metrics",
+                        **({WORKER_TOKEN_ANNOTATION: worker_token_digest(spec)} if spec.worker_token else {}),
                     },
                 },
                 "spec": pod_spec,
@@ -384,8 +440,10 @@ def network_policy_manifest(spec: PoolTrackSpec) -> dict:
 
 
 def track_manifests(spec: PoolTrackSpec) -> list[dict]:
-    """Everything ``apply_pool_track`` creates, in apply order."""
-    return [deployment_manifest(spec), headless_service_manifest(spec), pod_disruption_budget_manifest(spec),
+    """Everything ``apply_pool_track`` creates, in apply order (the pool's worker token Secret, when the spec has a
+    token, before the Deployment whose pods read it)."""
+    secret = [worker_token_secret_manifest(spec)] if spec.worker_token else []
+    return [*secret, deployment_manifest(spec), headless_service_manifest(spec), pod_disruption_budget_manifest(spec),
             network_policy_manifest(spec)]
 
 

@@ -103,7 +103,7 @@ class LocalAgentBackend(OrchestratorBackend):
         template = {
             "labels": spec.ferry_labels(),
             "args": spec.worker_args(),
-            "env": dict(spec.env),
+            "env": {**spec.env, **spec.worker_token_env()},  # the token in the process env, never in args
             "drain_timeout_s": spec.drain_timeout_s,
             "replicas": spec.replicas,
         }

@@ -120,11 +120,13 @@ def converge(plan: RolloutPlan, views: list[PoolView], *, done: bool = False) ->
     return lines
 
 
-def smoke_test(endpoint: str, *, timeout_s: float = 60.0) -> tuple[bool, str]:
-    """A real completion through ``endpoint`` (OpenAI API of a worker); ``(passed, detail)``."""
+def smoke_test(endpoint: str, *, worker_token: str = "", timeout_s: float = 60.0) -> tuple[bool, str]:
+    """A real completion through ``endpoint`` (OpenAI API of a worker), sent with its pool's ``worker_token``
+    (``Authorization: Bearer``; "" sends none); ``(passed, detail)``."""
     base = endpoint.rstrip("/")
+    headers = {"Authorization": f"Bearer {worker_token}"} if worker_token else {}
     try:
-        with httpx.Client(timeout=timeout_s) as client:
+        with httpx.Client(timeout=timeout_s, headers=headers) as client:
             model = client.get(f"{base}/v1/models").json()["data"][0]["id"]
             response = client.post(f"{base}/v1/completions", json={
                 "model": model, "prompt": SMOKE_PROMPT, "max_tokens": 4, "temperature": 0})
@@ -200,7 +202,8 @@ def _smoke(plan: RolloutPlan, views: list[PoolView]) -> None:
     lines = []
     for view in [v for v in views if v.serving]:
         endpoints = ready_endpoints(view, _names(plan, view)[1])
-        passed, detail = smoke_test(endpoints[0]) if endpoints else (False, f"{view.pool}: no preview endpoint")
+        passed, detail = (smoke_test(endpoints[0], worker_token=view.pool.worker_token) if endpoints
+                          else (False, f"{view.pool}: no preview endpoint"))
         if not passed:
             raise RolloutFailure("fail", detail)
         lines.append(detail)

@@ -73,6 +73,7 @@ ORCHESTRATOR_RULES: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
     ("", ("services",), ("create", "delete", "get", "patch")),
     ("", ("pods",), ("delete", "get", "list")),
     ("", ("pods/log",), ("get",)),
+    ("", ("secrets",), ("create", "patch")),  # each pool's worker token (never read back)
     ("policy", ("poddisruptionbudgets",), ("create", "delete", "patch")),
     ("networking.k8s.io", ("networkpolicies",), ("create", "delete", "patch")),
     ("gateway.networking.k8s.io", ("httproutes",), ("get", "patch")),

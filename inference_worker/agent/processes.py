@@ -6,7 +6,8 @@
   no request can run an arbitrary command or inject code through ``PYTHONPATH``/``LD_PRELOAD``.
 * Workers get only the secrets they need: the agent's own environment is inherited without the
   control plane's credentials (:data:`NOT_INHERITED`: the agent and service tokens, Django's secret key, the
-  database and Redis URLs); what a worker needs (the KV link secret) comes in the request's ``env``.
+  database and Redis URLs, stray worker tokens); what a worker needs (the KV link secret, its pool's worker token)
+  comes in the request's ``env``.
 * Each worker runs in its own session (so its own process group): a Ctrl-C aimed at the agent's
   terminal does not reach the workers and skip their drain; stop sends SIGTERM to the group,
   waits up to the drain timeout and then SIGKILLs the group.
@@ -88,8 +89,10 @@ def validate_args(args: list[str]) -> list[str]:
 
 
 NOT_INHERITED = frozenset({"FERRY_AGENT_TOKEN", "FERRY_SERVICE_TOKEN", "FERRY_CLIENT_API_KEY", "SECRET_KEY", "FERRY_SECRET_KEY",
-                           "DATABASE_URL", "REDIS_URL", "FERRY_POSTGRES_PASSWORD"})
-"""Variables of the agent's environment its children never inherit (a request's ``env`` may still set them)."""
+                           "DATABASE_URL", "REDIS_URL", "FERRY_POSTGRES_PASSWORD",
+                           "FERRY_WORKER_TOKEN", "FERRY_WORKER_TOKEN_PREVIOUS"})
+"""Variables of the agent's environment its children never inherit (a request's ``env`` may still set them: a
+worker's pool token comes only in its own request, never from whatever the agent's shell held)."""
 
 
 def inherited_env(environ: Mapping[str, str]) -> dict[str, str]:

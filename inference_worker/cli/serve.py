@@ -22,6 +22,10 @@ prefills every prompt itself (no ``/internal/prefill``, no KV receiver). ``--mod
 version in KV payloads (KV from another version is refused). ``--pool``, ``--track`` and
 ``--replica`` only label the metrics.
 
+``FERRY_WORKER_TOKEN`` (environment only, >= 16 characters; the backend sets it to the pool's worker token)
+makes every route but ``/health``, ``/ready`` and ``/metrics`` require ``Authorization: Bearer <token>``;
+``FERRY_WORKER_TOKEN_PREVIOUS`` is also accepted during a rotation (:mod:`inference_worker.server.worker_auth`).
+
 KV tiers (:mod:`inference_worker.engine.kv_tiers`): ``--kv-offload-host SIZE``, ``--kv-offload-disk PATH:SIZE``
 and ``--kv-shared URI:SIZE`` keep finished contexts' KV beyond the engine's cache (host memory, a local
 directory, a directory shared by every worker of these weights); entries idle longer than ``--kv-entry-ttl``
@@ -234,8 +238,10 @@ def run(args: argparse.Namespace) -> int:
     from inference_worker.metrics import WorkerMetrics
     from inference_worker.server.lifecycle import run_server
     from inference_worker.server.state import ServerState
+    from inference_worker.server.worker_auth import WorkerTokens
 
     validate(args)
+    worker_tokens = WorkerTokens.from_env()  # the environment only: never argv, which ps shows to everyone
     if os.environ.get("TORCH_NUM_THREADS"):
         torch.set_num_threads(int(os.environ["TORCH_NUM_THREADS"]))
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -248,6 +254,7 @@ def run(args: argparse.Namespace) -> int:
         fault_rng=random.Random(args.fault_seed),
         drain_timeout_s=args.drain_timeout,
         link_secret=link_secret(args),
+        worker_tokens=worker_tokens,
         max_body_bytes=args.max_body_bytes,
         max_prompts=args.max_prompts,
     )

@@ -14,7 +14,10 @@ scoring against the prefix index (:mod:`.prefix_index`, fed by every replica's K
 decision and admission. The plan's decode replica gets the request with headers ``X-Request-Id``,
 ``X-Ferry-Track``, ``X-Ferry-Model-Version``, ``X-Ferry-Decision`` and, for ``remote_prefill``,
 ``X-Ferry-Prefill-Endpoint`` (the plan's prefill replica; the decode worker performs the hand-off).
-A connection error, timeout or 5xx *before the first byte of the answer* re-plans without the failed
+Every call to a replica carries its pool's worker token from the routing table (``Authorization: Bearer``;
+on a 401 the pool's previous token once, while a rotation rolls the replicas); a replica that still answers
+401 refuses its pool's credential, which is the fleet's fault, not the client's: it counts as a failed attempt
+(``kind="auth"``). A connection error, timeout or 5xx *before the first byte of the answer* re-plans without the failed
 replica and tries again (up to ``max_attempts``); once bytes have reached the client the stream is not
 retried. A 4xx from the worker (the client's error) is passed through as it is, never retried. Each attempt's
 outcome feeds the circuit breaker (:mod:`.breaker`): a replica it ejected is left out at eligibility until
@@ -422,9 +425,22 @@ class Router:
             self.breaker.attempt(replica.name)
         response = None
         try:
-            upstream = self.client.build_request(method, replica.url + path, content=content, headers=headers,
-                                                 timeout=timeout)
+            upstream = self.client.build_request(method, replica.url + path, content=content,
+                                                 headers={**headers, **replica.auth_headers}, timeout=timeout)
             response = await self.client.send(upstream, stream=True)
+            if response.status_code == 401 and replica.worker_token_previous:
+                # a rotation is rolling the pool: this replica still knows only the token before it
+                await response.aclose()
+                previous = {**headers, "Authorization": f"Bearer {replica.worker_token_previous}"}
+                upstream = self.client.build_request(method, replica.url + path, content=content, headers=previous,
+                                                     timeout=timeout)
+                response = await self.client.send(upstream, stream=True)
+            if response.status_code == 401:  # the replica refuses its pool's token: a fleet fault, not the client's
+                self.metrics.upstream_errors.labels(pool=replica.pool, replica=replica.name, kind="auth").inc()
+                judged = True
+                self._breaker_outcome(replica, False)
+                log.warning("replica %s refused its pool's worker token (401)", replica.name)
+                return f"{replica.name} refused the pool's worker token (401)", 502
             if response.status_code >= 500:
                 self.metrics.upstream_errors.labels(pool=replica.pool, replica=replica.name, kind="status").inc()
                 judged = True

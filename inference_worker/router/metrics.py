@@ -27,7 +27,7 @@ class RouterMetrics:
     - ``ferry_router_kv_index_resyncs_total{replica}``: gaps or restarts that re-synced a replica's index.
     - ``ferry_router_requests_total{status}``: client requests answered, by HTTP status code.
     - ``ferry_router_upstream_errors_total{pool, replica, kind}``: failed upstream attempts
-      (``kind`` connect | timeout | status | stream).
+      (``kind`` connect | timeout | status | stream | auth: the replica refused its pool's worker token).
     - ``ferry_router_retries_total{pool}``: attempts on another replica after a failure.
     - ``ferry_router_rate_limited_total{key}``: requests refused with 429.
     - ``ferry_router_ejections_total{pool, track, replica, reason}``: circuit-breaker ejections (``reason``:

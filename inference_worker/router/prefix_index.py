@@ -182,8 +182,12 @@ class KVEventSubscriber:
     """Follows one replica's ``/v1/kv-events`` stream into a :class:`PrefixIndex`, re-syncing on gaps."""
 
     def __init__(self, index: PrefixIndex, replica: str, url: str, *, client: httpx.AsyncClient,
-                 retry_s: float = 1.0) -> None:
+                 retry_s: float = 1.0, tokens: tuple[str, ...] = ()) -> None:
         self.index, self.replica, self.url, self.client, self.retry_s = index, replica, url, client, retry_s
+        self.tokens = tuple(t for t in tokens if t)
+        """The pool's worker tokens (current, then previous): sent as ``Authorization: Bearer``; a 401 moves to the
+        next one (a replica not yet rolled to a rotated token)."""
+        self._token_index = 0
         self.on_resync = None
         """Called with the replica name after a gap or restart (metrics)."""
 
@@ -200,7 +204,11 @@ class KVEventSubscriber:
         after = self.index.after(self.replica)
         params = {} if after is None else {"after": str(after)}
         timeout = httpx.Timeout(60.0, connect=2.0)  # heartbeats come every 15 s
-        async with self.client.stream("GET", self.url + "/v1/kv-events", params=params, timeout=timeout) as response:
+        headers = {"Authorization": f"Bearer {self.tokens[self._token_index]}"} if self.tokens else {}
+        async with self.client.stream("GET", self.url + "/v1/kv-events", params=params, timeout=timeout,
+                                      headers=headers) as response:
+            if response.status_code == 401 and self.tokens:
+                self._token_index = (self._token_index + 1) % len(self.tokens)
             response.raise_for_status()
             async for line in response.aiter_lines():
                 if not line.strip():
@@ -227,17 +235,18 @@ class KVIndexFeed:
     def sync(self) -> None:
         """Match subscribers to the table now."""
         table = self.source.table
-        wanted = {} if table is None else {r.name: (r.url, r.model_version) for r in table.replicas}
-        for name, (url, task) in list(self.tasks.items()):
-            if wanted.get(name, (None,))[0] != url or task.done():
+        wanted = {} if table is None else {
+            r.name: ((r.url, r.worker_token, r.worker_token_previous), r.model_version) for r in table.replicas}
+        for name, (where, task) in list(self.tasks.items()):  # a new URL or token restarts the subscriber
+            if wanted.get(name, (None,))[0] != where or task.done():
                 task.cancel()
                 del self.tasks[name]
         self.index.retain({name: version for name, (_, version) in wanted.items()})
-        for name, (url, _) in wanted.items():
+        for name, (where, _) in wanted.items():
             if name not in self.tasks:
-                subscriber = KVEventSubscriber(self.index, name, url, client=self.client)
+                subscriber = KVEventSubscriber(self.index, name, where[0], client=self.client, tokens=where[1:])
                 subscriber.on_resync = self.on_resync
-                self.tasks[name] = (url, asyncio.create_task(subscriber.run()))
+                self.tasks[name] = (where, asyncio.create_task(subscriber.run()))
 
     async def run(self) -> None:
         """Sync every ``interval_s`` until cancelled (then cancel the subscribers)."""

@@ -10,6 +10,8 @@ JSON shape (served by the control plane at ``GET /api/v1/routing-table/`` or kep
       ],
       "pools": [
         {"name": "decode-dc1", "role": "decode", "datacenter": "dc1",       # role: decode|colocated|prefill
+         "worker_token": "<secret>",          # optional: sent as Authorization: Bearer to its replicas;
+         "worker_token_previous": "<secret>", # optional: tried on a 401 while a rotation rolls the replicas
          "replicas": [{"name": "decode-dc1-0", "url": "http://10.0.0.5:8000", "track": "stable",
                        "model_version": "v1"}]},                             # model_version: default = track's
         {"name": "prefill-dc2", "role": "prefill", "datacenter": "dc2", "replicas": [...]},
@@ -67,6 +69,16 @@ class Replica:
     datacenter: str = ""
     engine: str = FERRY
     """The pool's engine kind (:mod:`inference_worker.engine_kinds`): how its ``/metrics`` names read."""
+    worker_token: str = field(default="", repr=False)
+    """Its pool's worker token, sent as ``Authorization: Bearer`` on every call to it ("" = none: an open worker)."""
+    worker_token_previous: str = field(default="", repr=False)
+    """The pool's token before its last rotation: tried once when the replica answers 401 to ``worker_token`` (it
+    has not rolled to the new token yet)."""
+
+    @property
+    def auth_headers(self) -> dict[str, str]:
+        """``{"Authorization": "Bearer <worker_token>"}``, or ``{}`` for a pool without a token."""
+        return {"Authorization": f"Bearer {self.worker_token}"} if self.worker_token else {}
 
 
 @dataclass(frozen=True)
@@ -161,7 +173,7 @@ class RoutingTable:
                                                 "model_version")
                     replicas.append(Replica(str(r["name"]), str(r["url"]).rstrip("/"), str(pool["name"]), role,
                                             str(r["track"]), str(model_version), str(pool.get("datacenter", "")),
-                                            engine))
+                                            engine, *_worker_tokens(pool)))
             if len({r.name for r in replicas}) != len(replicas):
                 raise RoutingTableError("replica names must be unique")
             links = tuple(Link(str(x["source"]), str(x["target"]), float(x["bandwidth_gbps"]),
@@ -224,6 +236,15 @@ def _check_weights(tracks: tuple[Track, ...], raw_models: dict) -> None:
         if any(w < 0 for w in weights) or not math.isclose(sum(weights), 100.0, abs_tol=1e-6):
             where = f" of model {model!r}" if model else ""
             raise RoutingTableError(f"track weights{where} must be >= 0 and sum to 100, got {weights}")
+
+
+def _worker_tokens(pool: dict) -> tuple[str, str]:
+    """A pool's ``worker_token`` and ``worker_token_previous`` (each optional, a string; "" when absent)."""
+    tokens = (pool.get("worker_token") or "", pool.get("worker_token_previous") or "")
+    if not all(isinstance(t, str) and t.isascii() and t.isprintable() and " " not in t for t in tokens):
+        raise RoutingTableError(f"pool {pool.get('name')!r}: worker_token and worker_token_previous must be "
+                                "printable ASCII strings without spaces")
+    return tokens
 
 
 def _model_info(version: str, raw: dict) -> ModelInfo:

@@ -9,8 +9,12 @@ a prefill-role worker serves ``POST /internal/prefill``; a decode-role worker ha
 ``model_version_id``, ``weights_sha256`` (the identity KV payloads must carry) and, on decode,
 ``kv_port`` (the KV receiver's TCP port).
 
+Authentication (:mod:`.worker_auth`): with ``FERRY_WORKER_TOKEN`` set every route but ``/health``, ``/ready``
+and ``/metrics`` needs ``Authorization: Bearer <the pool's worker token>`` (401 otherwise); ``/internal/prefill``
+is authenticated by its link-secret signature instead.
+
 Prefix cache (:mod:`.kv_cache_routes`): ``GET /v1/kv-events`` (NDJSON KV events) and ``POST
-/admin/kv-cache/reset`` (signed with the link secret). Completions report reused prompt tokens (for a
+/admin/kv-cache/reset`` (the worker token; without one, signed with the link secret). Completions report reused prompt tokens (for a
 remote prefill, those the prefill worker's cache spared it: see :mod:`.pd`) in
 ``usage.prompt_tokens_details.cached_tokens`` (the final streamed chunk too, with
 ``stream_options.include_usage``) and in the :data:`inference_worker.http_headers.CACHED_TOKENS` response header, sent with
@@ -51,6 +55,7 @@ from inference_worker.server.protocol import (
 )
 from inference_worker.server.state import ServedModel, ServerState
 from inference_worker.server.streaming import SSE_DONE, ChoiceEvent, Generation, GenerationError, sse
+from inference_worker.server.worker_auth import WorkerAuthMiddleware
 from inference_worker.tokenization import ChatTemplateError
 
 logger = logging.getLogger(__name__)
@@ -62,6 +67,8 @@ def create_app(state: ServerState) -> FastAPI:
     """Build the app around a :class:`ServerState` (the model may still be loading)."""
     app = FastAPI(title="Ferry worker", docs_url=None, redoc_url=None)
     app.state.worker = state
+    if state.worker_tokens is not None:  # every route but the probes needs the pool's token (:mod:`.worker_auth`)
+        app.add_middleware(WorkerAuthMiddleware, tokens=state.worker_tokens)
 
     @app.exception_handler(OpenAIError)
     async def _openai_error(_request: Request, exc: OpenAIError) -> JSONResponse:

@@ -2,10 +2,12 @@
 
 ``GET /v1/kv-events?after=SEQ``: newline-delimited JSON batches of KV events (format, snapshots and
 gaps in :mod:`inference_worker.server.kv_events`). ``POST /admin/kv-cache/reset``: forget every
-cached KV block; authenticated like ``/internal/prefill`` (HMAC-SHA256 of the raw body under the KV
-link secret in ``X-Ferry-KV-Signature``) until workers get their own credential; answers
-``{"cleared_blocks": n}``, 401 without a valid signature (:mod:`.signing`), 403 when the worker has no
-link secret, 413 for a body over :data:`MAX_RESET_BODY_BYTES` (refused before it is read).
+cached KV block; answers ``{"cleared_blocks": n}``, 413 for a body over :data:`MAX_RESET_BODY_BYTES`
+(refused before it is read). Authentication: on a worker with a worker token (``FERRY_WORKER_TOKEN``) both
+routes need ``Authorization: Bearer <token>`` (:mod:`.worker_auth`, checked before the route runs) and nothing
+else. A worker without one (a bare ``serve``, older deployments) takes the reset signed like
+``/internal/prefill`` (HMAC-SHA256 of the raw body under the KV link secret in ``X-Ferry-KV-Signature``): 401
+without a valid signature (:mod:`.signing`), 403 when it has no link secret either.
 """
 
 from __future__ import annotations
@@ -66,10 +68,12 @@ def add_kv_cache_routes(app: FastAPI, state: ServerState) -> None:
     @app.post(RESET_PATH)
     async def reset_kv_cache(request: Request) -> JSONResponse:
         secret = state.link_secret
-        if secret is None:
-            raise OpenAIError(403, "this worker has no KV link secret (--kv-link-secret or FERRY_KV_LINK_SECRET); "
-                              "the cache reset is signed with it", type="permission_error", code="no_link_secret")
+        if state.worker_tokens is None and secret is None:
+            raise OpenAIError(403, "this worker has neither a worker token (FERRY_WORKER_TOKEN) nor a KV link secret "
+                              "(--kv-link-secret or FERRY_KV_LINK_SECRET) to authenticate the cache reset with",
+                              type="permission_error", code="no_link_secret")
         raw = await read_body_capped(request, MAX_RESET_BODY_BYTES)
-        verify_signature(secret, raw, request.headers.get(http_headers.KV_SIGNATURE))
+        if state.worker_tokens is None:  # with a token the middleware already checked it
+            verify_signature(secret, raw, request.headers.get(http_headers.KV_SIGNATURE))
         cleared = await _engine_loop(state).reset_prefix_cache()
         return JSONResponse({"cleared_blocks": cleared})

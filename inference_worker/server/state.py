@@ -102,7 +102,11 @@ class ServerState:
     """Most prompts in one ``/v1/completions`` batch (400 above)."""
     pd: Any = None
     link_secret: bytes | None = None
-    """The KV link secret, if configured: signs ``POST /admin/kv-cache/reset`` (see :mod:`.kv_cache_routes`)."""
+    """The KV link secret, if configured: signs ``POST /admin/kv-cache/reset`` on a worker without a worker token
+    (see :mod:`.kv_cache_routes`)."""
+    worker_tokens: Any = None
+    """The pool's worker token(s) (:class:`~inference_worker.server.worker_auth.WorkerTokens`) from
+    ``FERRY_WORKER_TOKEN``; None: the routes are open (see :mod:`.worker_auth`)."""
     """The disaggregation service (:class:`~inference_worker.server.pd.PDService`) or None (colocated)."""
     model: ServedModel | None = None
     load_error: str | None = None

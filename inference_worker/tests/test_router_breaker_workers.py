@@ -28,6 +28,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 MODEL = "gemma-3-270m"
 SECRET = "ferry-test-link-secret-0123456789"
 PD = ("--kv-link-secret", SECRET, "--model-version", "v1", "--max-num-seqs", "2")
+# Each pool's worker token (issue 19), in the workers' environment: the routers send them from the tables, and the
+# decode worker's remote prefill reaches the prefill worker with the link secret alone.
+DECODE_TOKEN, PREFILL_TOKEN = "decode-pool-token-0123456789", "prefill-pool-token-0123456789"
 FAULT_RATE, FAULT_SEED, MIN_REQUESTS, IN_A_ROW = 0.5, 7, 10, 5
 
 
@@ -52,11 +55,13 @@ def router_total(url: str, name: str, **labels) -> float:
 
 @pytest.fixture(scope="module")
 def workers():
+    decode_env, prefill_env = {"FERRY_WORKER_TOKEN": DECODE_TOKEN}, {"FERRY_WORKER_TOKEN": PREFILL_TOKEN}
     healthy = WorkerProcess("--role", "decode", "--kv-recompute-on-failure", "false", "--kv-cache-memory", "64MiB",
-                            "--replica", "healthy", *PD)
+                            "--replica", "healthy", *PD, env=decode_env)
     faulty = WorkerProcess("--role", "colocated", "--fault-error-rate", str(FAULT_RATE), "--fault-seed",
-                           str(FAULT_SEED), "--replica", "faulty", "--max-num-seqs", "2")
-    prefill = WorkerProcess("--role", "prefill", "--max-model-len", "128", "--replica", "prefill", *PD)
+                           str(FAULT_SEED), "--replica", "faulty", "--max-num-seqs", "2", env=decode_env)
+    prefill = WorkerProcess("--role", "prefill", "--max-model-len", "128", "--replica", "prefill", *PD,
+                            env=prefill_env)
     start_together(healthy, faulty, prefill)
     try:
         yield {"healthy": healthy, "faulty": faulty, "prefill": prefill}
@@ -72,13 +77,16 @@ def start_router(tmp_path_factory, name, pools, *args, **table):
     return RouterProcess(path, "--table-interval", "0.2", "--scrape-interval", "0", "--no-kv-index", *args)
 
 
+DECODE = {"worker_token": DECODE_TOKEN}
+
+
 def replica(name, worker):
     return {"name": name, "url": worker.base_url, "track": "stable", "model_version": "v1"}
 
 
 @pytest.fixture(scope="module")
 def pair(workers, tmp_path_factory):
-    router = start_router(tmp_path_factory, "pair", [{"name": "decode", "role": "decode", "replicas": [
+    router = start_router(tmp_path_factory, "pair", [{"name": "decode", "role": "decode", **DECODE, "replicas": [
         replica("healthy", workers["healthy"]), replica("faulty", workers["faulty"])]}],
         "--policy", "round_robin", "--breaker-window", "60", "--breaker-min-requests", str(MIN_REQUESTS),
         "--breaker-consecutive", str(IN_A_ROW), "--breaker-cooldown", "600", "--breaker-max-cooldown", "600")
@@ -89,8 +97,9 @@ def pair(workers, tmp_path_factory):
 @pytest.fixture(scope="module")
 def pd(workers, tmp_path_factory):
     router = start_router(tmp_path_factory, "pd", [
-        {"name": "decode", "role": "decode", "replicas": [replica("healthy", workers["healthy"])]},
-        {"name": "prefill", "role": "prefill", "replicas": [replica("prefill", workers["prefill"])]}],
+        {"name": "decode", "role": "decode", **DECODE, "replicas": [replica("healthy", workers["healthy"])]},
+        {"name": "prefill", "role": "prefill", "worker_token": PREFILL_TOKEN,
+         "replicas": [replica("prefill", workers["prefill"])]}],
         length_routing={"threshold_tokens": 64})
     yield router.url
     router.stop()
@@ -98,7 +107,7 @@ def pd(workers, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def local(workers, tmp_path_factory):
-    router = start_router(tmp_path_factory, "local", [{"name": "decode", "role": "decode", "replicas": [
+    router = start_router(tmp_path_factory, "local", [{"name": "decode", "role": "decode", **DECODE, "replicas": [
         replica("healthy", workers["healthy"])]}])
     yield router.url
     router.stop()
@@ -186,3 +195,12 @@ def test_a_prompt_over_the_decode_workers_cache_is_a_400_not_retried_nor_counted
     assert router_total(local, "ferry_router_upstream_errors_total") == 0
     assert router_total(local, "ferry_router_ejections_total") == 0
     assert ask(local, stream=stream, prompt="The ferry", max_tokens=1).status_code == 200  # not ejected
+
+
+def test_a_client_calling_a_worker_directly_without_its_pools_token_is_refused(workers):
+    base = workers["healthy"].base_url
+    body = {"model": MODEL, "prompt": "bypass the router", "max_tokens": 1}
+    assert httpx.post(base + "/v1/completions", json=body, timeout=30).json()["error"]["code"] == "invalid_worker_token"
+    wrong = httpx.post(base + "/v1/completions", json=body, timeout=30, headers={"Authorization": f"Bearer {PREFILL_TOKEN}"})
+    assert wrong.status_code == 401  # another pool's token is no good either
+    assert httpx.get(base + "/health", timeout=30).json()["status"] == "ok"

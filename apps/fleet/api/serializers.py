@@ -101,6 +101,12 @@ class PoolScaleSerializer(serializers.Serializer):
     replicas = serializers.IntegerField(min_value=0, max_value=MAX_REPLICAS, help_text="New total desired replicas.")
 
 
+class PoolWorkerTokenRotateSerializer(serializers.Serializer):
+    keep_previous = serializers.BooleanField(
+        default=True, help_text="Keep accepting the old token until the next rotation, so nothing fails while the "
+                                "replicas roll (false: the old token leaked; replicas not yet rolled refuse calls).")
+
+
 class ReplicaSerializer(serializers.ModelSerializer):
     pool_name = serializers.CharField(source="pool.name", read_only=True)
     cluster = serializers.IntegerField(source="pool.cluster_id", read_only=True)

@@ -22,7 +22,12 @@ from apps.core.idempotency import HEADER, idempotency_key_from_request
 from apps.fleet import selectors as fleet_selectors
 from apps.fleet import services as fleet_services
 from apps.fleet.api.filtersets import PoolFilterSet, ReplicaFilterSet
-from apps.fleet.api.serializers import PoolScaleSerializer, PoolSerializer, ReplicaSerializer
+from apps.fleet.api.serializers import (
+    PoolScaleSerializer,
+    PoolSerializer,
+    PoolWorkerTokenRotateSerializer,
+    ReplicaSerializer,
+)
 from apps.operations import pools, selectors, services
 from apps.operations.api.filtersets import ActionFilterSet
 from apps.operations.api.serializers import ActionSerializer
@@ -110,6 +115,21 @@ class PoolViewSet(viewsets.ModelViewSet):
         Action with each replica's reason and can be retried)."""
         act, created = pools.pool_flush_kv_cache(pool=self.get_object(), requested_by=request.user,
                                                  idempotency_key=idempotency_key_from_request(request))
+        return Response(ActionSerializer(act).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+
+
+    @extend_schema(request=PoolWorkerTokenRotateSerializer, responses={200: ActionSerializer, 201: ActionSerializer},
+                   parameters=[IDEMPOTENCY_PARAMETER])
+    @action(detail=True, methods=["post"], url_path="rotate-worker-token")
+    def rotate_worker_token(self, request: Request, pk: str | None = None) -> Response:
+        """Admin: give the pool a new worker token and roll it out to its replicas (a pending ``pool.apply``
+        Action; 409 if the pool is busy). The token itself is never returned: workers get it from the backend
+        and routers from the routing table."""
+        serializer = PoolWorkerTokenRotateSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        act, created = pools.pool_worker_token_rotate(
+            pool=self.get_object(), keep_previous=serializer.validated_data["keep_previous"],
+            requested_by=request.user, idempotency_key=idempotency_key_from_request(request))
         return Response(ActionSerializer(act).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
 

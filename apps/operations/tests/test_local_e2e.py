@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import threading
+from pathlib import Path
 
 import httpx
 import pytest
@@ -76,6 +77,16 @@ def test_scale_0_2_1_through_the_api_drains_and_reconcile_restarts_a_killed_work
     replicas = backend.observe(ref).tracks["stable"].replicas
     assert [r.name for r in replicas] == ["local-a-stable-0", "local-a-stable-1"]
 
+    # the pool's worker token reached each worker in its environment, never on its command line (ps shows that),
+    # and a client calling a worker directly without it is refused
+    with agent.client() as client:
+        pid = client.get("/v1/processes/local-a-stable-0").json()["pid"]
+    assert pool.worker_token.encode() not in Path(f"/proc/{pid}/cmdline").read_bytes()
+    assert f"FERRY_WORKER_TOKEN={pool.worker_token}".encode() in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    direct = httpx.post(replicas[0].endpoint + "/v1/completions", timeout=30,
+                        json={"model": "gemma-3-270m", "prompt": "hi", "max_tokens": 1})
+    assert (direct.status_code, direct.json()["error"]["code"]) == (401, "invalid_worker_token")
+
     # 2 -> 1 while replica 1 (the one scale-down stops) streams a completion
     first_chunk, result = threading.Event(), {}
 
@@ -83,7 +94,8 @@ def test_scale_0_2_1_through_the_api_drains_and_reconcile_restarts_a_killed_work
         body = {"model": "gemma-3-270m", "prompt": "Write a long story about a ferry crossing a river.",
                 "max_tokens": 48, "temperature": 0, "ignore_eos": True, "stream": True}
         lines = []
-        with httpx.stream("POST", replicas[1].endpoint + "/v1/completions", json=body, timeout=120) as response:
+        with httpx.stream("POST", replicas[1].endpoint + "/v1/completions", json=body, timeout=120,
+                          headers={"Authorization": f"Bearer {pool.worker_token}"}) as response:
             result["status"] = response.status_code
             for line in response.iter_lines():
                 if line.startswith("data: "):

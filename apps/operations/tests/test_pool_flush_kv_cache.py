@@ -23,6 +23,7 @@ from apps.orchestrators.base import ObservedReplica, ObservedState, ObservedTrac
 from inference_worker import http_headers
 from inference_worker.server.errors import OpenAIError
 from inference_worker.server.signing import verify_signature
+from inference_worker.server.worker_auth import WorkerTokens
 
 pytestmark = pytest.mark.django_db
 SECRET = "flush-test-link-secret-0123456789"
@@ -33,17 +34,23 @@ class ResetWorker:
     (401 otherwise), or always ``status`` when given (a worker that refuses); ``raw_body`` replaces the JSON
     answer (something else listening at the replica's endpoint)."""
 
-    def __init__(self, cleared_blocks: int, status: int | None = None, raw_body: bytes | None = None):
+    def __init__(self, cleared_blocks: int, status: int | None = None, raw_body: bytes | None = None,
+                 tokens: WorkerTokens | None = None):
         self.calls: list[str] = []
+        self.authorizations: list[str | None] = []
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:  # noqa: N802 - http.server's name
                 body = self.rfile.read(int(self.headers.get("content-length", 0)))
                 outer.calls.append(self.path)
+                outer.authorizations.append(self.headers.get("authorization"))
                 code, payload = status or 200, {"cleared_blocks": cleared_blocks}
                 if status is not None:
                     payload = {"error": {"message": "the worker is not ready: loading"}}
+                elif tokens is not None:  # a worker with a worker token: the bearer only (worker_auth)
+                    if not tokens.accepts(self.headers.get("authorization")):
+                        code, payload = 401, {"error": {"message": "invalid worker token"}}
                 else:
                     try:
                         verify_signature(SECRET.encode(), body, self.headers.get(http_headers.KV_SIGNATURE))
@@ -134,13 +141,37 @@ def test_flush_with_a_wrong_secret_is_the_workers_401_recorded(workers, pool, se
     assert action.error.startswith("KV cache flush failed on 1 of 1 replicas: decode-a-0: HTTP 401: ")
 
 
-def test_flush_without_a_link_secret_fails_and_says_how_to_fix_it(workers, pool, settings):
+def test_flush_without_a_link_secret_sends_the_pools_token_alone_and_a_token_less_worker_refuses_it(
+        workers, pool, settings):
     settings.FERRY_KV_LINK_SECRET = ""
+    workers["backend"].replicas.pop(1)
     action, _ = pool_flush_kv_cache(pool=pool)
-    assert execute_action.apply(args=[action.pk]).get() == "failed"
+    assert execute_action.apply(args=[action.pk]).get() == "failed"  # this stand-in checks the signature only
     action.refresh_from_db()
-    assert (action.retryable, workers["good"].calls) == (False, [])
-    assert action.error.startswith("FERRY_KV_LINK_SECRET is not set on the control plane")
+    assert action.error.startswith("KV cache flush failed on 1 of 1 replicas: decode-a-0: HTTP 401: ")
+    assert workers["good"].authorizations == [f"Bearer {pool.worker_token}"]
+
+
+def test_flush_sends_the_pools_worker_token_and_the_previous_one_to_a_replica_not_yet_rolled(workers, pool, settings):
+    settings.FERRY_KV_LINK_SECRET = ""
+    old = pool.worker_token
+    pool.worker_token_previous, pool.worker_token = old, "rotated-pool-token-0123456789"
+    pool.save()
+    rolled = ResetWorker(cleared_blocks=3, tokens=WorkerTokens(pool.worker_token, old))
+    not_rolled = ResetWorker(cleared_blocks=4, tokens=WorkerTokens(old))
+    try:
+        workers["backend"].replicas[:] = [ObservedReplica("decode-a-0", "stable", rolled.url, True, True, "v1"),
+                                          ObservedReplica("decode-a-1", "stable", not_rolled.url, True, True, "v1")]
+        action, _ = pool_flush_kv_cache(pool=pool)
+        assert execute_action.apply(args=[action.pk]).get() == "succeeded"
+        action.refresh_from_db()
+        assert [line["message"] for line in action.log if line["message"].startswith("flushed")] == [
+            "flushed decode-a-0: 3 blocks cleared", "flushed decode-a-1: 4 blocks cleared"]
+        assert rolled.authorizations == [f"Bearer {pool.worker_token}"]
+        assert not_rolled.authorizations == [f"Bearer {pool.worker_token}", f"Bearer {old}"]
+    finally:
+        rolled.close()
+        not_rolled.close()
 
 
 @pytest.mark.parametrize("raw_body", [b"<html>502 Bad Gateway</html>", b"[7]", b'"flushed"', b"{}", b"null"])

@@ -1,5 +1,7 @@
 """Manifests as data: exact labels, command, probes, resources, scheduling and the weights init step."""
 
+import hashlib
+
 import pytest
 
 from apps.orchestrators import kubernetes_manifests as m
@@ -287,3 +289,55 @@ def test_the_model_directory_check_refuses_a_tampered_file(tmp_path):
     finally:
         server.shutdown()
         server.server_close()
+TOKEN, PREVIOUS = "pool-token-0123456789abcdef", "old-pool-token-0123456789"
+
+
+def test_the_pools_worker_token_is_a_secret_read_by_secret_key_ref_never_a_value_or_an_argument():
+    spec = make_spec(worker_token=TOKEN, worker_token_previous=PREVIOUS)
+    secret, deployment = m.track_manifests(spec)[:2]
+    assert secret == {
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "decode-a-worker-token", "namespace": "ferry",
+                     "labels": {"ferry.io/pool": "decode-a", "app.kubernetes.io/managed-by": "ferry"}},
+        "type": "Opaque",
+        "stringData": {"FERRY_WORKER_TOKEN": TOKEN, "FERRY_WORKER_TOKEN_PREVIOUS": PREVIOUS},
+    }
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert container["env"][-2:] == [
+        {"name": "FERRY_WORKER_TOKEN", "valueFrom": {"secretKeyRef": {
+            "name": "decode-a-worker-token", "key": "FERRY_WORKER_TOKEN"}}},
+        {"name": "FERRY_WORKER_TOKEN_PREVIOUS", "valueFrom": {"secretKeyRef": {
+            "name": "decode-a-worker-token", "key": "FERRY_WORKER_TOKEN_PREVIOUS"}}},
+    ]
+    assert TOKEN not in str(deployment) and PREVIOUS not in str(deployment) and TOKEN not in repr(spec)
+    # a rotation changes the pod template (the digest annotation), so the Deployment rolls onto the new Secret
+    digest = deployment["spec"]["template"]["metadata"]["annotations"]["ferry.io/worker-token-digest"]
+    assert digest == hashlib.sha256(f"{TOKEN}\n{PREVIOUS}".encode()).hexdigest()[:16]
+    rotated = m.deployment_manifest(make_spec(worker_token="new-pool-token-0123456789", worker_token_previous=TOKEN))
+    assert rotated["spec"]["template"]["metadata"]["annotations"]["ferry.io/worker-token-digest"] != digest
+    # after a rotation without grace the Secret's previous key is patched to "" (a merge patch keeps absent keys)
+    assert m.worker_token_secret_manifest(make_spec(worker_token=TOKEN))["stringData"] == {
+        "FERRY_WORKER_TOKEN": TOKEN, "FERRY_WORKER_TOKEN_PREVIOUS": ""}
+
+
+def test_a_spec_without_a_worker_token_has_no_secret_and_env_may_not_smuggle_one():
+    assert [d["kind"] for d in m.track_manifests(make_spec())] == [
+        "Deployment", "Service", "PodDisruptionBudget", "NetworkPolicy"]
+    with pytest.raises(InvalidSpec, match="env must not set FERRY_WORKER_TOKEN"):
+        make_spec(env={"FERRY_WORKER_TOKEN": TOKEN})
+    with pytest.raises(InvalidSpec, match="at least 16 printable ASCII"):
+        make_spec(worker_token="short")
+
+
+@pytest.mark.parametrize(("engine", "env_names", "args_tail"), [
+    ("vllm", ["FERRY_WORKER_TOKEN", "FERRY_WORKER_TOKEN_PREVIOUS", "VLLM_API_KEY"], ["--port", "8000"]),
+    ("sglang", ["FERRY_WORKER_TOKEN", "FERRY_WORKER_TOKEN_PREVIOUS"],
+     ["--enable-metrics", "--api-key", "$(FERRY_WORKER_TOKEN)"]),
+])
+def test_an_engine_pool_requires_the_pools_worker_token_as_its_api_key(engine, env_names, args_tail):
+    spec = make_spec(engine=engine, role="colocated", extra_args=(), worker_token="t" * 43)
+    (container,) = m.deployment_manifest(spec)["spec"]["template"]["spec"]["containers"]
+    assert [e["name"] for e in container["env"]] == ["FERRY_LOG_LEVEL", *env_names]
+    assert all(e["valueFrom"]["secretKeyRef"]["name"] == "decode-a-worker-token" for e in container["env"][1:])
+    assert container["args"][-len(args_tail):] == args_tail
+    assert "t" * 43 not in str(container)

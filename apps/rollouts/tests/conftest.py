@@ -75,6 +75,8 @@ class FakeHTTP:
         self.router_version = -1
         self.completions = 0
         self.fail_completions = False
+        self.authorizations: list[str | None] = []
+        """The ``Authorization`` header of every worker call (``/v1/models``, ``/v1/completions``)."""
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -93,12 +95,14 @@ class FakeHTTP:
                 if self.path == "/ready":
                     self._send(200, {"status": "ready", "routing_table_version": outer.router_version})
                 elif self.path == "/v1/models":
+                    outer.authorizations.append(self.headers.get("Authorization"))
                     self._send(200, {"object": "list", "data": [{"id": "gemma-like", "object": "model"}]})
                 else:
                     self._send(404, {})
 
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                outer.authorizations.append(self.headers.get("Authorization"))
                 outer.completions += 1
                 if outer.fail_completions or body.get("model") != "gemma-like":
                     self._send(500, {"error": {"message": "boom"}})

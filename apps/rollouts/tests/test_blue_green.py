@@ -40,6 +40,7 @@ def _switch(pool, plan, fake_http):
     observe(pool, endpoint=fake_http.url)
     assert rollout_tick(rollout_id=plan.pk, now=due_now(plan)) == "switched"
     assert fake_http.completions == 1
+    assert fake_http.authorizations == [f"Bearer {pool.worker_token}"] * 2  # /v1/models, /v1/completions
     smoke = Action.objects.filter(kind="rollout.step", target_id=str(plan.pk), params={"phase": "smoke"}).get()
     assert smoke.log[1]["message"] == f"smoke test at {fake_http.url}: 4 tokens ' Paris'"
     assert rollout_tick(rollout_id=plan.pk, now=due_now(plan)) == "scale-down-delay"

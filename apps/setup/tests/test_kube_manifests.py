@@ -94,7 +94,9 @@ def test_gateway_component_and_the_backends_pool_manifests_validate_too():
     spec = PoolTrackSpec(pool=PoolRef(pool_id=1, pool_name="decode-a", namespace="ferry"), role="decode",
                          track="canary", replicas=2, kv_port=8001, kv_peer_cidrs=("10.8.0.0/16", "fd00:8::/64"),
                          model=ModelRef(name="gemma-3-270m", version="v2", image="worker:v2",
-                                        weights_uri="https://models.example/g.gguf", sha256="ab" * 32))
+                                        weights_uri="https://models.example/g.gguf", sha256="ab" * 32),
+                         worker_token="decode-a-worker-token-0123", worker_token_previous="decode-a-old-token-0123")
+    assert track_manifests(spec)[0]["kind"] == "Secret"
     for doc in routers + track_manifests(spec):
         kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
 
@@ -199,7 +201,8 @@ def exercise_backend(mock: KubeMock) -> None:
     backend = KubernetesBackend(api_client(mock.url), backoff_s=0.01, max_attempts=3, sleep=lambda s: None)
     pool = PoolRef(pool_id=1, pool_name="decode-a", namespace=ns)
     spec = PoolTrackSpec(pool=pool, role="decode", track="stable", replicas=1, kv_port=8001,
-                         model=ModelRef(name="gemma-3-270m", version="v1", image="worker:v1"))
+                         model=ModelRef(name="gemma-3-270m", version="v1", image="worker:v1"),
+                         worker_token="decode-a-worker-token-0123")  # its Secret: create -> 409 -> patch
     try:
         backend.apply_pool_track(spec)
         backend.apply_pool_track(spec)  # AlreadyExists -> patch

@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('fleet', '0007_cluster_production'),
+        ('fleet', '0008_pool_worker_token'),
     ]
 
     operations = [
