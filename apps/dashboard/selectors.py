@@ -13,19 +13,20 @@ from collections import defaultdict
 from django.db.models import Count, Prefetch, Q
 
 from apps.catalog.models import KV_REPORT_TOKENS, ModelVersion
-from apps.fleet.models import Cluster, ClusterLink, Pool, PoolTrack
+from apps.fleet.models import Cluster, ClusterLink, Pool, PoolTrack, Router
 from apps.operations.models import Action
 from apps.operations.tracks import POOL_TRACK_DELETE, POOL_TRACK_SET
 from apps.rollouts.canary import NEW_TRACK
 from apps.rollouts.desired import requester as rollout_requester
 from apps.rollouts.models import RolloutPlan
 from apps.rollouts.transitions import allowed_verbs
-from apps.rollouts.validators import GATE_SIGNALS
+from apps.rollouts.validators import COMPARISONS, GATE_ROLES, GATE_SIGNAL_UNITS, GATE_SIGNALS
 from apps.telemetry.broadcast import FLEET_GROUP, pool_group
 from apps.telemetry.history import SignalHistory
 from apps.telemetry.models import Alert
 from apps.telemetry.selectors import telemetry_history, telemetry_snapshot
 from apps.telemetry.services import alert_payload
+from apps.telemetry.signals import SIGNAL_NAMES
 
 SNAPSHOT_HISTORY_S = 300.0
 """Seconds of signal history a pool snapshot carries (charts start with the last five minutes)."""
@@ -181,7 +182,7 @@ def rollout_form(pool_ids: list[int] | None = None) -> dict:
     ``default_target`` is the newest version of the chosen pools' models (``pool_ids``; None: every pool)
     that none of them runs (``Pool.model_version``), else the newest version none runs, else None: a
     canary from the page moves pools to a version they do not run yet. ``rollouts.js`` applies the same
-    rule when the pool selection changes. 2 queries.
+    rule when the pool selection changes. Also the editor's pickers (:func:`rollout_editor_choices`). 3 queries.
     """
     pools = [{"id": p.pk, "label": f"{p.cluster.name}/{p.name} ({p.role})", "role": p.role,
               "model": p.model_version.name, "model_version_id": p.model_version_id}
@@ -189,7 +190,21 @@ def rollout_form(pool_ids: list[int] | None = None) -> dict:
     versions = [{"id": mv.pk, "label": str(mv), "model": mv.name}
                 for mv in ModelVersion.objects.order_by("-created_at", "-pk")]
     chosen = [p for p in pools if pool_ids is None or p["id"] in pool_ids]
-    return {"pools": pools, "versions": versions, "default_target": newest_version_not_run(chosen, versions)}
+    return {"pools": pools, "versions": versions, "default_target": newest_version_not_run(chosen, versions),
+            **rollout_editor_choices()}
+
+
+def rollout_editor_choices() -> dict:
+    """The rollout editor's pickers: ``{"routers": [{"id", "label", "cluster_id"}] (the router registry,
+    ``fleet.Router``), "gate_signals": [{"name", "telemetry_signal", "unit"}] (the gate signals the validators
+    accept whose telemetry signal exists, ``telemetry.signals.SIGNAL_NAMES``), "comparisons", "gate_roles"}``.
+    1 query."""
+    routers = [{"id": r.pk, "label": f"{r.name} ({r.cluster.name}, {r.url})", "cluster_id": r.cluster_id}
+               for r in Router.objects.select_related("cluster").order_by("name")]
+    signals = [{"name": name, "telemetry_signal": telemetry, "unit": GATE_SIGNAL_UNITS.get(name, "")}
+               for name, telemetry in GATE_SIGNALS.items() if telemetry in SIGNAL_NAMES]
+    return {"routers": routers, "gate_signals": signals, "comparisons": list(COMPARISONS),
+            "gate_roles": list(GATE_ROLES)}
 
 
 def newest_version_not_run(pools: list[dict], versions: list[dict]) -> int | None:
