@@ -18,7 +18,8 @@ from apps.operations.models import Action
 from apps.operations.tracks import POOL_TRACK_DELETE, POOL_TRACK_SET
 from apps.rollouts.canary import NEW_TRACK
 from apps.rollouts.desired import requester as rollout_requester
-from apps.rollouts.models import RolloutPlan
+from apps.rollouts.models import GateMeasurement, RolloutPlan
+from apps.rollouts.steps import step_text
 from apps.rollouts.transitions import allowed_verbs
 from apps.rollouts.validators import COMPARISONS, GATE_ROLES, GATE_SIGNAL_UNITS, GATE_SIGNALS
 from apps.telemetry.broadcast import FLEET_GROUP, pool_group
@@ -146,6 +147,9 @@ def rollout_detail(rollout_id: int) -> dict:
         "rollback_of": plan.rollback_of_id,
         "rollbacks": list(RolloutPlan.objects.filter(rollback_of=plan).order_by("pk").values_list("pk", flat=True)),
         "weight_history": rollout_weight_history(plan),
+        "replica_history": rollout_replica_history(plan),
+        "measurement_history": rollout_measurement_history(plan),
+        "step_marks": rollout_step_marks(plan),
     }
 
 
@@ -172,6 +176,62 @@ def rollout_weight_history(plan: RolloutPlan) -> dict[str, list[list]]:
             continue
         out.setdefault(str(pool_id), []).append([at.isoformat(), weight])
     return out
+
+
+def rollout_replica_history(plan: RolloutPlan) -> dict[str, dict[str, list[list]]]:
+    """Desired replicas per track over the rollout, per pool: ``{pool id (str): {track: [[ISO time, replicas],
+    ...]}}`` in recorded order. The first point of each pool is its stable track at the pool total when the rollout
+    started (the ``rollout.start`` Action's time, ``progress.totals``); then every ``pool.track_set`` that set
+    ``replicas`` and every ``pool.track_delete`` (0) the rollout asked for (requester ``rollout:<id>``). 2 queries.
+    """
+    out: dict[str, dict[str, list[list]]] = {}
+    start = (Action.objects.filter(kind="rollout.start", target_type="rollout", target_id=str(plan.pk))
+             .order_by("created_at", "pk").values_list("created_at", flat=True).first())
+    prog = plan.progress or {}
+    if start is not None:
+        for pool_id, total in (prog.get("totals") or {}).items():
+            stable = (prog.get("stable_tracks") or {}).get(pool_id)
+            if stable:
+                out.setdefault(str(pool_id), {})[stable] = [[start.isoformat(), int(total)]]
+    actions = (Action.objects.filter(kind__in=(POOL_TRACK_SET, POOL_TRACK_DELETE), target_type="pool",
+                                     params__requester=rollout_requester(plan))
+               .order_by("created_at", "pk").values_list("kind", "target_id", "created_at", "params"))
+    for kind, pool_id, at, params in actions:
+        changes = params.get("changes") or {}
+        if kind == POOL_TRACK_DELETE:
+            replicas = 0
+        elif "replicas" in changes:
+            replicas = changes["replicas"]
+        else:
+            continue
+        out.setdefault(str(pool_id), {}).setdefault(params.get("track", ""), []).append([at.isoformat(), replicas])
+    return out
+
+
+MAX_CHARTED_MEASUREMENTS = 5000
+"""Gate measurements a rollout page starts with (the newest ones; a gate is measured every tick)."""
+
+
+def rollout_measurement_history(plan: RolloutPlan) -> list[dict]:
+    """The rollout's gate measurements, oldest first (the newest :data:`MAX_CHARTED_MEASUREMENTS`): ``[{"id",
+    "gate_index", "step_index", "pool", "track", "signal", "value" (None: no data), "threshold", "comparison",
+    "passed", "measured_at" (ISO)}]``, the fields of ``/api/v1/rollout-measurements/``. 1 query."""
+    rows = (GateMeasurement.objects.filter(rollout=plan).order_by("-measured_at", "-id")
+            .values("id", "gate_index", "step_index", "pool", "track", "signal", "value", "threshold", "comparison",
+                    "passed", "measured_at")[:MAX_CHARTED_MEASUREMENTS])
+    return [{**r, "measured_at": r["measured_at"].isoformat()} for r in reversed(rows)]
+
+
+def rollout_step_marks(plan: RolloutPlan) -> list[list]:
+    """When each step started: ``[[ISO time, "step N: <step>"], ...]`` from the rollout's ``rollout.step`` Actions
+    (``params.step_index``, 0-based in the API, numbered from 1 here). 1 query."""
+    marks = []
+    for at, params in (Action.objects.filter(kind="rollout.step", target_type="rollout", target_id=str(plan.pk))
+                       .order_by("created_at", "pk").values_list("created_at", "params")):
+        index = (params or {}).get("step_index")
+        if isinstance(index, int) and 0 <= index < len(plan.steps):
+            marks.append([at.isoformat(), f"step {index + 1}: {step_text(plan.steps[index])}"])
+    return marks
 
 
 def rollout_form(pool_ids: list[int] | None = None) -> dict:

@@ -97,7 +97,7 @@ def test_a_canary_built_in_the_editor_creates_the_same_plan_as_the_equivalent_js
     page.wait_for_selector("#rollout-state")
     built = RolloutPlan.objects.get(name="built-in-the-editor")
     built_fields = _fields(built)
-    assert (built.steps, built.gates) == (EXPECTED_STEPS, EXPECTED_GATES)
+    assert (built.steps, built.gates, built.target_model_version_id) == (EXPECTED_STEPS, EXPECTED_GATES, v2.pk)
 
     # The same plan typed as JSON in the advanced view (the first one removed: its pools are free again).
     rollout_plan_delete(plan=built)
@@ -119,5 +119,88 @@ def test_a_canary_built_in_the_editor_creates_the_same_plan_as_the_equivalent_js
     page.click("#rc-submit")
     page.wait_for_selector("#rollout-state")
     assert _fields(RolloutPlan.objects.get(name="built-in-the-editor")) == built_fields
+    assert guard.remote == []
+    context.close()
+
+
+def _recorded(kind: str, target, at, params: dict):  # noqa: ANN001 - a Pool or RolloutPlan
+    """An Action as the rollout recorded it, created at ``at`` (``created_at`` is set on insert: updated after)."""
+    from apps.operations.models import Action
+
+    target_type = "rollout" if isinstance(target, RolloutPlan) else "pool"
+    action = Action.objects.create(kind=kind, target_type=target_type, target_id=str(target.pk), params=params,
+                                   status=Action.Status.SUCCEEDED)
+    Action.objects.filter(pk=action.pk).update(created_at=at)
+
+
+def test_a_finished_rollouts_history_charts_each_weight_step_replicas_and_gate_measurements_at_their_times(
+        server, browser, make_pool, make_model_version, operator_session):
+    """Opened after the fact: weight, replicas per track and gate measurements drawn from the recorded Actions and
+    measurements at their own times, and each step's start marked."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from apps.rollouts.models import GateMeasurement
+
+    pool = make_pool("chat", role="colocated", replicas=2)
+    plan = RolloutPlan.objects.create(name="to-v2", target_model_version=make_model_version("v2"), strategy="canary",
+                                      steps=[{"set_weight": 25}, {"set_weight": 50}],
+                                      gates=[{"signal": "error_rate", "threshold": 0.05, "comparison": "<",
+                                              "window_s": 30}])
+    plan.pools.set([pool])
+    RolloutPlan.objects.filter(pk=plan.pk).update(state="promoted", current_step_index=2, progress={
+        "totals": {str(pool.pk): 2}, "stable_tracks": {str(pool.pk): "stable"}})
+    t0 = timezone.now().replace(microsecond=0) - timedelta(minutes=10)
+
+    def at(s: int):
+        return t0 + timedelta(seconds=s)
+
+    by = f"rollout:{plan.pk}"
+    _recorded("rollout.start", plan, at(0), {})
+    _recorded("pool.track_set", pool, at(10), {"track": "canary", "changes": {"created": True, "replicas": 0,
+                                                                                "weight": 0}, "requester": by})
+    _recorded("rollout.step", plan, at(20), {"step_index": 0, "step": {"set_weight": 25}})
+    _recorded("pool.track_set", pool, at(21), {"track": "canary", "changes": {"replicas": 1}, "requester": by})
+    _recorded("pool.track_set", pool, at(22), {"track": "canary", "changes": {"weight": 25}, "requester": by})
+    _recorded("pool.track_set", pool, at(23), {"track": "stable", "changes": {"replicas": 1, "weight": 75},
+                                               "requester": by})
+    _recorded("rollout.step", plan, at(60), {"step_index": 1, "step": {"set_weight": 50}})
+    _recorded("pool.track_set", pool, at(61), {"track": "canary", "changes": {"weight": 50}, "requester": by})
+    _recorded("pool.track_set", pool, at(120), {"track": "canary", "changes": {"replicas": 2, "weight": 100},
+                                                "requester": by})
+    _recorded("pool.track_set", pool, at(121), {"track": "stable", "changes": {"replicas": 0}, "requester": by})
+    _recorded("pool.track_set", pool, at(180), {"track": "stable", "changes": {"replicas": 2}, "requester": by})
+    _recorded("pool.track_delete", pool, at(181), {"track": "canary", "requester": by})
+    _recorded("pool.scale", pool, at(30), {"replicas": 5})  # not the rollout's: not charted
+    for s, value, passed in ((30, 0.01, True), (40, 0.2, False)):
+        GateMeasurement.objects.create(rollout=plan, step_index=1, gate_index=0, pool=pool, track="canary",
+                                       signal="error_rate", value=value, threshold=0.05, comparison="<",
+                                       window_s=30, passed=passed, measured_at=at(s))
+
+    context, page, guard = signed_in(browser, server, "olga")
+    page.goto(f"{server.base_url}/rollouts/{plan.pk}/")
+    page.wait_for_selector("#steps li")
+    t0_ms = t0.timestamp() * 1000
+
+    def points(chart: str, trace: int, n: int) -> list:
+        """The first ``n`` points of a trace as [seconds after t0, value] (live readings come after them)."""
+        return page.evaluate(f"(d => d.x.slice(0, {n}).map((x, i) => [(new Date(x).getTime() - {t0_ms}) / 1000, "
+                             f"d.y[i]]))(document.getElementById('{chart}').data[{trace}])")
+
+    assert points("chart-canary-weight", 0, 5) == [[10, 0], [22, 25], [61, 50], [120, 100], [181, 0]]
+    marks = page.evaluate(f"document.getElementById('chart-canary-weight').layout.shapes.map(s => "
+                          f"[(new Date(s.x0).getTime() - {t0_ms}) / 1000, s.label.text])")
+    assert marks == [[20, "step 1: set weight 25%"], [60, "step 2: set weight 50%"]]
+    names = page.evaluate("document.getElementById('chart-replicas').data.map(t => t.name)")
+    assert names[:2] == ["chat stable", "chat canary"]
+    assert points("chart-replicas", 0, 4) == [[0, 2], [23, 1], [121, 0], [180, 2]]
+    assert points("chart-replicas", 1, 4) == [[10, 0], [21, 1], [120, 2], [181, 0]]
+    assert points("chart-gates", 0, 2) == [[30, 0.01], [40, 0.2]]
+    assert page.evaluate("document.getElementById('chart-gates').data[0].marker.color") == ["#067647", "#b42318"]
+    assert page.evaluate("document.getElementById('chart-gates').data[1].y") == [0.05, 0.05]  # the threshold
+    page.wait_for_selector("#events tbody tr")
+    page.wait_for_selector("#gates tr.gate-fail")  # the last measurement failed
+    page.screenshot(path=str(ARTIFACTS / "operator-rollout-history.png"), full_page=True)
     assert guard.remote == []
     context.close()
