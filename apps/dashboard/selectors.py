@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 
+from django.conf import settings
 from django.db.models import Count, Prefetch, Q
 
 from apps.catalog.models import KV_REPORT_TOKENS, ModelVersion
@@ -28,6 +29,7 @@ from apps.telemetry.models import Alert
 from apps.telemetry.selectors import telemetry_history, telemetry_snapshot
 from apps.telemetry.services import alert_payload
 from apps.telemetry.signals import SIGNAL_NAMES
+from inference_worker.registry import BUILTIN_MODELS
 
 SNAPSHOT_HISTORY_S = 300.0
 """Seconds of signal history a pool snapshot carries (charts start with the last five minutes)."""
@@ -277,11 +279,33 @@ def newest_version_not_run(pools: list[dict], versions: list[dict]) -> int | Non
     return (same_model or free or [{"id": None}])[0]["id"]
 
 
+def model_version_pools() -> dict[int, list[dict]]:
+    """Which pools run each model version: ``{model version id: [{"id", "label", "role", "tracks": [{"name",
+    "replicas", "weight"}]}]}`` from the pools' tracks (a rollout's canary or preview track runs the new version
+    beside the stable one); a pool without tracks counts under its ``model_version``. Ordered by cluster and pool
+    name. 2 queries."""
+    out: dict[int, dict[int, dict]] = defaultdict(dict)
+    pools = list(Pool.objects.select_related("cluster").order_by("cluster__name", "name"))
+    by_pool: dict[int, list[PoolTrack]] = defaultdict(list)
+    for track in PoolTrack.objects.filter(pool__in=pools).order_by("name"):
+        by_pool[track.pool_id].append(track)
+    for pool in pools:
+        label = {"id": pool.pk, "label": f"{pool.cluster.name}/{pool.name}", "role": pool.role}
+        for track in by_pool[pool.pk]:
+            entry = out[track.model_version_id].setdefault(pool.pk, {**label, "tracks": []})
+            entry["tracks"].append({"name": track.name, "replicas": track.replicas, "weight": track.weight})
+        if not by_pool[pool.pk]:
+            out[pool.model_version_id].setdefault(pool.pk, {**label, "tracks": []})
+    return {mv_id: list(pools_.values()) for mv_id, pools_ in out.items()}
+
+
 def model_version_rows() -> list[dict]:
     """Every model version's architecture and KV bytes: per token per layer type, and resident at
     8K/32K/128K tokens hybrid vs all-full (``ModelVersion.kv_bytes``, the one formula in
-    ``inference_worker.config``), with the all-full/hybrid ratio."""
+    ``inference_worker.config``), with the all-full/hybrid ratio; its weights (URI, sha256, architecture
+    source) and the pools that run it (:func:`model_version_pools`)."""
     rows = []
+    running = model_version_pools()
     for mv in ModelVersion.objects.all():
         kv = []
         for n in KV_REPORT_TOKENS:
@@ -297,6 +321,14 @@ def model_version_rows() -> list[dict]:
             "kv_bytes_per_token_full": mv.kv_bytes_per_token("full_attention"),
             "kv_bytes_per_token_sliding": (mv.kv_bytes_per_token("sliding_attention")
                                            if mv.num_sliding_layers else None),
-            "kv": kv,
+            "kv": kv, "weights_uri": mv.weights_uri, "sha256": mv.sha256,
+            "architecture_source": mv.architecture_source, "pools": running.get(mv.pk, []),
         })
     return rows
+
+
+def model_version_register_choices() -> dict:
+    """The register form's choices: ``{"builtin_models": [{"name", "description"}], "model_roots": [dir, ...]}``
+    (``inference_worker.registry.BUILTIN_MODELS``, ``settings.FERRY_MODEL_ROOTS``: where a GGUF may be)."""
+    return {"builtin_models": [{"name": name, "description": m.description} for name, m in BUILTIN_MODELS.items()],
+            "model_roots": [str(r) for r in settings.FERRY_MODEL_ROOTS]}

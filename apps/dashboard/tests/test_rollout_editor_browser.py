@@ -204,3 +204,42 @@ def test_a_finished_rollouts_history_charts_each_weight_step_replicas_and_gate_m
     page.screenshot(path=str(ARTIFACTS / "operator-rollout-history.png"), full_page=True)
     assert guard.remote == []
     context.close()
+
+
+def test_an_admin_registers_a_model_version_from_the_page_checked_by_the_api(server, browser, pool):
+    """The register form: the API's own checks (a wrong expected SHA-256 of the local GGUF is refused with the
+    file's digest, shown by the field), then the version registered from a built-in model; the table says which
+    pools run each version."""
+    from apps.accounts.services import user_create_with_role
+    from apps.catalog.models import ModelVersion
+    from apps.catalog.services import file_sha256
+    from apps.dashboard.tests.live_stack import PASSWORD
+    from inference_worker.registry import gguf_path
+
+    user_create_with_role(username="ada", role="admin", password=PASSWORD)
+    digest = file_sha256(gguf_path("gemma-3-270m"))
+    context, page, guard = signed_in(browser, server, "ada")
+    page.goto(f"{server.base_url}/model-versions/")
+    page.wait_for_selector("#mv-register")
+    row = f"#model-versions tr[data-model-version='{pool.model_version_id}']"
+    assert page.inner_text(f"{row} td.pools") == f"{pool.cluster.name}/decode (decode; stable 2 replicas, 100%)"
+    assert page.locator("#mv-gguf-path").is_hidden()  # the built-in source is the default
+    page.fill("#mv-name", "gemma-3-270m")
+    page.fill("#mv-version", "q4km")
+    page.fill("#mv-sha256", "0" * 64)
+    page.click("#mv-submit")
+    page.wait_for_function("document.getElementById('mv-sha256-error').textContent !== ''")
+    assert f"has SHA-256 {digest}, not {'0' * 64}" in page.inner_text("#mv-sha256-error")
+    assert not ModelVersion.objects.filter(name="gemma-3-270m").exists()
+    page.fill("#mv-sha256", "")  # empty: the local file's own digest
+    page.click("#mv-submit")
+    page.wait_for_url("**/model-versions/?registered=*")
+    mv = ModelVersion.objects.get(name="gemma-3-270m", version="q4km")
+    assert (mv.sha256, mv.architecture_source, mv.num_sliding_layers) == (digest, "builtin:gemma-3-270m", 15)
+    row = f"#model-versions tr[data-model-version='{mv.pk}']"
+    assert page.get_attribute(f"{row} code.sha256", "title") == digest
+    assert page.inner_text(f"{row} td.pools") == "no pool runs it"
+    assert page.inner_text("#mv-result") == "Registered gemma-3-270m:q4km."
+    page.screenshot(path=str(ARTIFACTS / "admin-model-versions-registered.png"), full_page=True)
+    assert guard.remote == []
+    context.close()
