@@ -32,7 +32,7 @@
 
   const editor = new RolloutEditor(choices, () => schedule());
   const nameInput = document.getElementById("rc-name");
-  let nameTouched = false;
+  let nameTouched = false, submitted = false;
   nameInput.addEventListener("input", () => { nameTouched = true; schedule(); });
   for (const id of ["rc-pools", "rc-target", "rc-strategy", "rc-router", "rc-max-surge"]) {
     document.getElementById(id).addEventListener(id === "rc-max-surge" ? "input" : "change", () => schedule());
@@ -73,7 +73,13 @@
     const fieldErrors = errors || {};
     editor.showErrors(fieldErrors);
     document.getElementById("rc-name-error").textContent = nameTouched ? (fieldErrors.name || []).join(" ") : "";
-    const shown = new Set(["steps", "gates", "name"]);
+    // no pools picked yet: the preview says what to do rather than the pools field's error
+    const noPools = !poolSelect.selectedOptions.length;
+    if (noPools && !submitted) {
+      document.getElementById("rc-preview").replaceChildren(Ferry.el("p", {class: "muted"},
+        "Pick the pools (a prefill and a decode pool together) to see what each step will do."));
+    }
+    const shown = new Set(["steps", "gates", "name", ...(noPools && !submitted ? ["pools"] : [])]);
     const rest = Object.entries(fieldErrors).filter(([k]) => !shown.has(k))
       .map(([k, v]) => `${k === "non_field_errors" ? "" : `${k}: `}${Array.isArray(v) ? v.join(" ") : (v.detail || JSON.stringify(v))}`);
     document.getElementById("rc-result").textContent = rest.join("; ");
@@ -109,7 +115,7 @@
     if (request === null) { out.textContent = "Steps and gates must be JSON (see the Advanced view)."; return; }
     const result = await Ferry.api("POST", "/api/v1/rollouts/", request);
     if (result.ok) { location.assign(`/rollouts/${result.data.id}/`); return; }
-    nameTouched = true;
+    nameTouched = submitted = true;
     if (result.status === 400 && result.data) showErrors(result.data);
     out.textContent = `Not created: ${Ferry.errorText(result)}`;
   });
