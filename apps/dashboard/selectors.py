@@ -132,15 +132,17 @@ def rollout_pool_ids(rollout_id: int) -> list[int]:
     return sorted(plan.pools.values_list("pk", flat=True))
 
 
-def rollout_detail(rollout_id: int) -> dict:
+def rollout_detail(rollout_id: int, *, history: bool = True) -> dict:
     """A rollout plan's state, phase, steps and gates (with the telemetry signal of each gate signal,
-    ``apps.rollouts.validators.GATE_SIGNALS``) and its pools.
+    ``apps.rollouts.validators.GATE_SIGNALS``) and its pools; with ``history`` (the page, not the websocket
+    snapshot: the page reads it once and extends it live) also its recorded weight, replicas, gate measurements
+    and step starts.
 
     Raises ``RolloutPlan.DoesNotExist``.
     """
     plan = RolloutPlan.objects.select_related("target_model_version").get(pk=rollout_id)
     gates = [{**g, "telemetry_signal": GATE_SIGNALS.get(g.get("signal"))} for g in plan.gates]
-    return {
+    out = {
         "id": plan.pk, "name": plan.name, "strategy": plan.strategy, "state": plan.state, "phase": plan.phase,
         "current_step_index": plan.current_step_index, "steps": plan.steps, "gates": gates,
         "target_model_version": str(plan.target_model_version), "message": plan.message,
@@ -148,11 +150,11 @@ def rollout_detail(rollout_id: int) -> dict:
         "allowed_verbs": allowed_verbs(plan.state),
         "rollback_of": plan.rollback_of_id,
         "rollbacks": list(RolloutPlan.objects.filter(rollback_of=plan).order_by("pk").values_list("pk", flat=True)),
-        "weight_history": rollout_weight_history(plan),
-        "replica_history": rollout_replica_history(plan),
-        "measurement_history": rollout_measurement_history(plan),
-        "step_marks": rollout_step_marks(plan),
     }
+    if history:
+        out.update(weight_history=rollout_weight_history(plan), replica_history=rollout_replica_history(plan),
+                   measurement_history=rollout_measurement_history(plan), step_marks=rollout_step_marks(plan))
+    return out
 
 
 WEIGHT_TRACKS = (NEW_TRACK, "green")  # the tracks the rollout page charts (rollout.js: canary or green)
