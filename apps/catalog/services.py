@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
+from urllib.request import url2pathname
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -38,6 +40,20 @@ def _allowed_gguf_path(raw: str) -> Path:
     if not resolved.is_file():
         raise ValidationError({"gguf_path": [f"No file at {raw}."]})
     return resolved
+
+
+def local_weights_file(weights_uri: str) -> Path | None:
+    """The regular file a ``file://`` weights URI names when it lies under ``FERRY_MODEL_ROOTS`` (the only
+    local files the control plane reads), else None (another scheme, a directory such as a prepared artifact,
+    a missing file or one outside the roots: nothing to checksum here)."""
+    parsed = urlparse(weights_uri)
+    if parsed.scheme != "file" or parsed.netloc not in ("", "localhost"):
+        return None
+    path = Path(url2pathname(parsed.path)).resolve()
+    roots = [Path(r).resolve() for r in settings.FERRY_MODEL_ROOTS]
+    if not path.is_file() or not any(path.is_relative_to(root) for root in roots):
+        return None
+    return path
 
 
 def _parse_architecture(
@@ -81,16 +97,26 @@ def model_version_build(
 
     Exactly one source: ``config`` (an HF config.json dict), ``gguf_path`` (a .gguf file under
     ``FERRY_MODEL_ROOTS``) or ``builtin_model`` (``inference_worker.registry.BUILTIN_MODELS``). For a file
-    source, ``weights_uri`` defaults to ``file://<path>`` and ``sha256`` to the file's digest.
+    source, ``weights_uri`` defaults to ``file://<path>``. Local weights are checksummed: when ``weights_uri``
+    names a file under ``FERRY_MODEL_ROOTS`` (:func:`local_weights_file`), ``sha256`` (the expected digest)
+    must equal the file's SHA-256, and defaults to it.
 
     Raises:
         ValidationError: no/several sources, unreadable architecture, missing weights_uri or
-            sha256 for a config.json source, invalid fields, or (name, version) already exists.
+            sha256 for a config.json source, a local weights file whose SHA-256 is not ``sha256``, invalid
+            fields, or (name, version) already exists.
     """
     model_config, source, path = _parse_architecture(config=config, gguf_path=gguf_path, builtin_model=builtin_model)
     if path is not None:
         weights_uri = weights_uri or path.as_uri()
-        sha256 = sha256 or file_sha256(path)
+    local = local_weights_file(weights_uri)
+    if local is not None:
+        digest = file_sha256(local)
+        if sha256 and sha256.lower() != digest:
+            raise ValidationError({"sha256": [
+                f"The weights file {local} has SHA-256 {digest}, not {sha256.lower()}: check the file (a partial or "
+                "different download?) or the expected checksum; leave it empty to take the file's."]})
+        sha256 = digest
     missing = {f: [f"{f} is required when registering from config.json."]
                for f, v in (("weights_uri", weights_uri), ("sha256", sha256)) if not v}
     if missing:

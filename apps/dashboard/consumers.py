@@ -167,7 +167,9 @@ class RolloutConsumer(StreamConsumer):
         kind, _, ident = stream.partition(".")
         if kind == "rollout":
             seq = SignalHistory().current_seq(rollout_group(ident))  # read first: later messages have larger numbers
-            return {"type": "snapshot", "stream": stream, "seq": seq, "rollout": selectors.rollout_detail(int(ident))}
+            # the state only: the page draws the recorded history once, from its own HTML
+            return {"type": "snapshot", "stream": stream, "seq": seq,
+                    "rollout": selectors.rollout_detail(int(ident), history=False)}
         return selectors.pool_snapshot(int(ident))
 
     async def rollout_state(self, event: dict) -> None:

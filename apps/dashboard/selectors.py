@@ -10,22 +10,26 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 
+from django.conf import settings
 from django.db.models import Count, Prefetch, Q
 
 from apps.catalog.models import KV_REPORT_TOKENS, ModelVersion
-from apps.fleet.models import Cluster, ClusterLink, Pool, PoolTrack
+from apps.fleet.models import Cluster, ClusterLink, Pool, PoolTrack, Router
 from apps.operations.models import Action
 from apps.operations.tracks import POOL_TRACK_DELETE, POOL_TRACK_SET
 from apps.rollouts.canary import NEW_TRACK
 from apps.rollouts.desired import requester as rollout_requester
-from apps.rollouts.models import RolloutPlan
+from apps.rollouts.models import GateMeasurement, RolloutPlan
+from apps.rollouts.steps import step_text
 from apps.rollouts.transitions import allowed_verbs
-from apps.rollouts.validators import GATE_SIGNALS
+from apps.rollouts.validators import COMPARISONS, GATE_ROLES, GATE_SIGNAL_UNITS, GATE_SIGNALS
 from apps.telemetry.broadcast import FLEET_GROUP, pool_group
 from apps.telemetry.history import SignalHistory
 from apps.telemetry.models import Alert
 from apps.telemetry.selectors import telemetry_history, telemetry_snapshot
 from apps.telemetry.services import alert_payload
+from apps.telemetry.signals import SIGNAL_NAMES
+from inference_worker.registry import BUILTIN_MODELS
 
 SNAPSHOT_HISTORY_S = 300.0
 """Seconds of signal history a pool snapshot carries (charts start with the last five minutes)."""
@@ -128,15 +132,17 @@ def rollout_pool_ids(rollout_id: int) -> list[int]:
     return sorted(plan.pools.values_list("pk", flat=True))
 
 
-def rollout_detail(rollout_id: int) -> dict:
+def rollout_detail(rollout_id: int, *, history: bool = True) -> dict:
     """A rollout plan's state, phase, steps and gates (with the telemetry signal of each gate signal,
-    ``apps.rollouts.validators.GATE_SIGNALS``) and its pools.
+    ``apps.rollouts.validators.GATE_SIGNALS``) and its pools; with ``history`` (the page, not the websocket
+    snapshot: the page reads it once and extends it live) also its recorded weight, replicas, gate measurements
+    and step starts.
 
     Raises ``RolloutPlan.DoesNotExist``.
     """
     plan = RolloutPlan.objects.select_related("target_model_version").get(pk=rollout_id)
     gates = [{**g, "telemetry_signal": GATE_SIGNALS.get(g.get("signal"))} for g in plan.gates]
-    return {
+    out = {
         "id": plan.pk, "name": plan.name, "strategy": plan.strategy, "state": plan.state, "phase": plan.phase,
         "current_step_index": plan.current_step_index, "steps": plan.steps, "gates": gates,
         "target_model_version": str(plan.target_model_version), "message": plan.message,
@@ -144,8 +150,11 @@ def rollout_detail(rollout_id: int) -> dict:
         "allowed_verbs": allowed_verbs(plan.state),
         "rollback_of": plan.rollback_of_id,
         "rollbacks": list(RolloutPlan.objects.filter(rollback_of=plan).order_by("pk").values_list("pk", flat=True)),
-        "weight_history": rollout_weight_history(plan),
     }
+    if history:
+        out.update(weight_history=rollout_weight_history(plan), replica_history=rollout_replica_history(plan),
+                   measurement_history=rollout_measurement_history(plan), step_marks=rollout_step_marks(plan))
+    return out
 
 
 WEIGHT_TRACKS = (NEW_TRACK, "green")  # the tracks the rollout page charts (rollout.js: canary or green)
@@ -173,6 +182,62 @@ def rollout_weight_history(plan: RolloutPlan) -> dict[str, list[list]]:
     return out
 
 
+def rollout_replica_history(plan: RolloutPlan) -> dict[str, dict[str, list[list]]]:
+    """Desired replicas per track over the rollout, per pool: ``{pool id (str): {track: [[ISO time, replicas],
+    ...]}}`` in recorded order. The first point of each pool is its stable track at the pool total when the rollout
+    started (the ``rollout.start`` Action's time, ``progress.totals``); then every ``pool.track_set`` that set
+    ``replicas`` and every ``pool.track_delete`` (0) the rollout asked for (requester ``rollout:<id>``). 2 queries.
+    """
+    out: dict[str, dict[str, list[list]]] = {}
+    start = (Action.objects.filter(kind="rollout.start", target_type="rollout", target_id=str(plan.pk))
+             .order_by("created_at", "pk").values_list("created_at", flat=True).first())
+    prog = plan.progress or {}
+    if start is not None:
+        for pool_id, total in (prog.get("totals") or {}).items():
+            stable = (prog.get("stable_tracks") or {}).get(pool_id)
+            if stable:
+                out.setdefault(str(pool_id), {})[stable] = [[start.isoformat(), int(total)]]
+    actions = (Action.objects.filter(kind__in=(POOL_TRACK_SET, POOL_TRACK_DELETE), target_type="pool",
+                                     params__requester=rollout_requester(plan))
+               .order_by("created_at", "pk").values_list("kind", "target_id", "created_at", "params"))
+    for kind, pool_id, at, params in actions:
+        changes = params.get("changes") or {}
+        if kind == POOL_TRACK_DELETE:
+            replicas = 0
+        elif "replicas" in changes:
+            replicas = changes["replicas"]
+        else:
+            continue
+        out.setdefault(str(pool_id), {}).setdefault(params.get("track", ""), []).append([at.isoformat(), replicas])
+    return out
+
+
+MAX_CHARTED_MEASUREMENTS = 5000
+"""Gate measurements a rollout page starts with (the newest ones; a gate is measured every tick)."""
+
+
+def rollout_measurement_history(plan: RolloutPlan) -> list[dict]:
+    """The rollout's gate measurements, oldest first (the newest :data:`MAX_CHARTED_MEASUREMENTS`): ``[{"id",
+    "gate_index", "step_index", "pool", "track", "signal", "value" (None: no data), "threshold", "comparison",
+    "passed", "measured_at" (ISO)}]``, the fields of ``/api/v1/rollout-measurements/``. 1 query."""
+    rows = (GateMeasurement.objects.filter(rollout=plan).order_by("-measured_at", "-id")
+            .values("id", "gate_index", "step_index", "pool", "track", "signal", "value", "threshold", "comparison",
+                    "passed", "measured_at")[:MAX_CHARTED_MEASUREMENTS])
+    return [{**r, "measured_at": r["measured_at"].isoformat()} for r in reversed(rows)]
+
+
+def rollout_step_marks(plan: RolloutPlan) -> list[list]:
+    """When each step started: ``[[ISO time, "step N: <step>"], ...]`` from the rollout's ``rollout.step`` Actions
+    (``params.step_index``, 0-based in the API, numbered from 1 here). 1 query."""
+    marks = []
+    for at, params in (Action.objects.filter(kind="rollout.step", target_type="rollout", target_id=str(plan.pk))
+                       .order_by("created_at", "pk").values_list("created_at", "params")):
+        index = (params or {}).get("step_index")
+        if isinstance(index, int) and 0 <= index < len(plan.steps):
+            marks.append([at.isoformat(), f"step {index + 1}: {step_text(plan.steps[index])}"])
+    return marks
+
+
 def rollout_form(pool_ids: list[int] | None = None) -> dict:
     """Choices of the rollout create form and its default target version.
 
@@ -181,7 +246,7 @@ def rollout_form(pool_ids: list[int] | None = None) -> dict:
     ``default_target`` is the newest version of the chosen pools' models (``pool_ids``; None: every pool)
     that none of them runs (``Pool.model_version``), else the newest version none runs, else None: a
     canary from the page moves pools to a version they do not run yet. ``rollouts.js`` applies the same
-    rule when the pool selection changes. 2 queries.
+    rule when the pool selection changes. Also the editor's pickers (:func:`rollout_editor_choices`). 3 queries.
     """
     pools = [{"id": p.pk, "label": f"{p.cluster.name}/{p.name} ({p.role})", "role": p.role,
               "model": p.model_version.name, "model_version_id": p.model_version_id}
@@ -189,7 +254,21 @@ def rollout_form(pool_ids: list[int] | None = None) -> dict:
     versions = [{"id": mv.pk, "label": str(mv), "model": mv.name}
                 for mv in ModelVersion.objects.order_by("-created_at", "-pk")]
     chosen = [p for p in pools if pool_ids is None or p["id"] in pool_ids]
-    return {"pools": pools, "versions": versions, "default_target": newest_version_not_run(chosen, versions)}
+    return {"pools": pools, "versions": versions, "default_target": newest_version_not_run(chosen, versions),
+            **rollout_editor_choices()}
+
+
+def rollout_editor_choices() -> dict:
+    """The rollout editor's pickers: ``{"routers": [{"id", "label", "cluster_id"}] (the router registry,
+    ``fleet.Router``), "gate_signals": [{"name", "telemetry_signal", "unit"}] (the gate signals the validators
+    accept whose telemetry signal exists, ``telemetry.signals.SIGNAL_NAMES``), "comparisons", "gate_roles"}``.
+    1 query."""
+    routers = [{"id": r.pk, "label": f"{r.name} ({r.cluster.name}, {r.url})", "cluster_id": r.cluster_id}
+               for r in Router.objects.select_related("cluster").order_by("name")]
+    signals = [{"name": name, "telemetry_signal": telemetry, "unit": GATE_SIGNAL_UNITS.get(name, "")}
+               for name, telemetry in GATE_SIGNALS.items() if telemetry in SIGNAL_NAMES]
+    return {"routers": routers, "gate_signals": signals, "comparisons": list(COMPARISONS),
+            "gate_roles": list(GATE_ROLES)}
 
 
 def newest_version_not_run(pools: list[dict], versions: list[dict]) -> int | None:
@@ -202,11 +281,33 @@ def newest_version_not_run(pools: list[dict], versions: list[dict]) -> int | Non
     return (same_model or free or [{"id": None}])[0]["id"]
 
 
+def model_version_pools() -> dict[int, list[dict]]:
+    """Which pools run each model version: ``{model version id: [{"id", "label", "role", "tracks": [{"name",
+    "replicas", "weight"}]}]}`` from the pools' tracks (a rollout's canary or preview track runs the new version
+    beside the stable one); a pool without tracks counts under its ``model_version``. Ordered by cluster and pool
+    name. 2 queries."""
+    out: dict[int, dict[int, dict]] = defaultdict(dict)
+    pools = list(Pool.objects.select_related("cluster").order_by("cluster__name", "name"))
+    by_pool: dict[int, list[PoolTrack]] = defaultdict(list)
+    for track in PoolTrack.objects.filter(pool__in=pools).order_by("name"):
+        by_pool[track.pool_id].append(track)
+    for pool in pools:
+        label = {"id": pool.pk, "label": f"{pool.cluster.name}/{pool.name}", "role": pool.role}
+        for track in by_pool[pool.pk]:
+            entry = out[track.model_version_id].setdefault(pool.pk, {**label, "tracks": []})
+            entry["tracks"].append({"name": track.name, "replicas": track.replicas, "weight": track.weight})
+        if not by_pool[pool.pk]:
+            out[pool.model_version_id].setdefault(pool.pk, {**label, "tracks": []})
+    return {mv_id: list(pools_.values()) for mv_id, pools_ in out.items()}
+
+
 def model_version_rows() -> list[dict]:
     """Every model version's architecture and KV bytes: per token per layer type, and resident at
     8K/32K/128K tokens hybrid vs all-full (``ModelVersion.kv_bytes``, the one formula in
-    ``inference_worker.config``), with the all-full/hybrid ratio."""
+    ``inference_worker.config``), with the all-full/hybrid ratio; its weights (URI, sha256, architecture
+    source) and the pools that run it (:func:`model_version_pools`)."""
     rows = []
+    running = model_version_pools()
     for mv in ModelVersion.objects.all():
         kv = []
         for n in KV_REPORT_TOKENS:
@@ -222,6 +323,14 @@ def model_version_rows() -> list[dict]:
             "kv_bytes_per_token_full": mv.kv_bytes_per_token("full_attention"),
             "kv_bytes_per_token_sliding": (mv.kv_bytes_per_token("sliding_attention")
                                            if mv.num_sliding_layers else None),
-            "kv": kv,
+            "kv": kv, "weights_uri": mv.weights_uri, "sha256": mv.sha256,
+            "architecture_source": mv.architecture_source, "pools": running.get(mv.pk, []),
         })
     return rows
+
+
+def model_version_register_choices() -> dict:
+    """The register form's choices: ``{"builtin_models": [{"name", "description"}], "model_roots": [dir, ...]}``
+    (``inference_worker.registry.BUILTIN_MODELS``, ``settings.FERRY_MODEL_ROOTS``: where a GGUF may be)."""
+    return {"builtin_models": [{"name": name, "description": m.description} for name, m in BUILTIN_MODELS.items()],
+            "model_roots": [str(r) for r in settings.FERRY_MODEL_ROOTS]}

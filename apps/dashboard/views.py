@@ -16,7 +16,7 @@ from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 
-from apps.accounts.roles import OPERATOR, role_at_least, user_role
+from apps.accounts.roles import ADMIN, OPERATOR, role_at_least, user_role
 from apps.dashboard import selectors
 from apps.fleet.models import Pool
 from apps.rollouts.models import RolloutPlan
@@ -78,4 +78,7 @@ def rollout_page(request: HttpRequest, rollout_id: int) -> HttpResponse:
 
 @role_required
 def model_versions_page(request: HttpRequest) -> HttpResponse:
-    return render(request, "dashboard/model_versions.html", _context(request, rows=selectors.model_version_rows()))
+    is_admin = role_at_least(request.user, ADMIN)  # registering a version is an admin's (the API's write role)
+    return render(request, "dashboard/model_versions.html", _context(
+        request, rows=selectors.model_version_rows(), is_admin=is_admin,
+        register=selectors.model_version_register_choices() if is_admin else None))

@@ -88,6 +88,28 @@ def _validate_router(router: Router | None, pools: list[Pool]) -> None:
                                           "holds none of these pools; pick a router of their clusters."]})
 
 
+def _checked_plan(*, pools: list[Pool], target_model_version: ModelVersion,
+                  created_by: AbstractBaseUser | None = None, **fields: Any) -> RolloutPlan:
+    plan = RolloutPlan(target_model_version=target_model_version, created_by=created_by, **fields)
+    plan.full_clean()
+    _validate_router(plan.router, pools)
+    _validate_worker_args(plan.worker_args, pools)
+    return plan
+
+
+def rollout_plan_check(*, pools: Iterable[Pool], target_model_version: ModelVersion, **fields: Any) -> None:
+    """Dry run of :func:`rollout_plan_create`: every check it makes (fields, steps, gates, router, worker
+    options, pools against the target and other active rollouts), nothing saved. The create form's inline
+    validation (``POST /api/v1/rollouts/validate/``).
+
+    Raises:
+        ValidationError, ConflictError: as :func:`rollout_plan_create` would.
+    """
+    pools = list(pools)
+    _checked_plan(pools=pools, target_model_version=target_model_version, **fields)
+    rollout_plan_validate_pools(pools=pools, target=target_model_version, plan_id=None)
+
+
 def rollout_plan_create(
     *, pools: Iterable[Pool], target_model_version: ModelVersion, created_by: AbstractBaseUser | None = None,
     **fields: Any,
@@ -100,10 +122,7 @@ def rollout_plan_create(
         ConflictError: a pool is already in an active rollout.
     """
     pools = list(pools)
-    plan = RolloutPlan(target_model_version=target_model_version, created_by=created_by, **fields)
-    plan.full_clean()
-    _validate_router(plan.router, pools)
-    _validate_worker_args(plan.worker_args, pools)
+    plan = _checked_plan(pools=pools, target_model_version=target_model_version, created_by=created_by, **fields)
     with transaction.atomic():
         rollout_plan_validate_pools(pools=pools, target=target_model_version, plan_id=None)
         plan.save()

@@ -27,6 +27,15 @@ GATE_SIGNALS = {
     "ejected_replicas": "router_ejected_replicas",
 }
 """Gate signal name -> telemetry signal name (``apps.telemetry.signals.SIGNAL_SPECS``)."""
+GATE_SIGNAL_UNITS = {
+    "error_rate": "ratio 0..1 of requests",
+    "ttft_p99_seconds": "s",
+    "tpot_p99_seconds": "s",
+    "kv_transfer_error_rate": "ratio 0..1 of KV transfers",
+    "num_requests_waiting": "requests",
+    "ejected_replicas": "replicas",
+}
+"""Gate signal name -> the unit its threshold is in (the rollout editor shows it beside the threshold)."""
 GATE_ROLES = ("prefill", "decode", "colocated")
 COMPARISONS = ("<", "<=", ">", ">=")
 MAX_WINDOW_S = 86_400

@@ -16,7 +16,7 @@ def gemma_gguf():
 
 
 def test_gemma3_270m_from_gguf_metadata_has_hybrid_layout_and_exact_kv_bytes(gemma_gguf):
-    mv = model_version_register(name="gemma-3-270m", version="q4km", gguf_path=str(gemma_gguf), sha256=SHA_A)
+    mv = model_version_register(name="gemma-3-270m", version="q4km", gguf_path=str(gemma_gguf))
     mv = ModelVersion.objects.get(pk=mv.pk)
     assert (mv.num_hidden_layers, mv.num_sliding_layers, mv.num_full_layers) == (18, 15, 3)
     assert mv.sliding_window == 512
@@ -122,3 +122,22 @@ def test_viewer_reads_but_cannot_register(viewer_api, model_version):
     r = viewer_api.post("/api/v1/model-versions/", {"name": "m", "version": "v", "builtin_model": "gemma-3-270m"},
                         format="json")
     assert r.status_code == 403
+
+
+def test_a_local_weights_files_checksum_is_verified_against_the_expected_sha256(admin_api, tmp_path, settings):
+    """Local weights (a file:// URI under FERRY_MODEL_ROOTS) are checksummed: a wrong expected digest is refused
+    with the file's own, a right one (any case) or none registers it."""
+    settings.FERRY_MODEL_ROOTS = [str(tmp_path)]
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(b"not really weights")
+    digest = file_sha256(weights)
+    body = {"name": "m", "version": "v1", "weights_uri": weights.as_uri(), "config": GEMMA_LIKE_CONFIG}
+    r = admin_api.post("/api/v1/model-versions/", {**body, "sha256": SHA_A}, format="json")
+    assert (r.status_code, r.json()) == (400, {"sha256": [
+        f"The weights file {weights} has SHA-256 {digest}, not {SHA_A}: check the file (a partial or different "
+        "download?) or the expected checksum; leave it empty to take the file's."]})
+    assert ModelVersion.objects.count() == 0
+    r = admin_api.post("/api/v1/model-versions/", {**body, "sha256": digest.upper()}, format="json")
+    assert (r.status_code, r.json()["sha256"]) == (201, digest)
+    r = admin_api.post("/api/v1/model-versions/", {**body, "version": "v2"}, format="json")
+    assert (r.status_code, r.json()["sha256"]) == (201, digest)

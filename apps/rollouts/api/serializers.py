@@ -53,3 +53,36 @@ class RolloutAbortSerializer(StrictFieldsMixin, serializers.Serializer):
         default=False,
         help_text="Remove the new-version tracks now, whatever their readiness, and end the cleanup (also "
                   "allowed on an aborted or failed rollout whose cleanup has not finished). Recorded as Actions.")
+
+
+class RolloutValidSerializer(serializers.Serializer):
+    """The answer of ``POST /api/v1/rollouts/validate/`` when every check passed."""
+
+    valid = serializers.BooleanField()
+
+
+class RolloutPreviewPoolSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    name = serializers.CharField()
+    role = serializers.CharField()
+    total = serializers.IntegerField(help_text="The pool total R (desired replicas at start).")
+    stable_track = serializers.CharField()
+    new_track = serializers.CharField()
+
+
+class RolloutPreviewRowSerializer(serializers.Serializer):
+    number = serializers.IntegerField(allow_null=True, help_text="Step number from 1; null: start or end.")
+    text = serializers.CharField()
+    weight = serializers.IntegerField(help_text="New-version traffic percent after this row.")
+    replicas = serializers.DictField(child=serializers.DictField(child=serializers.IntegerField()),
+                                     help_text="pool id -> track -> desired replicas once converged.")
+    error = serializers.CharField(allow_null=True, help_text="Why the controller would refuse this step.")
+
+
+class RolloutPreviewSerializer(serializers.Serializer):
+    """The answer of ``POST /api/v1/rollouts/preview/`` (:func:`apps.rollouts.preview.rollout_preview`)."""
+
+    strategy = serializers.CharField()
+    pools = RolloutPreviewPoolSerializer(many=True)
+    rows = RolloutPreviewRowSerializer(many=True)
+    errors = serializers.ListField(child=serializers.CharField())

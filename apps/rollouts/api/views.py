@@ -1,6 +1,10 @@
 """``/api/v1/rollouts/``: rollout plans; operators create, change (pending only) and delete them, and
 drive them with ``POST /api/v1/rollouts/{id}/start|pause|resume|promote|abort|rollback/``.
 
+``POST /api/v1/rollouts/validate/`` checks a plan as create would, saving nothing (200 ``{"valid": true}``,
+else create's 400/409); ``POST /api/v1/rollouts/preview/`` checks it the same way and answers what each step
+will do (replicas per track per pool, weight; :func:`apps.rollouts.preview.rollout_preview`).
+
 A verb that the rollout's state does not allow answers 409 with a message naming the state and the
 verbs that are allowed (:mod:`apps.rollouts.transitions`).
 """
@@ -14,13 +18,18 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from apps.accounts.roles import OPERATOR
+from apps.core.exceptions import Conflict
 from apps.rollouts import selectors, services
 from apps.rollouts.api.filtersets import GateMeasurementFilterSet, RolloutPlanFilterSet
 from apps.rollouts.api.serializers import (
     GateMeasurementSerializer,
     RolloutAbortSerializer,
     RolloutPlanSerializer,
+    RolloutPreviewSerializer,
+    RolloutValidSerializer,
 )
+from apps.rollouts.models import RolloutPlan
+from apps.rollouts.preview import rollout_preview
 
 VERB_SERVICES = {
     "start": services.rollout_start,
@@ -51,6 +60,34 @@ class RolloutPlanViewSet(viewsets.ModelViewSet):
 
     def perform_destroy(self, instance) -> None:  # noqa: ANN001 - DRF signature
         services.rollout_plan_delete(plan=instance)
+
+    def _checked(self, request: Request) -> dict:
+        """The body validated by create's serializer and service checks (raises 400/409 as create does)."""
+        serializer = self.get_serializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        services.rollout_plan_check(**serializer.validated_data)
+        return serializer.validated_data
+
+    @extend_schema(request=RolloutPlanSerializer, responses=RolloutValidSerializer,
+                   summary="Dry run of create: every check, nothing saved")
+    @action(detail=False, methods=["post"])
+    def validate(self, request: Request) -> Response:
+        self._checked(request)
+        return Response({"valid": True})
+
+    @extend_schema(request=RolloutPlanSerializer, responses=RolloutPreviewSerializer,
+                   summary="What each step of a plan will do: replicas per track per pool and weight")
+    @action(detail=False, methods=["post"])
+    def preview(self, request: Request) -> Response:
+        data = self._checked(request)
+        fields = {k: data.get(k, RolloutPlan._meta.get_field(k).get_default())
+                  for k in ("max_surge", "scale_down_delay_s")}
+        try:
+            preview = rollout_preview(pools=list(data["pools"]), strategy=data["strategy"],
+                                      steps=data.get("steps", []), **fields)
+        except ValueError as exc:
+            raise Conflict(str(exc)) from exc
+        return Response(preview)
 
     def _verb(self, request: Request, verb: str) -> Response:
         plan = VERB_SERVICES[verb](plan=self.get_object(), requested_by=request.user)

@@ -1,5 +1,6 @@
-/* Rollout page: steps (numbered from 1, current highlighted), canary weight over time (the rollout's recorded
-   history, then live), gates against live canary signals, controls (only the verbs the server allows in this
+/* Rollout page: steps (numbered from 1, current highlighted), canary weight, replicas per track and gate
+   measurements over time (the rollout's recorded Actions and measurements, so a page opened after the fact shows
+   the whole rollout, then live; each step's start marked), gates against live canary signals, controls (only the verbs the server allows in this
    state are enabled; abort and rollback ask for confirmation; a rollback opens the rollout it created) and the
    event log (the rollout's Actions and their logs, a rollback linking to its rollout).
    Pool signals stream over ws/rollouts/<id>/; the plan's state is re-read from the REST API every 2 s and
@@ -23,6 +24,87 @@
        : {title: {text: "time"}, type: "date", autorange: false, range: Ferry.emptyTimeAxis(300)["xaxis.range"]},
      yaxis: {title: {text: "canary traffic weight (%)"}, range: [0, 105]}, annotations: weightCharted ? [] : Ferry.NO_DATA},
     {displaylogo: false, responsive: true});
+
+  // When each step started (its rollout.step Action), drawn as a labelled line on the time charts.
+  const stepShapes = (rollout.step_marks || []).map(([at, label]) => ({type: "line", xref: "x", yref: "paper",
+    x0: new Date(at), x1: new Date(at), y0: 0, y1: 1, line: {color: "#98a2b3", width: 1, dash: "dot"},
+    label: {text: label, textposition: "end", textangle: 0, xanchor: "left", yanchor: "top", padding: 4,
+      font: {size: 10, color: "#667085"}}}));
+  if (stepShapes.length) Plotly.relayout(weightDiv, {shapes: stepShapes});
+
+  // Replicas per track per pool: the rollout's recorded track changes (selectors.rollout_replica_history), then
+  // the pools' desired replicas read every 2 s. One trace per (pool, track); a track seen live gets its own.
+  const replicasDiv = document.getElementById("chart-replicas");
+  const replicaHistory = rollout.replica_history || {};
+  const replicaTraces = [];  // [pool id, track] per trace index
+  const replicaData = [];
+  for (const p of rollout.pools) {
+    for (const [track, points] of Object.entries(replicaHistory[p.id] || {})) {
+      replicaTraces.push(`${p.id}/${track}`);
+      replicaData.push({x: points.map(h => new Date(h[0])), y: points.map(h => h[1]), name: `${p.name} ${track}`,
+        type: "scatter", mode: "lines+markers", line: {shape: "hv"}});
+    }
+  }
+  const replicasCharted = replicaData.length > 0;
+  Plotly.newPlot(replicasDiv, replicaData, {height: 260, margin: {l: 60, r: 20, t: 20, b: 40},
+    xaxis: replicasCharted ? {title: {text: "time"}, type: "date"}
+      : {title: {text: "time"}, type: "date", autorange: false, range: Ferry.emptyTimeAxis(300)["xaxis.range"]},
+    yaxis: {title: {text: "desired replicas"}, rangemode: "tozero", dtick: 1},
+    annotations: replicasCharted ? [] : Ferry.NO_DATA, shapes: stepShapes}, {displaylogo: false, responsive: true});
+
+  function extendReplicas(now, pools) {
+    for (const {pool, tracks} of pools) {
+      for (const t of tracks) {
+        const key = `${pool.id}/${t.name}`;
+        let index = replicaTraces.indexOf(key);
+        if (index < 0) {
+          replicaTraces.push(key);
+          Plotly.addTraces(replicasDiv, {x: [], y: [], name: `${pool.name} ${t.name}`, type: "scatter",
+            mode: "lines+markers", line: {shape: "hv"}});
+          index = replicaTraces.length - 1;
+        }
+        Plotly.extendTraces(replicasDiv, {x: [[now]], y: [[t.replicas]]}, [index], 3600);
+      }
+    }
+    if (replicasDiv.layout.annotations && replicasDiv.layout.annotations.length) {
+      Plotly.relayout(replicasDiv, {annotations: [], "xaxis.autorange": true});
+    }
+  }
+
+  // Gate measurements: every recorded evaluation (selectors.rollout_measurement_history), then the newest ones
+  // from /api/v1/rollout-measurements/ every 2 s. One trace per gate and pool (failed points red), and each gate's
+  // threshold as a dashed line.
+  const gatesDiv = document.getElementById("chart-gates");
+  const allMeasurements = new Map((rollout.measurement_history || []).map(m => [m.id, m]));
+  const poolName = Object.fromEntries(rollout.pools.map(p => [p.id, p.name]));
+
+  function drawMeasurements() {
+    const series = new Map();
+    for (const m of [...allMeasurements.values()].sort((a, b) => (a.measured_at < b.measured_at ? -1 : 1))) {
+      const key = `${m.gate_index}/${m.pool}`;
+      if (!series.has(key)) series.set(key, {gate: m.gate_index, pool: m.pool, points: []});
+      series.get(key).points.push(m);
+    }
+    const data = [];
+    for (const {gate, pool, points} of series.values()) {
+      const g = rollout.gates[gate];
+      data.push({x: points.map(m => new Date(m.measured_at)), y: points.map(m => m.value), type: "scatter",
+        mode: "lines+markers", name: `gate ${gate + 1} ${points[0].signal} (${poolName[pool] || "pool " + pool})`,
+        marker: {color: points.map(m => (m.passed ? "#067647" : "#b42318"))}, meta: {gate, pool}});
+      data.push({x: [points[0].measured_at, points[points.length - 1].measured_at].map(t => new Date(t)),
+        y: [points[0].threshold, points[points.length - 1].threshold], type: "scatter", mode: "lines",
+        line: {dash: "dash", width: 1}, name: `gate ${gate + 1} threshold ${g ? g.comparison : ""} ${points[0].threshold}`,
+        meta: {gate, threshold: true}});
+    }
+    Plotly.react(gatesDiv, data, {height: 260, margin: {l: 60, r: 20, t: 20, b: 40},
+      xaxis: data.length ? {title: {text: "time"}, type: "date"}
+        : {title: {text: "time"}, type: "date", autorange: false, range: Ferry.emptyTimeAxis(300)["xaxis.range"]},
+      yaxis: {title: {text: "measured value (gate's signal unit)"}},
+      annotations: data.length ? [] : [{...Ferry.NO_DATA[0], text: rollout.gates.length
+        ? "not measured yet: gates are measured during analysis steps" : "this plan has no gates"}],
+      shapes: stepShapes}, {displaylogo: false, responsive: true});
+  }
+  drawMeasurements();
 
   function stepText(step) {
     if ("set_weight" in step) return `set weight ${step.set_weight}%`;
@@ -94,10 +176,13 @@
     const result = await Ferry.api("GET", `/api/v1/rollout-measurements/?rollout=${rollout.id}&page_size=200`);
     if (!result.ok) return;
     measurements = {};
+    let added = false;
     for (const m of result.data.results) {  // newest first
       if (!(m.gate_index in measurements)) measurements[m.gate_index] = m;
+      if (!allMeasurements.has(m.id)) { allMeasurements.set(m.id, m); added = true; }
     }
     renderGates();
+    if (added) drawMeasurements();
   }
 
   async function refreshPlan() {
@@ -109,12 +194,16 @@
       renderPlan();
     }
     const now = new Date();
-    const weights = await Promise.all(rollout.pools.map(async p => {
+    const read = await Promise.all(rollout.pools.map(async p => {
       const r = await Ferry.api("GET", `/api/v1/pools/${p.id}/`);
-      if (!r.ok) return null;
-      const canary = r.data.tracks.find(t => t.name === "canary" || t.name === "green");
-      return canary ? canary.weight : 0;
+      return r.ok ? {pool: p, tracks: r.data.tracks} : null;
     }));
+    const weights = read.map(r => {
+      if (!r) return null;
+      const canary = r.tracks.find(t => t.name === "canary" || t.name === "green");
+      return canary ? canary.weight : 0;
+    });
+    extendReplicas(now, read.filter(r => r));
     Plotly.extendTraces(weightDiv, {x: weights.map(() => [now]), y: weights.map(w => [w])}, weights.map((_, i) => i), 3600);
     if (!weightCharted && weights.some(w => w !== null)) {
       weightCharted = true;
