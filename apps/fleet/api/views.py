@@ -18,7 +18,7 @@ from rest_framework.views import APIView
 from apps.accounts.authentication import TokenAuthentication
 from apps.accounts.roles import ADMIN
 from apps.fleet import selectors, services
-from apps.fleet.api.auth import IsServiceOrViewer, ServiceTokenAuthentication
+from apps.fleet.api.auth import IsServiceOrViewer, ServiceTokenAuthentication, is_service
 from apps.fleet.api.filtersets import ClusterFilterSet, ClusterLinkFilterSet, RouterFilterSet
 from apps.fleet.api.serializers import ClusterLinkSerializer, ClusterSerializer, RouterSerializer
 from apps.fleet.routing_table_cache import routing_table_cache_store, routing_table_etag
@@ -90,7 +90,7 @@ class RoutingTableView(APIView):
     """``GET /api/v1/routing-table/``: the published table for the router, with ``ETag`` / ``If-None-Match``.
 
     Authenticated by the service token (``Authorization: Bearer``), a ``service`` user's token or a
-    viewer. Before the first reconcile tick the table is published on demand. The service token's polls are
+    viewer; a viewer's copy leaves out ``client_keys`` (key names and hashes are for routers). Before the first reconcile tick the table is published on demand. The service token's polls are
     answered before Django from the Redis copy each answer here refreshes (:mod:`apps.fleet.routing_table_cache`).
     """
 
@@ -114,4 +114,7 @@ class RoutingTableView(APIView):
         candidates = [tag.strip() for tag in request.headers.get("If-None-Match", "").split(",")]
         if etag in candidates or "*" in candidates:
             return Response(status=status.HTTP_304_NOT_MODIFIED, headers={"ETag": etag})
-        return Response({"version": table.version, **table.content}, headers={"ETag": etag})
+        content = table.content
+        if not is_service(request.user):  # a viewer reads the table without the client keys' names and hashes
+            content = {k: v for k, v in content.items() if k != "client_keys"}
+        return Response({"version": table.version, **content}, headers={"ETag": etag})
