@@ -201,3 +201,33 @@ def test_uses_are_added_per_key_and_last_use_never_goes_back(admin_api):
     assert (row.use_count, row.last_used_at) == (5, t1)
     with pytest.raises(Exception, match="grace_s must be a number"):
         client_key_rotate(client_key=row, grace_s=float("nan"))
+
+
+@pytest.mark.django_db
+def test_admin_add_shows_the_key_once_and_revoke_action_goes_through_the_service(admin_api):
+    from django.test import Client
+
+    browser = Client()
+    browser.force_login(admin_api.user)
+    r = browser.post("/admin/accounts/clientapikey/add/", {"name": "team-z", "rate_per_s": "2", "burst": "3",
+                                                          "allowed_models": "[]"}, follow=True)
+    assert r.status_code == 200
+    shown = [str(m) for m in r.context["messages"]]
+    row = ClientApiKey.objects.get(name="team-z")
+    key = shown[0].split(": ")[1].split(" ")[0]
+    assert shown[0].startswith("Client key team-z: fck_") and sha(key) == row.key_sha256
+    assert (row.rate_per_s, row.burst) == (2.0, 3)
+    browser.post("/admin/accounts/clientapikey/", {"action": "revoke_keys", "_selected_action": [row.pk]})
+    assert ClientApiKey.objects.get().revoked_at is not None and routed() == []
+    assert [a.kind for a in Action.objects.order_by("id")] == ["client_key.create", "client_key.revoke"]
+
+
+@pytest.mark.django_db
+def test_list_costs_the_same_queries_for_one_key_or_many(admin_api, django_assert_num_queries):
+    create(admin_api)
+    with django_assert_num_queries(2):  # authentication (token, user, role in one), the page
+        assert admin_api.get(URL).json()["count"] == 1
+    for name in ("team-b", "team-c", "team-d"):
+        create(admin_api, name=name)
+    with django_assert_num_queries(2):
+        assert admin_api.get(URL).json()["count"] == 4
