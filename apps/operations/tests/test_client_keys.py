@@ -16,6 +16,8 @@ from apps.fleet.selectors import routing_table_current
 from apps.fleet.services import routing_table_publish
 from apps.operations.client_keys import client_key_import, client_key_rotate
 from apps.operations.models import Action
+from inference_worker.router.auth import ApiKeys
+from inference_worker.router.table import RoutingTable as RouterTable
 
 URL = "/api/v1/client-keys/"
 TOKEN = "svc-token-client-keys"
@@ -51,6 +53,12 @@ def test_create_returns_the_key_once_and_stores_only_its_sha256(admin_api):
     assert "key" not in admin_api.get(f"{URL}{row.pk}/").json()
     assert routed() == [{"name": "team-a", "key_sha256": sha(key), "rate_per_s": 5.0, "burst": 10,
                          "models": ["gemma-3-270m"]}]
+    table = routing_table_current()  # what a router makes of it
+    router_keys = ApiKeys([]).with_table_keys(RouterTable.from_dict({"version": table.version,
+                                                                      **table.content}).client_keys)
+    found = router_keys.authenticate(f"Bearer {key}")
+    assert (found.name, found.models, found.bucket.rate_per_s, found.bucket.burst) == (
+        "team-a", frozenset({"gemma-3-270m"}), 5.0, 10.0)
     action = Action.objects.get()
     assert (action.kind, action.target_type, action.target_id, action.status, action.requested_by.username) == (
         "client_key.create", "client_key", str(row.pk), "succeeded", "ada")
