@@ -130,6 +130,8 @@ def client_key_rotate(*, client_key: ClientApiKey, grace_s: float = 0, requested
 
     The old secret stops working at once (``grace_s`` 0) or after ``grace_s`` seconds (0..7 days), during which
     routers accept both; a grace that is still running from an earlier rotation ends now (two secrets at most).
+    The end of a grace reaches the routers with the next reconcile tick's table (``FERRY_RECONCILE_INTERVAL_S``)
+    plus one router poll.
 
     Raises:
         ValidationError: ``grace_s`` not a number in 0..604800.

@@ -136,7 +136,7 @@ def child_env(config: LaunchConfig, environ: dict[str, str], *, redis_url: str, 
     return env
 
 
-ROUTER_FIXED_OPTIONS = ("--host", "--port", "--routing-table", "--api-keys", "--no-auth", "--service-token")
+ROUTER_FIXED_OPTIONS = ("--host", "--port", "--routing-table", "--no-auth", "--service-token")
 
 
 def router_extra_args(text: str) -> list[str]:
