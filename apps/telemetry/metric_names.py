@@ -70,5 +70,10 @@ ROUTER_REPLICA_EJECTED = "ferry_router_replica_ejected"
 ROUTER_PREDICTED_CACHED_TOKENS = "ferry_router_predicted_cached_tokens_total"
 ROUTER_REPORTED_CACHED_TOKENS = "ferry_router_reported_cached_tokens_total"
 
+# Router counter: requests authenticated with each client API key, label ``key`` (the key's name); the poller adds
+# its increase to the key's use count (apps.telemetry.key_uses).
+ROUTER_REQUESTS_BY_KEY = "ferry_router_requests_by_key_total"
+LABEL_KEY = "key"
+
 # NVIDIA DCGM exporter on Kubernetes: GPU utilization in percent (0..100), labelled by pod.
 DCGM_GPU_UTIL = "DCGM_FI_DEV_GPU_UTIL"

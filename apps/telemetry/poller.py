@@ -11,7 +11,12 @@ actions. Each poll:
    routers' circuit breaker (``ejections`` in the record, :func:`replica_ejections`; reconcile reads them);
 4. broadcasts them (``telemetry.signals`` to the pool group, ``telemetry.fleet`` to the fleet
    group) with Redis sequence numbers, and appends the same records to the Redis history;
-5. evaluates the effective alert rules on the pool-level signals and records transitions.
+5. evaluates the effective alert rules on the pool-level signals and records transitions;
+6. adds the routers' per-key request counts to the client API keys' use counts and last use
+   (:mod:`apps.telemetry.key_uses`: one UPDATE per used key per poll).
+
+The registered routers are scraped at every poll (for the key use counts), also when every cluster reads
+Prometheus.
 
 State that must survive a restart lives in Redis (history, sequence numbers) and Postgres
 (firing alerts, restored into the evaluator at start). The direct-scrape samples are rebuilt
@@ -25,15 +30,18 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterable
+from datetime import UTC, datetime
 
 import redis
 from django.db import DatabaseError, close_old_connections
 
+from apps.accounts.services import client_key_uses_record
 from apps.telemetry import metric_names as m
 from apps.telemetry.alerts import AlertEvaluator, RuleSpec
 from apps.telemetry.broadcast import FLEET_GROUP, pool_group, telemetry_broadcast
 from apps.telemetry.endpoints import ReplicaEndpoint, RouterEndpoint, replica_endpoints, router_endpoints
 from apps.telemetry.history import SignalHistory
+from apps.telemetry.key_uses import KeyUseCounter
 from apps.telemetry.models import Alert
 from apps.telemetry.selectors import SourceChoice, alert_rules_effective, history_scope, poll_targets
 from apps.telemetry.services import alert_transitions_apply
@@ -105,6 +113,7 @@ class TelemetryPoller:
         self.router_source = router_source or DirectScrapeSource(retention_s=scrape_retention_s(window_s))
         self.sources: dict[tuple, MetricSource] = {}
         self.evaluator = AlertEvaluator()
+        self.key_uses = KeyUseCounter()
         for alert in Alert.objects.filter(state=Alert.State.FIRING):
             self.evaluator.restore_firing(str(alert.rule_id), str(alert.pool_id), alert.started_at.timestamp())
 
@@ -119,8 +128,12 @@ class TelemetryPoller:
         now = self._clock()
         targets = poll_targets()
         endpoints = list(self._endpoints())
-        if any(t.source.kind == "scrape" for t in targets):
-            self.router_source.refresh(list(self._routers()), now)
+        routers = list(self._routers())
+        if routers or any(t.source.kind == "scrape" for t in targets):
+            self.router_source.refresh(routers, now)
+        uses = self.key_uses.increase(self.router_source.store)
+        if uses:
+            client_key_uses_record(uses=uses, at=datetime.fromtimestamp(now, tz=UTC))
         for choice in {t.source for t in targets}:
             pool_ids = {str(t.pool_id) for t in targets if t.source == choice}
             self._source(choice).refresh([e for e in endpoints if str(e.pool_id) in pool_ids], now)

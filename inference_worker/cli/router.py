@@ -8,9 +8,11 @@ Example::
 
 ``--routing-table`` is a JSON file (re-read when it changes) or the control plane's URL (pulled every
 ``--table-interval`` seconds with an ETag; the service token comes from ``--service-token`` or
-``$FERRY_SERVICE_TOKEN``). Clients need a key: ``--api-keys FILE`` (keys and rate limits) or one key in
-``$FERRY_ROUTER_API_KEY``; a router open to every client takes an explicit ``--no-auth`` (local tests only),
-and without any of the three it refuses to start.
+``$FERRY_SERVICE_TOKEN``). Clients need a key: the control plane's keys come in its routing table
+(``client_keys``), and ``--api-keys FILE`` (keys and rate limits) or one key in ``$FERRY_ROUTER_API_KEY`` adds
+keys of the router's own (both sets are accepted when both are configured). A router open to every client takes
+an explicit ``--no-auth`` (local tests only); a router with a routing-table file and none of the three refuses to
+start.
 See :mod:`inference_worker.router` for the decisions. The ``--breaker-*`` options set the circuit breaker
 (:mod:`inference_worker.router.breaker`; defaults: eject above 5% errors over 30 s with at least 20
 requests, or after 5 failures in a row, for 30 s, then probe).
@@ -83,11 +85,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def client_keys(args: argparse.Namespace, environ) -> ApiKeys | None:  # noqa: ANN001 - a mapping
-    """The client keys: ``--api-keys`` FILE, else ``FERRY_ROUTER_API_KEY`` (one key, no rate limit), else None
-    with ``--no-auth``.
+    """The router's own client keys: ``--api-keys`` FILE, else ``FERRY_ROUTER_API_KEY`` (one key, no rate limit),
+    else None with ``--no-auth``, else none of its own (an empty set) when ``--routing-table`` is the control
+    plane's URL: the table's ``client_keys`` are then the only keys (until the first table, every client gets 401).
 
     Raises:
-        ValueError: none of the three (a router never runs open by accident), or a bad keys file.
+        ValueError: none of these (a router never runs open by accident), or a bad keys file.
     """
     from inference_worker.router.auth import ApiKey, ApiKeys
 
@@ -98,8 +101,10 @@ def client_keys(args: argparse.Namespace, environ) -> ApiKeys | None:  # noqa: A
         return ApiKeys([ApiKey("FERRY_ROUTER_API_KEY", hashlib.sha256(key.encode()).digest(), None)])
     if args.no_auth:
         return None
-    raise ValueError("the router needs client keys: --api-keys FILE or FERRY_ROUTER_API_KEY; "
-                     "--no-auth accepts every client (local tests only)")
+    if args.routing_table.startswith(("http://", "https://")):
+        return ApiKeys([])
+    raise ValueError("the router needs client keys: --api-keys FILE or FERRY_ROUTER_API_KEY, or a control plane "
+                     "--routing-table URL (its client_keys); --no-auth accepts every client (local tests only)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -3,7 +3,9 @@
 Routes: ``POST /v1/completions`` and ``/v1/chat/completions`` (streamed SSE passed through as it
 arrives), ``GET /v1/models``, ``/health``, ``/ready`` (a routing table is loaded) and ``/metrics``.
 
-Per request: API key (401) and its rate limit (429 + ``Retry-After``); an in-flight seat for the client and
+Per request: API key (401; the configured keys plus the routing table's ``client_keys``, :mod:`.auth`), counted
+per key name (``ferry_router_requests_by_key_total``), and its rate limit (429 + ``Retry-After``); a key limited to
+some models gets 403 for another (``/v1/models`` lists only its models); an in-flight seat for the client and
 overall (:mod:`.admission`: 429 / 503 + ``Retry-After``, decided before the body is read); the body read
 with a cap (413, default sized for ``max_context_tokens``) and checked (:mod:`inference_worker.request_limits`:
 400 for non-finite numbers, lone surrogates, deep nesting, ``n`` and ``prompt`` batches over their limits);
@@ -151,6 +153,7 @@ class Router:
         self.index = PrefixIndex()
         self.breaker = CircuitBreaker(config.breaker)
         self._breaker_table_version: int | None = None
+        self._merged_keys: tuple[RoutingTable, ApiKeys] | None = None
         self.client: httpx.AsyncClient | None = None
         self.source: TableSource | None = None
         self.app = FastAPI(title="Ferry router", lifespan=self._lifespan)
@@ -194,14 +197,27 @@ class Router:
     async def metrics_endpoint(self) -> Response:
         return Response(generate_latest(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
+    def _keys(self) -> ApiKeys | None:
+        """The keys in force: the configured ones (file or environment) plus the current routing table's
+        ``client_keys`` (rebuilt when the table changes, buckets kept); None without authentication."""
+        static = self.config.api_keys
+        table = self.source.table if self.source else None
+        if static is None or table is None or table.client_keys is None:
+            return static
+        if self._merged_keys is None or self._merged_keys[0] is not table:
+            previous = self._merged_keys[1] if self._merged_keys else None
+            self._merged_keys = (table, static.with_table_keys(table.client_keys, previous=previous))
+        return self._merged_keys[1]
+
     def _check_key(self, request: Request) -> Response | ApiKey | None:
         """A refusal (401, 429), the client's key, or None without keys configured."""
-        keys = self.config.api_keys
+        keys = self._keys()
         if keys is None:
             return None
         key = keys.authenticate(request.headers.get("authorization"))
         if key is None:
             return _error(401, "missing or unknown API key: send 'Authorization: Bearer <key>'", "authentication_error")
+        self.metrics.requests_by_key.labels(key=key.name).inc()
         retry_after = keys.retry_after_s(key)
         if retry_after:
             self.metrics.rate_limited.labels(key=key.name).inc()
@@ -234,7 +250,7 @@ class Router:
         handed_over = False
         try:
             try:
-                response = await self._completions(request)
+                response = await self._completions(request, key)
             except OpenAIError as exc:
                 return exc.response()
             if isinstance(response, StreamingResponse):
@@ -249,8 +265,9 @@ class Router:
         """``fn(*args)`` on :attr:`prompt_executor` (JSON parsing, tokenizing, hashing: CPU work of one request)."""
         return await asyncio.get_running_loop().run_in_executor(self.prompt_executor, fn, *args)
 
-    async def _completions(self, request: Request) -> Response:
-        """Raises OpenAIError (413, 400) for a body over the cap or malformed (module docstring)."""
+    async def _completions(self, request: Request, api_key: ApiKey | None = None) -> Response:
+        """Raises OpenAIError (413, 400) for a body over the cap or malformed (module docstring); 403 when
+        ``api_key`` may not use the requested model."""
         raw = await read_body_capped(request, self.config.max_body_bytes)
         body = await self._off_loop(parse_json_body, raw)  # pure Python on ~1 MB: off the loop's turn
         check_request_size(body, max_prompts=self.config.max_prompts)
@@ -263,6 +280,9 @@ class Router:
         session = session if isinstance(session, str) and session else None
         key = sticky or session or request_id
         model = body.get("model") if isinstance(body.get("model"), str) else None
+        if api_key is not None and not api_key.allows(model):
+            return _error(403, f"API key {api_key.name!r} may use only the models {sorted(api_key.models)}; name one in "
+                               "'model'", "permission_error")
         try:
             eligible = self._eligibility(table, model=model, sticky_key=key)
         except UnknownModel as exc:
@@ -303,7 +323,10 @@ class Router:
         if table is None:
             return _error(503, "no routing table loaded yet", "unavailable")
         names = models_served(table)
-        if names:
+        restricted = isinstance(refused, ApiKey) and refused.models is not None
+        if restricted:
+            names = [n for n in names if n in refused.models]
+        if names or restricted:
             return JSONResponse({"object": "list", "data": [{"id": n, "object": "model", "created": 0,
                                                              "owned_by": "ferry"} for n in names]})
         for replica in (r for r in table.replicas if r.role in DECODE_ROLES):

@@ -30,6 +30,9 @@ class RouterMetrics:
       (``kind`` connect | timeout | status | stream | auth: the replica refused its pool's worker token).
     - ``ferry_router_retries_total{pool}``: attempts on another replica after a failure.
     - ``ferry_router_rate_limited_total{key}``: requests refused with 429.
+    - ``ferry_router_requests_by_key_total{key}``: requests authenticated with each API key (by key name; those its
+      rate limit refused included). The control plane's telemetry poller adds their increase to the key's use
+      count and last use.
     - ``ferry_router_ejections_total{pool, track, replica, reason}``: circuit-breaker ejections (``reason``:
       ``breaker.EJECTION_REASONS``); ``ferry_router_replica_ejected{pool, track, replica}``: 1 from an ejection
       until a probe succeeds, else 0 (absent for a replica never ejected). ``track`` is the replica's.
@@ -72,6 +75,9 @@ class RouterMetrics:
                                registry=r)
         self.rate_limited = Counter("ferry_router_rate_limited", "Requests refused with 429, by API key name.",
                                     ["key"], registry=r)
+        self.requests_by_key = Counter("ferry_router_requests_by_key",
+                                       "Requests authenticated with each API key (rate-limited ones included).",
+                                       ["key"], registry=r)
         self.ejections = Counter("ferry_router_ejections", "Replicas ejected by the circuit breaker, by reason.",
                                  ["pool", "track", "replica", "reason"], registry=r)
         self.replica_ejected = Gauge("ferry_router_replica_ejected",

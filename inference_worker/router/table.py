@@ -27,8 +27,14 @@ JSON shape (served by the control plane at ``GET /api/v1/routing-table/`` or kep
                         "model": "gemma-3-270m",        # the OpenAI ``model`` clients send for this version
                         "tokenizer": "gemma-3-270m",    # tokenizer reference: a directory, file:// URI or
                                                         # built-in model name (in the router's model cache)
-                        "weights_sha256": "<64 hex>", "kv_dtype": "float32", "block_size": 16}}  # digest salt
+                        "weights_sha256": "<64 hex>", "kv_dtype": "float32", "block_size": 16}},  # digest salt
+      "client_keys": [{"name": "team-a", "key_sha256": "<64 hex>", "rate_per_s": 5, "burst": 10,  # optional
+                       "models": ["gemma-3-270m"]}]    # models: optional, absent = every model
     }
+
+``client_keys`` (optional) are the client API keys the control plane manages, as SHA-256 digests only
+(:mod:`.auth`): a table that carries the list (even empty) is the authority for those keys, and the router
+accepts them besides its own ``--api-keys`` file; a table without it leaves the router with its file's keys.
 
 Pools may also carry ``"routing_weights": {"hit": 1.0, "waiting": 512, ...}`` (scoring weights, see
 :mod:`.scoring`) and ``length_routing`` may carry ``prefill_tokens_per_s`` (the prefill pool's speed).
@@ -43,6 +49,7 @@ from dataclasses import dataclass, field
 
 from inference_worker.engine_kinds import ENGINE_KINDS, FERRY
 from inference_worker.kv_transfer.layout import KVLayout
+from inference_worker.router.auth import KeySpec
 from inference_worker.router.pd_cost import PDProfile
 from inference_worker.router.pd_cost import derived_threshold as _derived_threshold
 from inference_worker.router.scoring import ScoringWeights
@@ -138,6 +145,8 @@ class RoutingTable:
     pool_weights: dict[str, dict[str, float]] = field(default_factory=dict)
     """Per pool name: scoring weight overrides (``routing_weights``)."""
     prefill_tokens_per_s: float | None = None
+    client_keys: tuple[KeySpec, ...] | None = None
+    """The control plane's client API keys (None: the table carries none; :mod:`.auth`)."""
 
     @classmethod
     def from_dict(cls, data: dict) -> RoutingTable:
@@ -192,10 +201,14 @@ class RoutingTable:
                 except ValueError as exc:
                     raise RoutingTableError(f"pool {name!r}: routing_weights: {exc}") from None
             prefill_speed = length.get("prefill_tokens_per_s")
+            raw_keys = data.get("client_keys")
+            if raw_keys is not None and not isinstance(raw_keys, list):
+                raise RoutingTableError("client_keys must be a list of key entries")
+            client_keys = None if raw_keys is None else tuple(KeySpec.from_entry(k) for k in raw_keys)
             return cls(version, tracks, tuple(replicas), links,
                        None if threshold is None else int(threshold), None if speed is None else float(speed),
                        int(length.get("max_tokens", 131072)), models, info, pool_weights,
-                       None if prefill_speed is None else float(prefill_speed))
+                       None if prefill_speed is None else float(prefill_speed), client_keys)
         except RoutingTableError:
             raise
         except (KeyError, TypeError, ValueError, AttributeError) as exc:

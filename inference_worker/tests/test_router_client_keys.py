@@ -29,3 +29,14 @@ def test_keys_come_from_the_file_or_the_environment(tmp_path):
     path.write_text(json.dumps({"keys": [{"name": "team", "key": "k-file"}]}))
     keys = client_keys(_args("--api-keys", str(path), "--no-auth"), {"FERRY_ROUTER_API_KEY": "k-env"})
     assert keys.authenticate("Bearer k-file").name == "team" and keys.authenticate("Bearer k-env") is None
+
+
+def test_a_router_of_a_control_plane_starts_without_keys_of_its_own_and_takes_the_tables():
+    """Issue 19: keys managed in the control plane arrive in the routing table, so a router pulling the table from
+    a URL needs no file; it still accepts no client until a table brings keys (never open)."""
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    argv = ["--port", "8080", "--routing-table", "http://cp:8000/api/v1/routing-table/"]
+    keys = client_keys(parser.parse_args(argv), {})
+    assert keys is not None and keys.keys == [] and keys.authenticate("Bearer anything") is None
+    assert client_keys(parser.parse_args([*argv, "--no-auth"]), {}) is None

@@ -91,7 +91,7 @@ class RoutingTableView(APIView):
     """``GET /api/v1/routing-table/``: the published table for the router, with ``ETag`` / ``If-None-Match``.
 
     Authenticated by the service token (``Authorization: Bearer``), a ``service`` user's token or a
-    viewer; a viewer's copy has no worker tokens (:func:`apps.fleet.routing_table.content_redacted`). Before the first reconcile tick the table is published on demand. The service token's polls are
+    viewer; a viewer's copy has no worker tokens and no client keys (:func:`apps.fleet.routing_table.content_redacted`). Before the first reconcile tick the table is published on demand. The service token's polls are
     answered before Django from the Redis copy each answer here refreshes (:mod:`apps.fleet.routing_table_cache`).
     """
 

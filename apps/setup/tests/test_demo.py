@@ -1,5 +1,6 @@
 """The demo fleet (apps.setup.demo) and ``manage.py ferry_setup``: what they create, and that re-running creates nothing."""
 
+import hashlib
 import io
 import json
 
@@ -72,3 +73,18 @@ def test_ferry_setup_creates_users_once_periodic_tasks_and_prints_a_json_summary
     # tokens are stored hashed: a later run cannot print them (README: ferry_user --rotate-token)
     assert again["operator"] == {**users["operator"], "password": None, "token": None}
     assert PeriodicTask.objects.filter(task="rollouts.tick").count() == 1
+
+
+def test_ferry_setup_stores_the_launchers_client_key_as_a_hash():
+    """Issue 19: ``make run``'s client key becomes the control plane's ``make-run`` key (hash only), routed to the
+    routers in the table (reruns and a new hash: ``test_import_is_idempotent_and_a_new_hash_replaces_the_old``)."""
+    from apps.accounts.models import ClientApiKey
+    from apps.fleet.selectors import routing_table_current
+
+    digest = hashlib.sha256(b"fck_launcher-key").hexdigest()
+    out = io.StringIO()
+    call_command("ferry_setup", "--no-demo", "--client-key-sha256", digest, stdout=out)
+    assert "client API key make-run: stored (hash only)" in out.getvalue()
+    assert list(ClientApiKey.objects.values_list("name", "key_sha256", "revoked_at")) == [("make-run", digest, None)]
+    assert routing_table_current().content["client_keys"] == [
+        {"name": "make-run", "key_sha256": digest, "rate_per_s": None, "burst": None}]

@@ -147,8 +147,8 @@ def test_commands_are_the_launchers_process_list(rendered):
             expected[name]
     router = deployments["ferry-router"]["spec"]["template"]["spec"]["containers"][0]
     flags = {arg for arg in router["args"] if arg.startswith("--")}
-    # same options, pod values; except the client keys: the launcher's key file is a Secret's FERRY_ROUTER_API_KEY
-    assert flags == {arg for arg in expected["router"].split() if arg.startswith("--")} - {"--api-keys"}
+    # same options, pod values; client keys come in the routing table, plus the Secret's FERRY_ROUTER_API_KEY
+    assert flags == {arg for arg in expected["router"].split() if arg.startswith("--")}
     env = {e["name"]: e.get("valueFrom", {}).get("secretKeyRef") for e in router["env"]}
     assert env["FERRY_ROUTER_API_KEY"] == {"name": "ferry-service-token", "key": "client-api-key"}
 

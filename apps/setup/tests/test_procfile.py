@@ -26,8 +26,7 @@ def test_procfile_lists_every_process_of_the_product_each_execed():
     assert processes["web"] == ("exec /venv/bin/python -m controlplane.web --host 127.0.0.1 --port 8000 --access-log "
                                 "/srv/ferry/var/log/web-access.log")
     assert processes["router"] == ("exec /venv/bin/python -m inference_worker router --host 127.0.0.1 --port 8080 "
-                                   "--routing-table http://127.0.0.1:8000/api/v1/routing-table/ --log-level warning "
-                                  "--api-keys /srv/ferry/var/router_api_keys.json")
+                                   "--routing-table http://127.0.0.1:8000/api/v1/routing-table/ --log-level warning")
     assert processes["agent"] == ("exec /venv/bin/python -m inference_worker agent --port 8100 "
                                   "--state-dir /srv/ferry/var/agent --log-level warning")
     assert "-Q operations,default" in processes["worker"] and "-Q reconcile" in processes["ticks"]
@@ -122,25 +121,25 @@ def test_tokens_are_created_once_with_mode_0600_and_the_environment_wins(tmp_pat
     assert launcher_tokens(tmp_path, {"FERRY_AGENT_TOKEN": "x" * 16})["FERRY_AGENT_TOKEN"] == "x" * 16
 
 
-def test_make_runs_router_requires_the_generated_client_key(tmp_path):
-    """Issue 19: ``make run`` generates a client API key (kept with the other launcher tokens) and its router
-    reads it, hashed, from a 0600 keys file; the load generator gets the key in its environment."""
+def test_make_runs_client_key_reaches_setup_as_a_hash_and_the_router_reads_keys_from_the_table(tmp_path):
+    """Issue 19: ``make run`` generates a client API key (kept with the other launcher tokens); setup gets only its
+    SHA-256 (``ferry_setup --client-key-sha256``: the control plane's ``make-run`` key) and the router, with no
+    keys file, takes its keys from the control plane's routing table; the load generator gets the key in its
+    environment."""
     import hashlib
-    import stat
 
-    from apps.setup.procfile import router_api_keys_write
+    from apps.setup.run import client_key_setup_args
 
     tokens = launcher_tokens(tmp_path, {})
     key = tokens["FERRY_CLIENT_API_KEY"]
     assert len(key) >= 40
-    path = router_api_keys_write(tmp_path, key)
-    assert json.loads(path.read_text()) == {"keys": [{"name": "make-run",
-                                                      "key_sha256": hashlib.sha256(key.encode()).hexdigest()}]}
-    assert stat.S_IMODE(path.stat().st_mode) == 0o600 and key not in path.read_text()
     config = LaunchConfig(var_dir=tmp_path, load=True)
-    lines = dict(line.split(": ", 1) for line in procfile(config, python="py").splitlines())
-    assert f"--api-keys {tmp_path}/router_api_keys.json" in lines["router"] and "--no-auth" not in lines["router"]
     env = child_env(config, {}, redis_url="redis://r:1/0", database_url="postgres://p@d:1/f", tokens=tokens)
+    assert client_key_setup_args(env) == ["--client-key-sha256", hashlib.sha256(key.encode()).hexdigest()]
+    assert client_key_setup_args({}) == []
+    lines = dict(line.split(": ", 1) for line in procfile(config, python="py").splitlines())
+    assert "--api-keys" not in lines["router"] and "--no-auth" not in lines["router"]
+    assert "--routing-table http://127.0.0.1:8000/api/v1/routing-table/" in lines["router"]
     assert env["FERRY_CLIENT_API_KEY"] == key  # bench/serve_load.py sends it as a Bearer key
 
 
@@ -148,7 +147,7 @@ def test_router_extra_args_are_appended_quoted_and_checked_by_the_routers_parser
     config = LaunchConfig(var_dir="/v")
     line = parse_procfile(procfile(config, python="py", router_args="--breaker-window 10 --breaker-min-requests 4")
                           ).processes["router"]
-    assert line.endswith("--api-keys /v/router_api_keys.json --breaker-window 10 --breaker-min-requests 4")
+    assert line.endswith("--log-level warning --breaker-window 10 --breaker-min-requests 4")
     assert router_extra_args("--no-breaker") == ["--no-breaker"]
     for bad, message in (("--breaker-windw 10", "unrecognized arguments: --breaker-windw 10"),
                          ("--breaker-window ten", "argument --breaker-window: invalid float value: 'ten'"),

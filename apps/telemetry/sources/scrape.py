@@ -169,6 +169,13 @@ class SampleStore:
         """The routers this store has samples of."""
         return {key: state for key, state in self._replicas.items() if state.is_router}
 
+    def router_series(self, metric: str) -> list[tuple[ReplicaKey, dict[str, str], list[tuple[float, float]]]]:
+        """``(router key, labels, samples)`` of every router series named ``metric`` (samples oldest first; a
+        series created since the router's previous good scrape starts with the 0 sample :meth:`ingest` adds)."""
+        routers = self.routers()
+        return [(key, dict(labels), list(samples)) for (key, name, labels), samples in self._series.items()
+                if name == metric and key in routers and samples]
+
 
 class ScopeView:
     """The ``SeriesView`` of one scope inside a ``SampleStore``.

@@ -3,7 +3,10 @@
 In order, each step idempotent: ``migrate``; the ``admin`` and ``operator`` users (password and API
 token printed when created, the token again on later runs); the periodic tasks (``ferry_beat_setup``
 plus the periodic tasks other apps define but no setup command registers yet, see
-``EXTRA_PERIODIC_TASKS``); the demo fleet (``--agent-url``; skip with ``--no-demo``).
+``EXTRA_PERIODIC_TASKS``); the demo fleet (``--agent-url``; skip with ``--no-demo``); with
+``--client-key-sha256``, the client API key ``make-run`` (:data:`MAKE_RUN_CLIENT_KEY`) with that hash: the
+launcher keeps the key itself and prints it, the control plane stores only its SHA-256 and delivers it to the
+routers in the routing table (a new hash replaces the old one; an Action records each change).
 
 ``--json`` adds a last line ``FERRY_SETUP_JSON {...}`` (users, demo pools) for the launcher.
 """
@@ -21,6 +24,7 @@ from django_celery_beat.models import IntervalSchedule, PeriodicTask
 from apps.accounts.roles import ADMIN, OPERATOR
 from apps.accounts.selectors import user_exists
 from apps.accounts.services import user_create_with_role
+from apps.operations.client_keys import client_key_import
 from apps.operations.management.commands.ferry_beat_setup import beat_setup
 from apps.setup.demo import demo_fleet_load
 
@@ -30,6 +34,7 @@ EXTRA_PERIODIC_TASKS = {
     "telemetry.prune_alerts": ("ferry: prune resolved alerts", 3600, "default"),
 }
 JSON_PREFIX = "FERRY_SETUP_JSON "
+MAKE_RUN_CLIENT_KEY = "make-run"
 
 
 def extra_periodic_tasks_ensure() -> list[PeriodicTask]:
@@ -64,9 +69,12 @@ class Command(BaseCommand):
                             help="base URL of the router in front of the demo pools (registered as demo-router)")
         parser.add_argument("--replicas", type=int, default=1, help="replicas of each new demo pool")
         parser.add_argument("--no-demo", action="store_true", help="skip the demo fleet")
+        parser.add_argument("--client-key-sha256", default=None, metavar="HEX",
+                            help=f"SHA-256 of the launcher's client API key, stored as key {MAKE_RUN_CLIENT_KEY!r}")
         parser.add_argument("--json", action="store_true", dest="emit_json", help=f"print a last line '{JSON_PREFIX}{{...}}'")
 
-    def handle(self, *args, agent_url: str, router_url: str | None, replicas: int, no_demo: bool, emit_json: bool, **options) -> None:
+    def handle(self, *args, agent_url: str, router_url: str | None, replicas: int, no_demo: bool, emit_json: bool,
+               client_key_sha256: str | None = None, **options) -> None:
         call_command("migrate", interactive=False, verbosity=0)
         self.stdout.write("database migrated")
         try:
@@ -82,6 +90,14 @@ class Command(BaseCommand):
                                   f"manage.py ferry_user --rotate-token {user['username']})")
         for task in [*beat_setup(), *extra_periodic_tasks_ensure()]:
             self.stdout.write(f"periodic task {task.name}: {task.task} every {task.interval.every}s")
+        if client_key_sha256 is not None:
+            try:
+                _key, changed = client_key_import(name=MAKE_RUN_CLIENT_KEY, key_sha256=client_key_sha256,
+                                                  requester="ferry_setup")
+            except ValidationError as exc:
+                raise CommandError(f"--client-key-sha256: {'; '.join(exc.messages)}") from exc
+            self.stdout.write(f"client API key {MAKE_RUN_CLIENT_KEY}: " + ("stored (hash only)" if changed
+                                                                          else "unchanged"))
         pools = {}
         if not no_demo:
             try:
