@@ -31,7 +31,12 @@ from apps.core.private_files import private_dir
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("FERRY_VAR_DIR", BASE_DIR / "var"))
-private_dir(VAR_DIR)  # 0700: secrets, data and logs (apps/core/private_files.py)
+# Created 0700 when missing (secrets, data and logs: apps/core/private_files.py), never re-closed here: every Django
+# process imports these settings, and the launcher's private var/ may have been opened to the embedded PostgreSQL's
+# server user (group search, 0710, when started by root); closing it again makes that server PANIC at its next
+# checkpoint. The launcher closes what an earlier run left open (apps.setup.run.var_dir_make_private).
+if not VAR_DIR.exists():
+    private_dir(VAR_DIR)
 
 
 def env_bool(name: str, default: bool) -> bool:

@@ -75,3 +75,24 @@ def test_embedded_postgresql_in_a_private_var_starts_and_its_log_is_0600(restore
             assert server.stop() == 0
     finally:
         shutil.rmtree(top, ignore_errors=True)
+
+
+def test_a_django_process_starting_keeps_the_var_dir_the_embedded_postgresql_was_opened_to(tmp_path):
+    """Every web/worker/beat process imports the settings: they must not close var/ again after the embedded
+    PostgreSQL (run as an unprivileged user under root) was given search on it, or that server PANICs at its next
+    checkpoint ("could not open .../global/pg_control: Permission denied") and the whole stack stops. A var/ that
+    does not exist yet is still created 0700."""
+    import subprocess
+    import sys
+
+    opened = tmp_path / "opened"
+    opened.mkdir()
+    opened.chmod(0o710)
+    missing = tmp_path / "missing"
+    code = "import controlplane.settings"
+    for var in (opened, missing):
+        env = {**os.environ, "FERRY_VAR_DIR": str(var), "DJANGO_SETTINGS_MODULE": "controlplane.settings"}
+        done = subprocess.run([sys.executable, "-c", code], env=env, cwd=Path(__file__).resolve().parents[3],
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-2000:]
+    assert [_mode(opened), _mode(missing)] == ["0o710", "0o700"]
