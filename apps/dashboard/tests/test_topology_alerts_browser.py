@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from django.utils import timezone
 
-from apps.dashboard.tests.live_stack import ARTIFACTS, CHROMIUM, signed_in
+from apps.dashboard.tests.live_stack import ARTIFACTS, CHROMIUM, Daphne, launch_chromium, signed_in
 from apps.fleet.services import cluster_link_create, pool_create
 from apps.operations.models import Action
 from apps.telemetry.broadcast import FLEET_GROUP, pool_group, telemetry_broadcast
@@ -26,6 +26,28 @@ pytestmark = [
     pytest.mark.django_db(transaction=True),
     pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's Chromium: apt-get install -y chromium"),
 ]
+
+@pytest.fixture(scope="module")
+def server(django_db_setup, tmp_path_factory):
+    """One daphne for this module's tests (conftest's is per test): starting it costs 10-20 s on a busy machine."""
+    daphne = Daphne(tmp_path_factory.mktemp("daphne")).start()
+    yield daphne
+    daphne.stop()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """One Chromium for this module's tests (see conftest's ``browser``)."""
+    from playwright.sync_api import sync_playwright
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        with sync_playwright() as playwright:
+            chromium = launch_chromium(playwright)
+            yield chromium
+            chromium.close()
+
 
 IDLE = {"request_rate_per_s": 0.0, "kv_transfer_bytes_per_s": None, "kv_transfer_failure_rate": None,
         "engine_busy_ratio": 0.0, "ready_replicas": 1.0}
@@ -50,6 +72,15 @@ def publish(history, pools, kv_transfers=None) -> None:
         executor.submit(_publish, history, pools, kv_transfers).result(timeout=30)
 
 
+def _click_point(page, trace: str, index: int = 0) -> None:
+    """Click point ``index`` of the topology's trace named ``trace`` (Plotly's own click handling)."""
+    x, y = page.evaluate("([name, i]) => { const d = document.getElementById('topology'); const t = d.data.findIndex("
+                         "x => x.name === name); const pt = d.querySelectorAll('.scatterlayer .trace')[t]"
+                         ".querySelectorAll('.point')[i].getBoundingClientRect(); "
+                         "return [pt.x + pt.width / 2, pt.y + pt.height / 2]; }", [trace, index])
+    page.mouse.click(x, y)
+
+
 def _edge(page) -> dict:
     return page.evaluate("(() => { const d = document.getElementById('topology').data; "
                          "const e = d.find(t => t.name.startsWith('link-')); "
@@ -68,10 +99,10 @@ def test_topology_draws_both_datacenters_pools_and_the_link_whose_label_follows_
     # Drawn from the page's data at once, then from the stream's snapshot (the pools' signals).
     page.wait_for_function("window.ferryTopology && window.ferryTopology.pools.some(p => p.busy === 0.5)")
     drawn = page.evaluate("window.ferryTopology")
-    assert drawn["datacenters"] == ["dc-decode", "dc-prefill"]
-    assert drawn["clusters"] == ["dc-decode", "dc-prefill"]
+    assert drawn["datacenters"] == ["dc-prefill", "dc-decode"]  # the sending datacenter on the left
+    assert drawn["clusters"] == ["dc-prefill", "dc-decode"]
     assert [(p["name"], p["role"], p["ready"], p["desired"], p["busy"]) for p in drawn["pools"]] == [
-        ("decode", "decode", 1, 1, 0.5), ("prefill", "prefill", 1, 1, 0.0)]
+        ("prefill", "prefill", 1, 1, 0.0), ("decode", "decode", 1, 1, 0.5)]
     # Idle but answering: the link reads 0, not "no data"; the thinnest edge.
     assert drawn["links"] == {str(link.pk): "dc-prefill → dc-decode: KV 0 Gbit/s of 10 Gbit/s (0.0%) · KV errors "
                               "no transfers · RTT 2 ms · no traffic yet: `make run LOAD=1` or send a long prompt to "
@@ -92,12 +123,12 @@ def test_topology_draws_both_datacenters_pools_and_the_link_whose_label_follows_
     assert (edge["width"], edge["colour"]) == (2 + 12 * 0.75, "#f79009")
     page.screenshot(path=str(ARTIFACTS / "topology-fleet-load.png"), full_page=True)
 
-    # Click the edge's label: the link page.
-    box = page.evaluate("(() => { const d = document.getElementById('topology'); const t = d.data.findIndex("
-                        "x => x.name === 'links'); const pt = d.querySelectorAll('.scatterlayer .trace')[t]"
-                        ".querySelector('.point').getBoundingClientRect(); "
-                        "return [pt.x + pt.width / 2, pt.y + pt.height / 2]; })()")
-    page.mouse.click(*box)
+    # Click a pool: its page; back, and click the edge's label: the link page.
+    _click_point(page, "pools", 1)
+    page.wait_for_url(f"{server.base_url}/pools/{decode.pk}/")
+    page.go_back()
+    page.wait_for_function(f"window.ferryTopology && window.ferryTopology.links[{link.pk}]")
+    _click_point(page, "links")
     page.wait_for_url(f"{server.base_url}/links/{link.pk}/")
     page.wait_for_selector("#transfers td:has-text('timeout')")
     assert page.inner_text("#link-bandwidth") == "10.0 Gbit/s" and page.inner_text("#link-rtt") == "2.0 ms"
@@ -135,6 +166,10 @@ def test_an_operator_acknowledges_then_silences_an_alert_from_the_alerts_page(
     page.click(f"{row} button.silence")
     page.wait_for_selector(f"{row} .badge.silenced")
     page.wait_for_selector(f"{row} button.unsilence")
+    cells = [c.strip() for c in page.inner_text(row).split("\t")]
+    assert cells[:4] == ["kv-cache-usage-critical", pool.name, "critical", "0.97 (> 0.95)"]
+    assert page.inner_text(f"{row} .badge.ack") == "acknowledged by olga"
+    assert page.inner_text(f"{row} .badge.silenced").startswith("silenced until ")
     page.screenshot(path=str(ARTIFACTS / "alerts-silenced.png"), full_page=True)
     alert.refresh_from_db()
     silence = AlertSilence.objects.get()

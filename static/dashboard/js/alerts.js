@@ -28,14 +28,16 @@
     const result = await Ferry.api("POST", `/api/v1/alerts/${a.id}/${name}/`, body);
     const out = document.getElementById("alert-result");
     if (result.ok) {
-      alerts[a.id] = {...result.data, pool_name: a.pool_name};
+      // The API's alert (AlertSerializer) names the rule by id: overlay only the state it changed.
+      const {state, ended_at, acknowledged_at, acknowledged_by, silenced_until} = result.data;
+      alerts[a.id] = {...alerts[a.id], state, ended_at, acknowledged_at, acknowledged_by, silenced_until};
       out.textContent = `${a.rule} on ${a.pool_name}: ${name === "acknowledge" ? "acknowledged" : name === "silence" ? "silenced" : "silence ended"}.`;
       render();
     } else out.textContent = `${name} failed: ${Ferry.errorText(result)}`;
   }
 
   function controls(a) {
-    const td = Ferry.el("td", {class: "controls"});
+    const td = Ferry.el("td", {class: "alert-controls"});
     if (!a.acknowledged_at) td.append(Ferry.el("button", {type: "button", class: "ack", onclick: () => verb(a, "acknowledge")}, "Acknowledge"));
     if (silenced(a)) {
       td.append(Ferry.el("button", {type: "button", class: "unsilence", onclick: () => verb(a, "unsilence")}, "End silence"));

@@ -17,9 +17,13 @@ const FerryTopology = (() => {
   }
 
   function layout(overview) {
-    // Regions side by side; clusters stacked in a region; pools stacked in a cluster (one row each).
+    // Regions side by side, those whose clusters send KV over a link first (the flow reads left to right);
+    // clusters stacked in a region; pools stacked in a cluster (one row each).
     const clusters = {}, regions = [], pools = [];
-    overview.datacenters.forEach((dc, i) => {
+    const sources = new Set(overview.links.map(l => l.source_id));
+    const sends = (dc) => dc.clusters.some(c => sources.has(c.id)) ? 0 : 1;
+    const ordered = overview.datacenters.map((dc, i) => [sends(dc), i, dc]).sort((a, b) => a[0] - b[0] || a[1] - b[1]).map(x => x[2]);
+    ordered.forEach((dc, i) => {
       const x0 = i * (DC_W + DC_GAP);
       let y = 0;
       const boxes = dc.clusters.map(c => {
