@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import threading
 import uuid
+from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 from rest_framework.test import APIClient
@@ -110,3 +113,25 @@ def default_history():
     empty()
     yield h
     empty()
+
+
+@pytest.fixture
+def webhook():
+    """A loopback HTTP server recording JSON POST bodies."""
+    received = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):
+            received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/hook", received
+    server.shutdown()
+    server.server_close()

@@ -26,7 +26,7 @@ from apps.rollouts.validators import COMPARISONS, GATE_ROLES, GATE_SIGNAL_UNITS,
 from apps.telemetry.broadcast import FLEET_GROUP, pool_group
 from apps.telemetry.history import SignalHistory
 from apps.telemetry.models import Alert
-from apps.telemetry.selectors import telemetry_history, telemetry_snapshot
+from apps.telemetry.selectors import alert_list, telemetry_history, telemetry_snapshot
 from apps.telemetry.services import alert_payload
 from apps.telemetry.signals import SIGNAL_NAMES
 from inference_worker.registry import BUILTIN_MODELS
@@ -43,10 +43,10 @@ def pool_stream(pool_id: int) -> str:
 
 def firing_alerts(*, pool_ids: list[int] | None = None) -> list[dict]:
     """Firing alerts (all pools, or ``pool_ids``) as ``alert_payload`` dicts, newest first (1 query)."""
-    qs = Alert.objects.select_related("rule").filter(state=Alert.State.FIRING)
+    qs = alert_list(state=Alert.State.FIRING)
     if pool_ids is not None:
         qs = qs.filter(pool_id__in=pool_ids)
-    return [alert_payload(a) for a in qs]
+    return [alert_payload(a, silenced_until=a.silenced_until) for a in qs]
 
 
 def _pools_with_counts():
@@ -74,7 +74,8 @@ def fleet_overview() -> dict:
     """Clusters grouped by datacenter, links, and pools with desired/ready replicas and firing alerts.
 
     Returns ``{"datacenters": [{"name", "clusters": [{"id", "name", "kind", "status", "pools": [...]}]}],
-    "links": [{"id", "source", "destination", "bandwidth_gbps", "rtt_ms", "source_pool_ids"}]}``.
+    "links": [{"id", "source", "destination", "source_id", "destination_id", "bandwidth_gbps", "rtt_ms",
+    "source_pool_ids"}]}``.
     Constant query count (5) whatever the fleet size.
     """
     alerts_by_pool: dict[int, list[dict]] = defaultdict(list)
@@ -93,6 +94,7 @@ def fleet_overview() -> dict:
         # KV leaves a cluster from its prefill pools: their wire bytes/s are the link's live KV throughput.
         senders = [p["id"] for p in pools_by_cluster.get(link.source_id, []) if p["role"] == Pool.Role.PREFILL]
         links.append({"id": link.pk, "source": link.source.name, "destination": link.destination.name,
+                      "source_id": link.source_id, "destination_id": link.destination_id,
                       "bandwidth_gbps": link.bandwidth_gbps, "rtt_ms": link.rtt_ms, "source_pool_ids": senders})
     return {"datacenters": [{"name": dc, "clusters": cs} for dc, cs in by_dc.items()], "links": links}
 
@@ -334,3 +336,47 @@ def model_version_register_choices() -> dict:
     (``inference_worker.registry.BUILTIN_MODELS``, ``settings.FERRY_MODEL_ROOTS``: where a GGUF may be)."""
     return {"builtin_models": [{"name": name, "description": m.description} for name, m in BUILTIN_MODELS.items()],
             "model_roots": [str(r) for r in settings.FERRY_MODEL_ROOTS]}
+
+
+def _link_pool(pool: Pool) -> dict:
+    return {"id": pool.pk, "name": pool.name, "role": pool.role, "cluster": pool.cluster.name}
+
+
+def link_detail(link_id: int) -> dict:
+    """A link for its page: both ends, configured bandwidth (Gbit/s) and RTT (ms), and the pools whose KV
+    counters measure it.
+
+    ``forward_senders``: the source cluster's prefill pools (their wire bytes/s are the source -> destination
+    KV throughput, as on the fleet page); ``forward_receivers``: the destination's decode and colocated pools;
+    ``reverse_senders`` / ``reverse_receivers``: the same the other way (KV from the destination's prefill
+    pools). Raises ``ClusterLink.DoesNotExist``. 2 queries.
+    """
+    link = ClusterLink.objects.select_related("source", "destination").get(pk=link_id)
+    pools = list(Pool.objects.select_related("cluster").filter(cluster_id__in=(link.source_id, link.destination_id))
+                 .order_by("name", "pk"))
+
+    def pick(cluster_id: int, roles: tuple[str, ...]) -> list[dict]:
+        return [_link_pool(p) for p in pools if p.cluster_id == cluster_id and p.role in roles]
+
+    senders, receivers = (Pool.Role.PREFILL,), (Pool.Role.DECODE, Pool.Role.COLOCATED)
+    ends = {name: {"id": c.pk, "name": c.name, "datacenter": c.datacenter or "(no datacenter)"}
+            for name, c in (("source", link.source), ("destination", link.destination))}
+    return {"id": link.pk, **ends, "bandwidth_gbps": link.bandwidth_gbps, "rtt_ms": link.rtt_ms,
+            "forward_senders": pick(link.source_id, senders), "forward_receivers": pick(link.destination_id, receivers),
+            "reverse_senders": pick(link.destination_id, senders), "reverse_receivers": pick(link.source_id, receivers)}
+
+
+RESOLVED_ALERTS_SHOWN = 100
+
+
+def alert_page_rows() -> dict:
+    """The alerts page: every firing alert and the ``RESOLVED_ALERTS_SHOWN`` latest resolved ones, as
+    ``alert_payload`` dicts (with ``silenced_until``, ``acknowledged_by``) plus ``pool_name``, newest first;
+    and the silence durations offered. 2 queries.
+    """
+    firing = list(alert_list(state=Alert.State.FIRING).select_related("pool"))
+    resolved = list(alert_list(state=Alert.State.RESOLVED).select_related("pool")
+                    .order_by("-ended_at", "-pk")[:RESOLVED_ALERTS_SHOWN])
+    rows = [{**alert_payload(a, silenced_until=a.silenced_until), "pool_name": a.pool.name}
+            for a in (*firing, *resolved)]
+    return {"alerts": rows, "silence_choices_s": [900, 3600, 4 * 3600, 24 * 3600]}

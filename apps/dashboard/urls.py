@@ -12,6 +12,8 @@ urlpatterns = [
     path("rollouts/", views.rollout_list_page, name="rollouts"),
     path("rollouts/<int:rollout_id>/", views.rollout_page, name="rollout"),
     path("model-versions/", views.model_versions_page, name="model_versions"),
+    path("links/<int:link_id>/", views.link_page, name="link"),
+    path("alerts/", views.alerts_page, name="alerts"),
     path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
 ]

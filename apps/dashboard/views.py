@@ -18,7 +18,7 @@ from django.shortcuts import render
 
 from apps.accounts.roles import ADMIN, OPERATOR, role_at_least, user_role
 from apps.dashboard import selectors
-from apps.fleet.models import Pool
+from apps.fleet.models import ClusterLink, Pool
 from apps.rollouts.models import RolloutPlan
 from apps.rollouts.selectors import rollout_list
 
@@ -82,3 +82,17 @@ def model_versions_page(request: HttpRequest) -> HttpResponse:
     return render(request, "dashboard/model_versions.html", _context(
         request, rows=selectors.model_version_rows(), is_admin=is_admin,
         register=selectors.model_version_register_choices() if is_admin else None))
+
+
+@role_required
+def link_page(request: HttpRequest, link_id: int) -> HttpResponse:
+    try:
+        link = selectors.link_detail(link_id)
+    except ClusterLink.DoesNotExist as exc:
+        raise Http404(f"No link with id {link_id}.") from exc
+    return render(request, "dashboard/link.html", _context(request, link=link))
+
+
+@role_required
+def alerts_page(request: HttpRequest) -> HttpResponse:
+    return render(request, "dashboard/alerts.html", _context(request, data=selectors.alert_page_rows()))

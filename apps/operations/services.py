@@ -104,6 +104,22 @@ def action_create(
     return action, True
 
 
+def action_record_done(*, kind: str, target_type: str, target_id: str, target_repr: str = "",
+                       params: dict[str, Any] | None = None, requested_by: AbstractBaseUser | None = None,
+                       message: str = "") -> Action:
+    """Record a change already made in the caller's transaction (nothing to execute) as a succeeded Action,
+    so the audit log lists it with who asked and when; ``message`` is its second log line. Takes no pool lock.
+    """
+    now = timezone.now()
+    log = [_log_line(f"requested by {requested_by or 'system'}")] + ([_log_line(message)] if message else [])
+    action = Action(kind=kind, target_type=target_type, target_id=str(target_id), target_repr=target_repr[:200],
+                    params=params or {}, requested_by=requested_by, status=Action.Status.SUCCEEDED, started_at=now,
+                    finished_at=now, log=log)
+    action.full_clean(validate_unique=False, validate_constraints=False)
+    action.save()
+    return action
+
+
 def action_requester(action: Action) -> str:
     """Who asked for ``action``, as its audit log says: the user's name, else ``params["requester"]`` (e.g.
     ``rollout:7``), else what :func:`action_create` wrote in the first log line (``requested by autoscaler``),

@@ -1,4 +1,5 @@
-"""Admin: alert thresholds editable per pool (and fleet defaults), alerts read-only, metric sources."""
+"""Admin: alert thresholds editable per pool (and fleet defaults), alerts and silences read-only (operators
+acknowledge and silence from the Alerts page or the API, which record the audit log), metric sources."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from django.contrib import admin
 from django.http import HttpRequest
 
 from apps.telemetry import services
-from apps.telemetry.models import Alert, AlertRule, MetricSourceConfig
+from apps.telemetry.models import Alert, AlertRule, AlertSilence, MetricSourceConfig
 
 
 @admin.register(AlertRule)
@@ -32,7 +33,7 @@ class AlertRuleAdmin(admin.ModelAdmin):
 
 @admin.register(Alert)
 class AlertAdmin(admin.ModelAdmin):
-    list_display = ("rule", "pool", "state", "severity", "started_at", "ended_at", "value")
+    list_display = ("rule", "pool", "state", "severity", "started_at", "ended_at", "value", "acknowledged_by")
     list_filter = ("state", "severity")
     search_fields = ("rule__name", "pool__name")
     date_hierarchy = "started_at"
@@ -41,6 +42,21 @@ class AlertAdmin(admin.ModelAdmin):
         return False
 
     def has_change_permission(self, request: HttpRequest, obj: Alert | None = None) -> bool:
+        return False
+
+
+@admin.register(AlertSilence)
+class AlertSilenceAdmin(admin.ModelAdmin):
+    list_display = ("rule", "pool", "starts_at", "ends_at", "created_by", "comment")
+    search_fields = ("rule__name", "pool__name", "comment")
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: AlertSilence | None = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: AlertSilence | None = None) -> bool:
         return False
 
 

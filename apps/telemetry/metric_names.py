@@ -38,6 +38,8 @@ KV_TRANSFERS = "ferry_kv_transfer_total"
 KV_TRANSFER_OUTCOME_LABEL = "outcome"
 KV_TRANSFER_FAILURE_OUTCOME = "failure"
 KV_TRANSFER_WIRE_BYTES = "ferry_kv_transfer_wire_bytes_total"
+KV_TRANSFER_DIRECTION_LABEL = "direction"  # send | receive (on both KV series)
+KV_TRANSFER_REASON_LABEL = "reason"  # none for successes, else the failure's reason
 
 # Prefix cache (tokens): looked up at admission and found cached; blocks cached now, label ``group`` (KV-cache
 # group: full_attention | sliding_attention). The worker's prefix cache has one tier today, the device's.

@@ -5,6 +5,7 @@ Signals themselves are not stored here: the poller keeps 15 minutes of them in R
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models import Q
@@ -88,6 +89,9 @@ class Alert(models.Model):
     started_at = models.DateTimeField(help_text="When the condition began to hold.")
     ended_at = models.DateTimeField(null=True, blank=True, help_text="When it stopped holding.")
     value = models.FloatField(null=True, blank=True, help_text="Signal value when the alert fired.")
+    acknowledged_at = models.DateTimeField(null=True, blank=True, help_text="When an operator acknowledged it.")
+    acknowledged_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                        related_name="+", help_text="Who acknowledged it.")
 
     class Meta:
         ordering = ["-started_at"]
@@ -99,3 +103,34 @@ class Alert(models.Model):
 
     def __str__(self) -> str:
         return f"{self.rule.name} on pool {self.pool_id}: {self.state}"
+
+
+class AlertSilence(models.Model):
+    """Mutes the notifications of one rule on one pool from ``starts_at`` until ``ends_at``.
+
+    Like an Alertmanager silence narrowed to (rule, pool): the alert still fires, resolves and shows on the
+    pages (marked silenced); only the webhook stays quiet. Silencing an alert silences its rule on its
+    pool, so the same rule firing again on that pool within the period is silenced too. Ending a silence
+    early sets ``ends_at`` to that instant (rows are kept as history).
+    """
+
+    rule = models.ForeignKey(AlertRule, on_delete=models.CASCADE, related_name="silences")
+    pool = models.ForeignKey("fleet.Pool", on_delete=models.CASCADE, related_name="alert_silences")
+    starts_at = models.DateTimeField()
+    ends_at = models.DateTimeField()
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                   related_name="+")
+    comment = models.CharField(max_length=300, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-ends_at", "-id"]
+        indexes = [models.Index(fields=["rule", "pool", "ends_at"])]
+        constraints = [
+            models.CheckConstraint(condition=Q(ends_at__gte=models.F("starts_at")),
+                                   name="telemetry_silence_ends_after_start",
+                                   violation_error_message="A silence cannot end before it starts."),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.rule.name} on pool {self.pool_id} silenced until {self.ends_at.isoformat()}"

@@ -7,7 +7,8 @@ actions. Each poll:
    and routers (``endpoints.router_endpoints``);
 2. refreshes each metric source (direct scrape: scrape the replicas of its clusters' pools, and
    once for all of them the routers, whose decisions count for the pool they name);
-3. computes pool-level and per-track ``SignalSet``s over ``window_s``, and each replica's ejections by the
+3. computes pool-level and per-track ``SignalSet``s over ``window_s``, the pool's KV transfers by direction,
+   outcome and reason (``kv_transfers``, the link page's breakdown), and each replica's ejections by the
    routers' circuit breaker (``ejections`` in the record, :func:`replica_ejections`; reconcile reads them);
 4. broadcasts them (``telemetry.signals`` to the pool group, ``telemetry.fleet`` to the fleet
    group) with Redis sequence numbers, and appends the same records to the Redis history;
@@ -147,11 +148,12 @@ class TelemetryPoller:
                     name: source.signals(target.scope(name), window_s=self.window_s, at_s=now).values
                     for name in target.tracks
                 }
+                kv_transfers = source.kv_transfers(target.scope(), window_s=self.window_s, at_s=now)
             except MetricSourceError as exc:
                 logger.warning("pool %s: %s", target.pool_id, exc)
                 continue
             record = {"pool_id": target.pool_id, "at": now, "window_s": self.window_s, "source": source.name,
-                      "signals": pool_set.values, "tracks": tracks,
+                      "signals": pool_set.values, "tracks": tracks, "kv_transfers": kv_transfers,
                       "ejections": replica_ejections(self.router_source.store, target.scope())}
             message = telemetry_broadcast(pool_group(target.pool_id), "telemetry.signals", record, history=self.history)
             self.history.append(history_scope(target.pool_id), now, message)

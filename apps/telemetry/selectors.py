@@ -6,11 +6,12 @@ import time
 from dataclasses import dataclass
 
 from django.conf import settings
-from django.db.models import Prefetch
+from django.db.models import OuterRef, Prefetch, Subquery
+from django.utils import timezone
 
 from apps.fleet.models import Cluster, Pool, PoolTrack
 from apps.telemetry.history import SignalHistory
-from apps.telemetry.models import Alert, AlertRule, MetricSourceConfig
+from apps.telemetry.models import Alert, AlertRule, AlertSilence, MetricSourceConfig
 from apps.telemetry.signals import SIGNAL_SPECS, Scope
 
 
@@ -95,8 +96,14 @@ def alert_rules_effective(pool_ids: list[int]) -> dict[int, list[AlertRule]]:
 
 
 def alert_list(*, pool_id: int | None = None, state: str | None = None):
-    """Alerts, newest first, optionally for one pool and/or state."""
-    qs = Alert.objects.select_related("rule")
+    """Alerts, newest first, optionally for one pool and/or state, with their rule, the user who acknowledged
+    them and ``silenced_until`` (the end of the latest silence of the alert's rule on its pool in effect now,
+    else ``None``): one query for any number of alerts."""
+    now = timezone.now()
+    silence = (AlertSilence.objects.filter(rule_id=OuterRef("rule_id"), pool_id=OuterRef("pool_id"),
+                                           starts_at__lte=now, ends_at__gt=now)
+               .order_by("-ends_at").values("ends_at")[:1])
+    qs = Alert.objects.select_related("rule", "acknowledged_by").annotate(silenced_until=Subquery(silence))
     if pool_id is not None:
         qs = qs.filter(pool_id=pool_id)
     if state is not None:

@@ -346,3 +346,48 @@ def evaluate_signals(view: SeriesView, scope: Scope, at_s: float, window_s: floa
     start = at_s - window_s
     values = {name: spec.evaluate(view, start, at_s) for name, spec in SIGNAL_SPECS.items()}
     return SignalSet(scope=scope, at_s=at_s, window_s=window_s, source=source, values=values)
+
+
+KV_TRANSFER_KEYS = (m.KV_TRANSFER_DIRECTION_LABEL, m.KV_TRANSFER_OUTCOME_LABEL, m.KV_TRANSFER_REASON_LABEL)
+"""The labels a KV-transfer breakdown groups by (``ferry_kv_transfer_total``)."""
+
+
+def kv_transfer_breakdown_promql(scope: Sequence[Matcher], window_s: float) -> tuple[str, str]:
+    """PromQL of :func:`kv_transfer_breakdown`: transfers/s by direction, outcome and reason, and wire bytes/s
+    by direction, for the scope's series over ``window_s``."""
+    transfers = promql_selector(m.KV_TRANSFERS, scope)
+    wire = promql_selector(m.KV_TRANSFER_WIRE_BYTES, scope)
+    return (f"sum by ({', '.join(KV_TRANSFER_KEYS)}) (rate({transfers}[{_dur(window_s)}]))",
+            f"sum by ({m.KV_TRANSFER_DIRECTION_LABEL}) (rate({wire}[{_dur(window_s)}]))")
+
+
+def kv_transfer_breakdown_from_rows(transfer_rows: Sequence[tuple[Mapping[str, str], float | None]],
+                                    wire_rows: Sequence[tuple[Mapping[str, str], float | None]]) -> dict:
+    """Sum per-series rates into the breakdown document (see :func:`kv_transfer_breakdown`); ``None`` rates
+    (too few samples) are skipped."""
+    transfers: dict[tuple[str, str, str], float] = {}
+    for labels, rate in transfer_rows:
+        if rate is not None:
+            key = tuple(labels.get(k, "") for k in KV_TRANSFER_KEYS)
+            transfers[key] = transfers.get(key, 0.0) + rate
+    wire: dict[str, float] = {}
+    for labels, rate in wire_rows:
+        if rate is not None:
+            direction = labels.get(m.KV_TRANSFER_DIRECTION_LABEL, "")
+            wire[direction] = wire.get(direction, 0.0) + rate
+    return {"transfers": [{"direction": d, "outcome": o, "reason": r, "per_s": v}
+                          for (d, o, r), v in sorted(transfers.items())],
+            "wire_bytes_per_s": dict(sorted(wire.items()))}
+
+
+def kv_transfer_breakdown(view: SeriesView, start_s: float, end_s: float) -> dict:
+    """KV transfers of a scope over ``(start_s, end_s]``, for the link page.
+
+    Returns ``{"transfers": [{"direction", "outcome", "reason", "per_s"}, ...] (sorted by the three labels),
+    "wire_bytes_per_s": {direction: bytes/s}}``: per-second rates (Prometheus ``rate()`` math) summed over the
+    scope's replicas. Empty lists/dicts when the workers exported no transfer series yet (none happened).
+    """
+    return kv_transfer_breakdown_from_rows(
+        [(labels, counter_rate(samples, start_s, end_s)) for labels, samples in view.series(m.KV_TRANSFERS, ())],
+        [(labels, counter_rate(samples, start_s, end_s))
+         for labels, samples in view.series(m.KV_TRANSFER_WIRE_BYTES, ())])

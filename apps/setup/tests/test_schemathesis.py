@@ -29,6 +29,7 @@ from apps.fleet.models import Replica
 from apps.fleet.services import cluster_link_create
 from apps.operations.services import action_create
 from apps.rollouts.services import rollout_plan_create
+from apps.telemetry.models import Alert, AlertRule
 
 pytestmark = pytest.mark.django_db
 
@@ -47,7 +48,9 @@ def seeded(pool, make_pool, make_model_version, make_cluster):
     plan = rollout_plan_create(name="r", pools=[pool, prefill], target_model_version=v2, strategy="canary",
                                steps=[{"set_weight": 10}])
     action, _ = action_create(kind="pool.scale", target_type="pool", target_id=str(pool.pk), params={"replicas": 1})
-    return {"/api/v1/signals/": pool.pk, "/api/v1/clusters/": pool.cluster_id, "/api/v1/cluster-links/": link.pk,
+    alert = Alert.objects.create(rule=AlertRule.objects.get(name="kv-cache-usage-critical", pool=None), pool=pool,
+                                 severity="critical", started_at=timezone.now(), value=0.97)
+    return {"/api/v1/alerts/": alert.pk, "/api/v1/signals/": pool.pk, "/api/v1/clusters/": pool.cluster_id, "/api/v1/cluster-links/": link.pk,
             "/api/v1/model-versions/": v2.pk, "/api/v1/pools/": pool.pk, "/api/v1/rollouts/": plan.pk,
             "/api/v1/actions/": action.pk}
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from rest_framework import serializers
 
 from apps.telemetry.models import Alert, AlertRule
+from apps.telemetry.services import MAX_SILENCE_S, MIN_SILENCE_S
 
 
 class AlertRuleSerializer(serializers.ModelSerializer):
@@ -19,8 +20,20 @@ class AlertRuleSerializer(serializers.ModelSerializer):
 class AlertSerializer(serializers.ModelSerializer):
     rule_name = serializers.CharField(source="rule.name", read_only=True)
     signal = serializers.CharField(source="rule.signal", read_only=True)
+    acknowledged_by = serializers.CharField(source="acknowledged_by.username", read_only=True, default=None)
+    silenced_until = serializers.DateTimeField(read_only=True, default=None,
+                                               help_text="End of the silence in effect (no notifications); null: none.")
 
     class Meta:
         model = Alert
-        fields = ["id", "rule", "rule_name", "signal", "pool", "state", "severity", "started_at", "ended_at", "value"]
+        fields = ["id", "rule", "rule_name", "signal", "pool", "state", "severity", "started_at", "ended_at", "value",
+                  "acknowledged_at", "acknowledged_by", "silenced_until"]
         read_only_fields = fields
+
+
+class AlertSilenceRequestSerializer(serializers.Serializer):
+    """``POST /api/v1/alerts/{id}/silence/``: how long to silence the alert's rule on its pool."""
+
+    duration_s = serializers.IntegerField(min_value=MIN_SILENCE_S, max_value=MAX_SILENCE_S,
+                                          help_text="Seconds, 60 (one minute) .. 604800 (one week).")
+    comment = serializers.CharField(max_length=300, required=False, allow_blank=True, default="")

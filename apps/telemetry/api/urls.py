@@ -1,11 +1,11 @@
-"""Routes of the telemetry API."""
+"""Routes of the telemetry API. ``/api/v1/alerts/`` is routed by operations (``apps.operations.api.urls``), whose
+viewset adds the operator verbs that write the audit log (acknowledge, silence, unsilence)."""
 
 from rest_framework.routers import SimpleRouter
 
-from apps.telemetry.api.views import AlertRuleViewSet, AlertViewSet, SignalsViewSet
+from apps.telemetry.api.views import AlertRuleViewSet, SignalsViewSet
 
 router = SimpleRouter()
 router.register("alert-rules", AlertRuleViewSet, basename="alert-rule")
-router.register("alerts", AlertViewSet, basename="alert")
 router.register("signals", SignalsViewSet, basename="signals")
 urlpatterns = router.urls

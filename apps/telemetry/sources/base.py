@@ -30,5 +30,10 @@ class MetricSource(abc.ABC):
     def signals(self, scope: Scope, *, window_s: float, at_s: float) -> SignalSet:
         """Signals of ``scope``; raises ``MetricSourceError`` when the backing system fails."""
 
+    def kv_transfers(self, scope: Scope, *, window_s: float, at_s: float) -> dict:
+        """KV transfers/s by direction, outcome and reason and wire bytes/s by direction
+        (:func:`apps.telemetry.signals.kv_transfer_breakdown`); raises ``MetricSourceError``."""
+        return {"transfers": [], "wire_bytes_per_s": {}}
+
     def close(self) -> None:  # noqa: B027
         """Release connections (default: nothing)."""

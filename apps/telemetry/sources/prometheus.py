@@ -18,7 +18,15 @@ from prometheus_api_client import PrometheusApiClientException, PrometheusConnec
 
 from apps.telemetry import metric_names as m
 from apps.telemetry.series_math import finite_or_none
-from apps.telemetry.signals import SIGNAL_SPECS, Matcher, Scope, SignalSet, promql_selector
+from apps.telemetry.signals import (
+    SIGNAL_SPECS,
+    Matcher,
+    Scope,
+    SignalSet,
+    kv_transfer_breakdown_from_rows,
+    kv_transfer_breakdown_promql,
+    promql_selector,
+)
 from apps.telemetry.sources.base import MetricSource, MetricSourceError
 
 logger = logging.getLogger(__name__)
@@ -79,6 +87,21 @@ class PrometheusSource(MetricSource):
     def signals(self, scope: Scope, *, window_s: float, at_s: float) -> SignalSet:
         values = {name: self.query_scalar(q, at_s) for name, q in self.queries(scope, window_s).items()}
         return SignalSet(scope=scope, at_s=at_s, window_s=window_s, source=self.name, values=values)
+
+    def query_vector(self, promql: str, at_s: float) -> list[tuple[dict[str, str], float | None]]:
+        """Run an instant query returning any number of series: ``[(labels, value or None if NaN)]``.
+
+        Raises ``MetricSourceError`` if Prometheus is unreachable or rejects the query.
+        """
+        try:
+            result = self._client.custom_query(promql, params={"time": f"{at_s:.3f}"})
+        except (PrometheusApiClientException, requests.RequestException, ValueError) as exc:
+            raise MetricSourceError(f"Prometheus at {self.url} failed on {promql!r}: {exc}") from exc
+        return [(row["metric"], finite_or_none(float(row["value"][1]))) for row in result]
+
+    def kv_transfers(self, scope: Scope, *, window_s: float, at_s: float) -> dict:
+        transfers, wire = kv_transfer_breakdown_promql(scope.matchers(), window_s)
+        return kv_transfer_breakdown_from_rows(self.query_vector(transfers, at_s), self.query_vector(wire, at_s))
 
     def close(self) -> None:
         self._client._session.close()

@@ -36,7 +36,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from apps.telemetry import metric_names as m
 from apps.telemetry.endpoints import ReplicaEndpoint, RouterEndpoint
-from apps.telemetry.signals import Matcher, Scope, SignalSet, evaluate_signals, labels_match
+from apps.telemetry.signals import (
+    Matcher,
+    Scope,
+    SignalSet,
+    evaluate_signals,
+    kv_transfer_breakdown,
+    labels_match,
+)
 from apps.telemetry.sources.base import MetricSource
 from inference_worker.engine_kinds import FERRY, translate_name, translate_samples
 
@@ -333,6 +340,9 @@ class DirectScrapeSource(MetricSource):
         if window_s > self.store.retention_s:
             raise ValueError(f"window {window_s} s exceeds the scrape retention {self.store.retention_s} s")
         return evaluate_signals(self.store.view(scope, self.routers), scope, at_s, window_s, self.name)
+
+    def kv_transfers(self, scope: Scope, *, window_s: float, at_s: float) -> dict:
+        return kv_transfer_breakdown(self.store.view(scope), at_s - window_s, at_s)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False)

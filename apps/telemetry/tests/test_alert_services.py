@@ -1,12 +1,9 @@
 """Alert state in the database (start/end), defaults from the migration, webhook, rules export."""
 
 import io
-import json
 import shutil
 import subprocess
-import threading
 from datetime import UTC, datetime
-from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 import yaml
@@ -16,28 +13,6 @@ from apps.telemetry.alerts import DEFAULT_RULES, AlertEvaluator, RuleSpec
 from apps.telemetry.models import Alert, AlertRule
 from apps.telemetry.selectors import alert_rules_effective
 from apps.telemetry.services import alert_notify, alert_rules_load_defaults, alert_transitions_apply
-
-
-@pytest.fixture
-def webhook():
-    """A loopback HTTP server recording JSON POST bodies."""
-    received = []
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self):
-            received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-            self.send_response(204)
-            self.end_headers()
-
-        def log_message(self, *args):
-            pass
-
-    server = HTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/hook", received
-    server.shutdown()
-    server.server_close()
 
 
 @pytest.mark.django_db

@@ -4,6 +4,7 @@ and its 15-minute history (and numbering) survives a restart."""
 import asyncio
 import io
 import threading
+import time
 import uuid
 
 import pytest
@@ -204,3 +205,34 @@ def test_telemetry_command_names_the_registered_routers(cluster):
     out = io.StringIO()
     call_command("telemetry", "--polls", "1", "--interval", "0.1", stdout=out)
     assert "routers: http://127.0.0.1:1/metrics" in out.getvalue()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_poller_records_the_pools_kv_transfers_by_direction_outcome_and_reason(pool, exporter, history):
+    metrics, endpoint = exporter
+    clock = Clock(float(int(time.time()) - 60))  # recent: history reads keep the last 15 minutes of real time
+    poller = TelemetryPoller(  # the scrape source stamps its samples with the same fake clock
+        history=history, window_s=10, clock=clock, endpoints=lambda: [endpoint], routers=lambda: [],
+        source_factory=lambda choice, window_s, routers: DirectScrapeSource(retention_s=30, routers=routers,
+                                                                           clock=clock))
+    poller.poll_once()
+    clock.t += 2.0
+    idle = poller.poll_once()[pool.pk]
+    # Workers that answer but never shipped KV: the request rate is a real 0 while the KV series do not exist
+    # yet (the link shows 0 Gbit/s from the first, not "no data"), and the breakdown is empty.
+    assert (idle["signals"]["request_rate_per_s"], idle["signals"]["kv_transfer_bytes_per_s"], idle["kv_transfers"]) == (
+        0.0, None, {"transfers": [], "wire_bytes_per_s": {}})
+    for _ in range(3):  # per poll: 3 transfers sent, 1 failing its checksum, 4000 wire bytes
+        for outcome, reason in (("success", "none"), ("success", "none"), ("failure", "checksum")):
+            metrics.kv_transfer.transfers.labels(**metrics.identity, direction="send", outcome=outcome,
+                                                 reason=reason).inc()
+        metrics.kv_transfer.wire_bytes.labels(**metrics.identity, direction="send").inc(4000)
+        clock.t += 2.0
+        record = poller.poll_once()[pool.pk]
+    transfers = {(t["direction"], t["outcome"], t["reason"]): t["per_s"] for t in record["kv_transfers"]["transfers"]}
+    assert list(transfers) == [("send", "failure", "checksum"), ("send", "success", "none")]
+    failure, success = transfers.values()
+    assert success == pytest.approx(2 * failure) and failure > 0
+    assert record["kv_transfers"]["wire_bytes_per_s"]["send"] == pytest.approx(4000 * failure)
+    assert history.latest(f"pool:{pool.pk}")["kv_transfers"] == record["kv_transfers"]
+    poller.close()

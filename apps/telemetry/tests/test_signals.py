@@ -5,7 +5,15 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Summ
 
 from apps.telemetry import metric_names as m
 from apps.telemetry.endpoints import ReplicaEndpoint, RouterEndpoint
-from apps.telemetry.signals import SIGNAL_NAMES, SIGNAL_SPECS, Scope, evaluate_signals, labels_match
+from apps.telemetry.signals import (
+    SIGNAL_NAMES,
+    SIGNAL_SPECS,
+    Scope,
+    evaluate_signals,
+    kv_transfer_breakdown,
+    kv_transfer_breakdown_promql,
+    labels_match,
+)
 from apps.telemetry.sources.scrape import SampleStore
 from inference_worker.metrics import WorkerMetrics
 from inference_worker.router.decisions import DECISIONS, LOCAL_PREFILL_FALLBACK
@@ -469,3 +477,17 @@ def test_prefix_cache_signals_without_lookups_are_no_data():
 )
 def test_prefix_cache_signals_render_promql(name, promql):
     assert SIGNAL_SPECS[name].promql(Scope("decode").matchers(), 30) == promql
+
+
+def test_kv_transfer_breakdown_rates_by_direction_outcome_and_reason_and_its_promql(store):
+    got = kv_transfer_breakdown(store.view(Scope("p1")), 0.0, 10.0)
+    assert got == {  # r1 (canary) sends 4 transfers/s, one of them failing with "timeout", and 1000 wire bytes/s
+        "transfers": [{"direction": "send", "outcome": "failure", "reason": "timeout", "per_s": pytest.approx(1.0)},
+                      {"direction": "send", "outcome": "success", "reason": "none", "per_s": pytest.approx(3.0)}],
+        "wire_bytes_per_s": {"send": pytest.approx(1000.0)}}
+    # r0 (stable) never transferred: no series, empty lists (the page shows "none yet", not a made-up 0 rate).
+    assert kv_transfer_breakdown(store.view(Scope("p1", "stable")), 0.0, 10.0) == {
+        "transfers": [], "wire_bytes_per_s": {}}
+    assert kv_transfer_breakdown_promql(Scope("p1").matchers(), 30.0) == (
+        'sum by (direction, outcome, reason) (rate(ferry_kv_transfer_total{pool="p1"}[30s]))',
+        'sum by (direction) (rate(ferry_kv_transfer_wire_bytes_total{pool="p1"}[30s]))')

@@ -1,5 +1,6 @@
-/* Fleet page: datacenters -> clusters -> pools (role, version, replicas ready/desired, health, alerts) and
-   links (configured bandwidth, live KV throughput), live from ws/fleet/; desired replicas re-read every 5 s. */
+/* Fleet page: the topology (topology.js), datacenters -> clusters -> pools (role, version, replicas
+   ready/desired, health, alerts) and links (configured bandwidth, live KV throughput: links.js), live from
+   ws/fleet/; desired replicas re-read every 5 s. */
 "use strict";
 (function () {
   let overview = JSON.parse(document.getElementById("fleet-overview").textContent);
@@ -23,8 +24,12 @@
   }
 
   function render() {
+    FerryTopology.render(overview, signals);
     const root = document.getElementById("datacenters");
-    root.replaceChildren(...overview.datacenters.map(dc => Ferry.el("div", {class: "datacenter"},
+    if (!overview.datacenters.length) {
+      root.replaceChildren(Ferry.el("p", {class: "empty"}, "No clusters yet: `make run` loads the demo fleet "
+        + "(or run `manage.py ferry_demo`); add clusters and pools in the admin (/admin/)."));
+    } else root.replaceChildren(...overview.datacenters.map(dc => Ferry.el("div", {class: "datacenter"},
       Ferry.el("h3", {}, dc.name),
       ...dc.clusters.map(c => Ferry.el("div", {class: "cluster"},
         Ferry.el("h4", {}, `${c.name} `, Ferry.el("span", {class: "muted"}, `${c.kind} · ${c.status}`)),
@@ -34,11 +39,17 @@
             : [Ferry.el("tr", {}, Ferry.el("td", {colspan: 7, class: "muted"}, "No pools in this cluster."))]))))))));
     const links = document.querySelector("#links tbody");
     links.replaceChildren(...overview.links.map(l => {
-      const rates = l.source_pool_ids.map(id => (signals[id] || {}).kv_transfer_bytes_per_s).filter(v => v !== null && v !== undefined);
-      const live = rates.length ? Ferry.fmtBytesPerS(rates.reduce((a, b) => a + b, 0)) : "no data";
-      return Ferry.el("tr", {}, Ferry.el("td", {}, l.source), Ferry.el("td", {}, l.destination),
-        Ferry.el("td", {}, `${l.bandwidth_gbps} Gbit/s`), Ferry.el("td", {}, `${l.rtt_ms} ms`), Ferry.el("td", {class: "kv-live"}, live));
+      const kv = FerryLinks.live(l.source_pool_ids, signals);
+      const live = FerryLinks.fmtRate(kv.bytesPerS) + (kv.bytesPerS === 0 ? ` (${FerryLinks.NO_TRAFFIC})` : "")
+        + (l.source_pool_ids.length ? "" : ` (no prefill pool in ${l.source})`);
+      return Ferry.el("tr", {"data-link-id": l.id}, Ferry.el("td", {}, l.source), Ferry.el("td", {}, l.destination),
+        Ferry.el("td", {}, `${l.bandwidth_gbps} Gbit/s`), Ferry.el("td", {}, `${l.rtt_ms} ms`), Ferry.el("td", {class: "kv-live"}, live),
+        Ferry.el("td", {}, Ferry.el("a", {href: `/links/${l.id}/`}, "link page")));
     }));
+    if (!overview.links.length) {
+      links.replaceChildren(Ferry.el("tr", {}, Ferry.el("td", {colspan: 6, class: "muted"},
+        "No links between clusters: add one in the admin (Cluster links) to ship KV between datacenters.")));
+    }
   }
 
   new FerryStream("/ws/fleet/", (msg) => {
