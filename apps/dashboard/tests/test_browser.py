@@ -254,9 +254,9 @@ def test_pool_page_draws_the_slow_requests_waterfall_with_phase_bars_and_labels(
                          "base": [14, 9], "x": [40, 5]}
     assert traces[2] == {"name": "transfer", "y": ["req-1 · 100 ms"], "text": ["kv.transfer"], "base": [54], "x": [10]}
     assert traces[3]["text"] == ["worker.parse", "decode.queue", "decode"] and traces[3]["base"] == [4, 64, 65]
-    ticks = page.locator("#slow-requests .ytick text").all_inner_texts()
+    ticks = page.locator("#slow-requests .ytick text").all_text_contents()
     assert ticks == ["req-2 · 40 ms", "req-1 · 100 ms"]  # slowest on top (Plotly draws categories bottom-up)
-    labels = set(page.locator("#slow-requests .bartext").all_inner_texts())
+    labels = set(page.locator("#slow-requests .bartext").all_text_contents())
     assert {"prefill.compute", "kv.transfer", "decode"} <= labels
     assert page.locator("#slow-requests .bars path").count() == 10
     page.screenshot(path=str(ARTIFACTS / "pool-slow-requests.png"), full_page=True)
