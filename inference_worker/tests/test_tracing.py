@@ -19,7 +19,7 @@ import httpx
 import pytest
 from opentelemetry import trace
 
-from inference_worker import tracing
+from inference_worker import http_headers, tracing
 from inference_worker.tests.support.router import RouterProcess
 from inference_worker.tests.support.worker import (
     WorkerProcess,
@@ -175,7 +175,7 @@ def test_a_remote_prefill_completion_through_the_router_is_one_trace(traced_stac
         response = client.post(router.url + "/v1/completions", json=body, headers={"x-request-id": "trace-1"})
         latency_ns = (time.perf_counter() - started) * 1e9
     assert response.status_code == 200, response.text
-    assert response.headers["x-ferry-decision"] == "remote_prefill"
+    assert response.headers[http_headers.DECISION] == "remote_prefill"
 
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
