@@ -14,13 +14,14 @@ from __future__ import annotations
 from inference_worker import tracing
 
 
-def instrument_web() -> bool:
+def instrument_web(exporter=None) -> bool:
     """Trace Django requests and Celery publishes in this (web) process; returns whether tracing is on.
+    ``exporter``: the span exporter (default OTLP/HTTP; tests pass an in-memory one).
 
     Raises:
         ValueError: ``FERRY_TRACE_RATIO`` is not a number in [0, 1].
     """
-    if not tracing.configure("ferry-web", tracing.ratio_from_env()):
+    if not tracing.configure("ferry-web", tracing.ratio_from_env(), exporter=exporter):
         return False
     from opentelemetry.instrumentation.celery import CeleryInstrumentor
     from opentelemetry.instrumentation.django import DjangoInstrumentor
@@ -30,9 +31,9 @@ def instrument_web() -> bool:
     return True
 
 
-def instrument_celery() -> bool:
+def instrument_celery(exporter=None) -> bool:
     """Trace task runs in this Celery worker process; returns whether tracing is on (see :func:`instrument_web`)."""
-    if not tracing.configure("ferry-celery", tracing.ratio_from_env()):
+    if not tracing.configure("ferry-celery", tracing.ratio_from_env(), exporter=exporter):
         return False
     from opentelemetry.instrumentation.celery import CeleryInstrumentor
 
