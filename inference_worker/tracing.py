@@ -21,6 +21,7 @@ nanoseconds since the Unix epoch, plus attributes such as token counts or bytes)
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import os
 import threading
@@ -201,6 +202,16 @@ class RequestSpan:
 
     def inject(self, headers: dict[str, str]) -> None:
         inject(headers, self.span)
+
+    def end_soon(self, timeline: Timeline, *, error: str | None = None) -> None:
+        """:meth:`end` on the event loop's next turn (after the answer's bytes are handed to the server), so the
+        span work is off the request's latency; at once without a running loop. Nothing when not recording."""
+        if not self.span.is_recording():
+            return
+        try:
+            asyncio.get_running_loop().call_soon(lambda: self.end(timeline, error=error))
+        except RuntimeError:
+            self.end(timeline, error=error)
 
     def end(self, timeline: Timeline, *, error: str | None = None) -> None:
         span = self.span

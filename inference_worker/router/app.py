@@ -226,7 +226,7 @@ class Router:
         timeline.attributes["status"] = status
         if timeline.phases and timeline.phases[-1].name == "router.relay":
             timeline.phases[-1].end_ns = timeline.end_ns
-        span.end(timeline, error=None if status < 500 else f"status {status}")
+        span.end_soon(timeline, error=None if status < 500 else f"status {status}")
         self.slow.record(timeline)
 
     async def _seated(self, request: Request, timeline: Timeline, span: RequestSpan) -> Response:

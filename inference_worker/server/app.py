@@ -192,7 +192,7 @@ def _settle(state: ServerState, timeline: Timeline, span: RequestSpan, status: i
     """End a request's timeline and span; keep it in the slow-request ring."""
     timeline.finish()
     timeline.attributes["status"] = status
-    span.end(timeline, error=None if status < 500 else f"status {status}")
+    span.end_soon(timeline, error=None if status < 500 else f"status {status}")
     state.slow.record(timeline)
 
 
