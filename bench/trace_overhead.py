@@ -19,7 +19,10 @@ CPU microseconds per request (``time.process_time``, best of 3 passes).
 Seen (2026-12-01, the shared 2-core host at load average 23-28, every request about 30 s end to end): the
 serving runs' spread between runs of the *same* stack was about ±30% (traced 0.076-0.134 req/s, off
 0.082-0.104 req/s): median throughput traced/off 1.27, e2e p50 traced - off -5.8 s, i.e. host noise, which
-cannot confirm or refute a 5% / 2 ms bound there; see ``--micro`` for the tracing's own cost. ``--micro
+cannot confirm or refute a 5% / 2 ms bound there. A second run at load 12-18 (``--runs 3 --num-prompts 8
+--concurrency 4 --input-words 40:80 --output-tokens 4:8``): traced 0.243/0.132/0.129 req/s, off
+0.197/0.146/0.295 req/s, ratio of medians 0.67, p50 +6.0 s: the other sign, same noise. See ``--micro`` for
+the tracing's own cost. ``--micro
 --iterations 2000`` the same day: off 20.6 us, 100% 755.8 us CPU per remote-prefill request over the three
 processes (+735 us, about a quarter of it in each process's request path; the export runs on the SDK's thread).
 
