@@ -9,6 +9,10 @@ import os
 from django.core.asgi import get_asgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
+if os.environ.get("FERRY_TRACE_RATIO"):  # Actions traced web -> Celery -> backend (controlplane.tracing)
+    from controlplane.tracing import instrument_web
+
+    instrument_web()
 django_asgi_app = get_asgi_application()  # set up Django before importing consumers
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402

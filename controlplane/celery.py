@@ -7,9 +7,20 @@ Run a worker with ``celery -A controlplane worker -Q default,operations`` (tasks
 import os
 
 from celery import Celery
+from celery.signals import worker_process_init
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
 
 app = Celery("ferry")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+
+
+@worker_process_init.connect
+def _trace_tasks(**_kwargs) -> None:
+    """Trace task runs when ``FERRY_TRACE_RATIO`` > 0 (:mod:`controlplane.tracing`); each prefork child sets up
+    its own exporter (the SDK's batch thread does not survive a fork)."""
+    if os.environ.get("FERRY_TRACE_RATIO"):
+        from controlplane.tracing import instrument_celery
+
+        instrument_celery()

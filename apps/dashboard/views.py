@@ -21,6 +21,7 @@ from apps.dashboard import selectors
 from apps.fleet.models import ClusterLink, Pool
 from apps.rollouts.models import RolloutPlan
 from apps.rollouts.selectors import rollout_list
+from apps.telemetry.slow_requests import slow_requests_latest
 
 DEFAULT_ROLLOUT_STEPS = [{"set_weight": 25}, {"pause": {"seconds": 20}}, {"set_weight": 50},
                          {"pause": {"seconds": 20}}]
@@ -57,7 +58,8 @@ def pool_page(request: HttpRequest, pool_id: int) -> HttpResponse:
         pool = selectors.pool_detail(pool_id)
     except Pool.DoesNotExist as exc:
         raise Http404(f"No pool with id {pool_id}.") from exc
-    return render(request, "dashboard/pool.html", _context(request, pool=pool))
+    slow = slow_requests_latest(pool_id)
+    return render(request, "dashboard/pool.html", _context(request, pool=pool, slow_requests=slow))
 
 
 @role_required

@@ -73,6 +73,15 @@ class SignalHistory:
         raw = self.client.zrange(self._key("history", scope), -1, -1)
         return json.loads(raw[0]) if raw else None
 
+    def put_snapshot(self, kind: str, name: str, record: dict, *, ttl_s: float = 3600.0) -> None:
+        """Replace the one snapshot of ``kind``/``name`` (e.g. a pool's slow requests), kept ``ttl_s`` seconds."""
+        self.client.set(self._key(kind, name), json.dumps(record, separators=(",", ":")), ex=int(ttl_s))
+
+    def snapshot(self, kind: str, name: str) -> dict | None:
+        """The snapshot :meth:`put_snapshot` stored, or ``None``."""
+        raw = self.client.get(self._key(kind, name))
+        return json.loads(raw) if raw else None
+
     def clear(self) -> None:
         """Delete every key under the prefix (tests and ``telemetry --reset``)."""
         keys = list(self.client.scan_iter(match=f"{self.prefix}*"))

@@ -14,7 +14,9 @@ actions. Each poll:
    group) with Redis sequence numbers, and appends the same records to the Redis history;
 5. evaluates the effective alert rules on the pool-level signals and records transitions;
 6. adds the routers' per-key request counts to the client API keys' use counts and last use
-   (:mod:`apps.telemetry.key_uses`: one UPDATE per used key per poll).
+   (:mod:`apps.telemetry.key_uses`: one UPDATE per used key per poll);
+7. every ``slow_every`` polls, collects the slowest recent requests' phases from the replicas and routers
+   (``/debug/slow-requests``, :mod:`.slow_requests`) and stores one snapshot per pool for the pool page.
 
 The registered routers are scraped at every poll (for the key use counts), also when every cluster reads
 Prometheus.
@@ -33,6 +35,7 @@ import time
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 
+import httpx
 import redis
 from django.db import DatabaseError, close_old_connections
 
@@ -47,6 +50,7 @@ from apps.telemetry.models import Alert
 from apps.telemetry.selectors import SourceChoice, alert_rules_effective, history_scope, poll_targets
 from apps.telemetry.services import alert_transitions_apply
 from apps.telemetry.signals import Scope
+from apps.telemetry.slow_requests import collect_slow_requests, slow_requests_store
 from apps.telemetry.sources.base import MetricSource, MetricSourceError
 from apps.telemetry.sources.prometheus import PrometheusSource
 from apps.telemetry.sources.scrape import DirectScrapeSource, SampleStore
@@ -101,6 +105,7 @@ class TelemetryPoller:
         source_factory: Callable[..., MetricSource] = default_source_factory,
         routers: Callable[[], Iterable[RouterEndpoint]] = router_endpoints,
         router_source: DirectScrapeSource | None = None,
+        slow_every: int = 5,
     ):
         if window_s <= 0 or interval_s <= 0:
             raise ValueError("window_s and interval_s must be positive")
@@ -115,6 +120,9 @@ class TelemetryPoller:
         self.sources: dict[tuple, MetricSource] = {}
         self.evaluator = AlertEvaluator()
         self.key_uses = KeyUseCounter()
+        self.slow_every = slow_every
+        """Collect the slow-request timelines every this many polls (0: never)."""
+        self._num_polls = 0
         for alert in Alert.objects.filter(state=Alert.State.FIRING):
             self.evaluator.restore_firing(str(alert.rule_id), str(alert.pool_id), alert.started_at.timestamp())
 
@@ -166,11 +174,22 @@ class TelemetryPoller:
             transitions = self.evaluator.evaluate(specs, str(target.pool_id), pool_set.values, now)
             if transitions:
                 alert_transitions_apply(pool_id=target.pool_id, transitions=transitions, history=self.history)
+        self._num_polls += 1
+        if self.slow_every and self._num_polls % self.slow_every == 1 % self.slow_every:
+            self.collect_slow(endpoints, now)
         fleet = {"at": now, "window_s": self.window_s,
                  "pools": {str(pid): rec["signals"] for pid, rec in records.items()}}
         message = telemetry_broadcast(FLEET_GROUP, "telemetry.fleet", fleet, history=self.history)
         self.history.append(history_scope(None), now, message)
         return records
+
+    def collect_slow(self, endpoints: list[ReplicaEndpoint], now: float) -> dict[str, list[dict]]:
+        """Read every replica's and router's slow requests and store each pool's rows (1 s timeout each)."""
+        with httpx.Client(timeout=1.0) as client:
+            rows = collect_slow_requests(endpoints, list(self._routers()), client=client)
+        for pool_id, pool_rows in rows.items():
+            slow_requests_store(self.history, pool_id=pool_id, at_s=now, rows=pool_rows)
+        return rows
 
     def run(self, stop: threading.Event, *, max_polls: int | None = None) -> int:
         """Poll every ``interval_s`` until ``stop`` is set (or ``max_polls``); returns polls done.

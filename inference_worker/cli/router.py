@@ -82,6 +82,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-prompts", type=int, default=64, metavar="N",
                         help="most prompts in one /v1/completions batch (400 above)")
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    parser.add_argument("--trace-ratio", type=float, default=None, metavar="F",
+                        help="OpenTelemetry sampling ratio 0..1 (default FERRY_TRACE_RATIO, else 0: tracing off); "
+                             "spans go to OTEL_EXPORTER_OTLP_ENDPOINT over OTLP/HTTP")
 
 
 def client_keys(args: argparse.Namespace, environ) -> ApiKeys | None:  # noqa: ANN001 - a mapping
@@ -139,6 +142,13 @@ def run(args: argparse.Namespace) -> int:
         max_in_flight=args.max_in_flight, max_in_flight_per_key=args.max_in_flight_per_key,
         max_prompts=args.max_prompts,
     )
+    from inference_worker import tracing
+
+    tracing.configure("ferry-router", tracing.ratio_from_env() if args.trace_ratio is None
+                      else tracing.check_ratio(args.trace_ratio))
     router = Router(config)
-    uvicorn.run(router.app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=30)
+    try:
+        uvicorn.run(router.app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=30)
+    finally:
+        tracing.shutdown()
     return 0

@@ -121,6 +121,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="prefill, fault rehearsal: corrupt|truncate|wrong-key|wrong-version|delay:S|die-mid-send "
                              "(header: test hook, needs FERRY_TEST_KV_FAULT_HEADER=1)")
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    parser.add_argument("--trace-ratio", type=float, default=None, metavar="F",
+                        help="OpenTelemetry sampling ratio 0..1 (default FERRY_TRACE_RATIO, else 0: tracing off); "
+                             "spans go to OTEL_EXPORTER_OTLP_ENDPOINT over OTLP/HTTP")
 
 
 def validate(args: argparse.Namespace) -> None:
@@ -272,4 +275,12 @@ def run(args: argparse.Namespace) -> int:
             timeout_s=args.kv_timeout, recompute_on_failure=args.kv_recompute_on_failure == "true",
             compression=args.kv_compression, fault_kv=args.fault_kv, fault_header=fault_header_enabled()),
             state.metrics)
-    return run_server(state, lambda: load_model(args, state.metrics), host=args.host, port=args.port, log_level=args.log_level)
+    from inference_worker import tracing
+
+    tracing.configure(f"ferry-worker-{args.role}", tracing.ratio_from_env() if args.trace_ratio is None
+                      else tracing.check_ratio(args.trace_ratio))
+    try:
+        return run_server(state, lambda: load_model(args, state.metrics), host=args.host, port=args.port,
+                          log_level=args.log_level)
+    finally:
+        tracing.shutdown()

@@ -88,7 +88,12 @@ class KVSender:
         self._idle: list[SocketConnection | StreamConnection] = []
 
     async def send(self, frame: KVFrame) -> float:
-        """Deliver ``frame``; return the seconds it took (all attempts).
+        """Deliver ``frame``; return the seconds it took (all attempts). Raises as :meth:`send_measured`."""
+        return (await self.send_measured(frame))[0]
+
+    async def send_measured(self, frame: KVFrame) -> tuple[float, float]:
+        """Deliver ``frame``; return ``(seconds, cap_wait_s)``: the seconds it took (all attempts) and, of them,
+        the seconds spent waiting for the link's bandwidth cap (0 without a cap).
 
         Raises:
             ConnectionFailed, Timeout, CorruptPayload, TruncatedPayload: after ``max_attempts``.
@@ -97,9 +102,10 @@ class KVSender:
         """
         start = time.perf_counter()
         attempt = 0
+        cap_wait = [0.0]
         while True:
             try:
-                await self._send_once(frame)
+                await self._send_once(frame, cap_wait)
                 break
             except KVTransferError as exc:
                 attempt += 1
@@ -110,7 +116,7 @@ class KVSender:
                 await asyncio.sleep(min(self.backoff_max_s, self.backoff_s * 2 ** (attempt - 1)))
         seconds = time.perf_counter() - start
         self.recorder.success(SEND, raw_bytes=frame.raw_bytes, wire_bytes=frame.wire_bytes, seconds=seconds)
-        return seconds
+        return seconds, cap_wait[0]
 
     async def close(self) -> None:
         """Close idle connections."""
@@ -149,7 +155,9 @@ class KVSender:
         return ERRORS_BY_REASON.get(reason, KVTransferError)(f"receiver rejected the KV and closed the connection: "
                                                             f"{detail}")
 
-    async def _send_once(self, frame: KVFrame) -> None:
+    async def _send_once(self, frame: KVFrame, cap_wait: list[float] | None = None) -> None:
+        """One attempt; adds the seconds waited on the bandwidth cap to ``cap_wait[0]``."""
+        cap_wait = [0.0] if cap_wait is None else cap_wait
         self.num_attempts += 1
         conn = await self._connection()
         try:
@@ -163,7 +171,9 @@ class KVSender:
                     sealer.update(chunk)
                     if self.bucket is not None:
                         deadline.reschedule(None)
+                        waited = time.perf_counter()
                         await self.bucket.acquire(len(chunk))
+                        cap_wait[0] += time.perf_counter() - waited
                     deadline.reschedule(loop.time() + self.io_timeout_s)
                     await conn.send(chunk)
             trailer = sealer.trailer()

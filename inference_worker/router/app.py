@@ -42,6 +42,7 @@ import contextlib
 import functools
 import logging
 import os
+import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -51,7 +52,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from inference_worker import http_headers
+from inference_worker import http_headers, tracing
 from inference_worker.request_limits import (
     DEFAULT_MAX_PROMPTS,
     check_request_size,
@@ -80,6 +81,7 @@ from inference_worker.router.prompt import PromptHasher
 from inference_worker.router.source import QueueDepthScraper, TableSource
 from inference_worker.router.table import DECODE_ROLES, Replica, RoutingTable
 from inference_worker.server.errors import OpenAIError
+from inference_worker.tracing import RequestSpan, SlowRequests, Timeline
 
 log = logging.getLogger(__name__)
 PASS_HEADERS = ("content-type", "cache-control", http_headers.CACHED_TOKENS)
@@ -163,6 +165,8 @@ class Router:
         self.app.add_api_route("/health", lambda: {"status": "ok"}, methods=["GET"])
         self.app.add_api_route("/ready", self.ready, methods=["GET"])
         self.app.add_api_route("/metrics", self.metrics_endpoint, methods=["GET"])
+        self.slow = SlowRequests()
+        self.app.add_api_route(tracing.SLOW_REQUESTS_PATH, self.slow_requests, methods=["GET"])
 
     @contextlib.asynccontextmanager
     async def _lifespan(self, app: FastAPI):
@@ -209,6 +213,15 @@ class Router:
             self._merged_keys = (table, static.with_table_keys(table.client_keys, previous=previous))
         return self._merged_keys[1]
 
+    async def slow_requests(self, request: Request) -> Response:
+        """``GET /debug/slow-requests?limit=N``: the slowest recent requests' phases (open like /metrics: timings,
+        ids and counts, no prompt text); 400 for a bad ``limit``."""
+        try:
+            limit = tracing.slow_limit(request.query_params.get("limit"))
+        except ValueError as exc:
+            return _error(400, str(exc), "invalid_request_error")
+        return JSONResponse({"role": "router", "capacity": self.slow.capacity, "requests": self.slow.slowest(limit)})
+
     def _check_key(self, request: Request) -> Response | ApiKey | None:
         """A refusal (401, 429), the client's key, or None without keys configured."""
         keys = self._keys()
@@ -226,11 +239,24 @@ class Router:
         return key
 
     async def completions(self, request: Request) -> Response:
-        response = await self._seated(request)
+        timeline = Timeline("router", request.headers.get("x-request-id") or uuid.uuid4().hex)
+        span = RequestSpan("router.request", request.headers, timeline.start_ns)
+        response = await self._seated(request, timeline, span)
         self.metrics.requests.labels(status=str(response.status_code)).inc()
+        if not isinstance(response, _SettledStream):  # a stream's timeline ends with its last byte
+            self._finish(timeline, span, response.status_code)
         return response
 
-    async def _seated(self, request: Request) -> Response:
+    def _finish(self, timeline: Timeline, span: RequestSpan, status: int) -> None:
+        """End ``timeline`` (and its span), keep it in the slow-request ring."""
+        timeline.finish()
+        timeline.attributes["status"] = status
+        if timeline.phases and timeline.phases[-1].name == "router.relay":
+            timeline.phases[-1].end_ns = timeline.end_ns
+        span.end_soon(timeline, error=None if status < 500 else f"status {status}")
+        self.slow.record(timeline)
+
+    async def _seated(self, request: Request, timeline: Timeline, span: RequestSpan) -> Response:
         """Key, then an in-flight seat held until the answer is sent (:mod:`.admission`), then the request."""
         key = self._check_key(request)
         if isinstance(key, Response):
@@ -250,12 +276,17 @@ class Router:
         handed_over = False
         try:
             try:
-                response = await self._completions(request, key)
+                response = await self._completions(request, timeline, span, key)
             except OpenAIError as exc:
                 return exc.response()
             if isinstance(response, StreamingResponse):
                 handed_over = True
-                return _SettledStream(response, leave)
+
+                def settle() -> None:
+                    leave()
+                    self._finish(timeline, span, response.status_code)
+
+                return _SettledStream(response, settle)
             return response
         finally:
             if not handed_over:
@@ -265,16 +296,19 @@ class Router:
         """``fn(*args)`` on :attr:`prompt_executor` (JSON parsing, tokenizing, hashing: CPU work of one request)."""
         return await asyncio.get_running_loop().run_in_executor(self.prompt_executor, fn, *args)
 
-    async def _completions(self, request: Request, api_key: ApiKey | None = None) -> Response:
+    async def _completions(self, request: Request, timeline: Timeline, span: RequestSpan,
+                           api_key: ApiKey | None = None) -> Response:
         """Raises OpenAIError (413, 400) for a body over the cap or malformed (module docstring); 403 when
         ``api_key`` may not use the requested model."""
         raw = await read_body_capped(request, self.config.max_body_bytes)
         body = await self._off_loop(parse_json_body, raw)  # pure Python on ~1 MB: off the loop's turn
         check_request_size(body, max_prompts=self.config.max_prompts)
+        route_start_ns = time.time_ns()
+        timeline.add("router.admit", timeline.start_ns, route_start_ns, body_bytes=len(raw))
         table = self.source.table if self.source else None
         if table is None:
             return _error(503, "no routing table loaded yet", "unavailable")
-        request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
+        request_id = timeline.request_id
         sticky = request.headers.get(http_headers.STICKY_KEY)
         session = request.headers.get("x-session-id") or body.get("user") or sticky
         session = session if isinstance(session, str) and session else None
@@ -295,9 +329,11 @@ class Router:
                                                         request.url.path, body, hashing=hashing))
         headers = {"content-type": "application/json", "x-request-id": request_id,
                    http_headers.TRACK: eligible.track.name, http_headers.MODEL_VERSION: version}
+        span.inject(headers)
         forward = asyncio.ensure_future(self._forward(request.url.path, raw, headers, table, eligible, prompt,
                                                       session=session, model=model, key=key,
-                                                      stream=bool(body.get("stream"))))
+                                                      stream=bool(body.get("stream")), timeline=timeline,
+                                                      route_start_ns=route_start_ns))
         return await self._unless_client_leaves(request, forward)
 
     async def _unless_client_leaves(self, request: Request, forward: asyncio.Future) -> Response:
@@ -376,7 +412,7 @@ class Router:
 
     async def _forward(self, path: str, content: bytes, headers: dict, table: RoutingTable, eligible: Eligible,
                        prompt: PromptInfo, *, session: str | None, model: str | None, key: str,
-                       stream: bool) -> Response:
+                       stream: bool, timeline: Timeline | None = None, route_start_ns: int = 0) -> Response:
         tried: set[str] = set()
         last_error, status = "no replica available", 502
         c = self.config
@@ -393,6 +429,16 @@ class Router:
                             break
                     plan = self._plan(table, eligible, prompt, session)
                     replica = plan.decode
+                    if timeline is not None:
+                        timeline.add("router.route", route_start_ns or timeline.start_ns, time.time_ns(),
+                                     attempt=len(tried) + 1, decision=plan.decision, reason=plan.reason,
+                                     decode_replica=replica.name, prefill_replica=plan.prefill.name if plan.prefill
+                                     else "", predicted_cached_tokens=plan.predicted_cached_tokens,
+                                     num_prompt_tokens=plan.num_prompt_tokens)
+                        timeline.attributes.update(pool=replica.pool, decode_replica=replica.name,
+                                                   decision=plan.decision, track=plan.track.name,
+                                                   prefill_replica=plan.prefill.name if plan.prefill else "")
+                        route_start_ns = 0
                     if tried:
                         self.metrics.retries.labels(pool=replica.pool).inc()
                     else:
@@ -413,7 +459,7 @@ class Router:
                         attempt_headers[http_headers.PREFILL_ENDPOINT] = plan.prefill.url
                     admit(plan, self.loads)
                     outcome = await self._attempt("POST", path, content, attempt_headers, replica, plan, stream,
-                                                  timeout, admitted=True)
+                                                  timeout, admitted=True, timeline=timeline)
                     if isinstance(outcome, Response):
                         return outcome
                     last_error, status = outcome
@@ -434,7 +480,7 @@ class Router:
 
     async def _attempt(self, method: str, path: str, content: bytes | None, headers: dict, replica: Replica,
                        plan: RoutePlan | None, stream: bool, timeout: httpx.Timeout,
-                       admitted: bool = False) -> Response | tuple[str, int]:
+                       admitted: bool = False, timeline: Timeline | None = None) -> Response | tuple[str, int]:
         """One try on ``replica``: a Response to return, or (failure description, status to report if it is
         the last failure: 504 for a timeout, else 502). ``admitted``: :func:`admit` already booked it."""
         if self.client is None:
@@ -447,6 +493,7 @@ class Router:
         if not judged:
             self.breaker.attempt(replica.name)
         response = None
+        sent_ns = time.time_ns()
         try:
             upstream = self.client.build_request(method, replica.url + path, content=content,
                                                  headers={**headers, **replica.auth_headers}, timeout=timeout)
@@ -472,6 +519,13 @@ class Router:
             chunks = response.aiter_raw()
             first = await anext(chunks, b"")
             self.loads.prefill_done(replica, pending)  # the first byte: the prompt is prefilled
+            if timeline is not None:
+                first_ns = time.time_ns()
+                cached = response.headers.get(http_headers.CACHED_TOKENS, "")
+                timeline.add("router.upstream", sent_ns, first_ns, replica=replica.name, status=response.status_code)
+                timeline.add("router.relay", first_ns, first_ns)  # ends with the answer's last byte (_finish)
+                if cached.isdigit():
+                    timeline.attributes["cached_tokens"] = int(cached)
             pending = 0
             out_headers = {k: v for k, v in response.headers.items() if k.lower() in PASS_HEADERS}
             out_headers[http_headers.REPLICA] = replica.name

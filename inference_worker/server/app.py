@@ -40,7 +40,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from inference_worker import http_headers
+from inference_worker import http_headers, tracing
 from inference_worker.request_limits import default_max_body_bytes, read_body_capped
 from inference_worker.server.errors import OpenAIError, invalid
 from inference_worker.server.kv_cache_routes import add_kv_cache_routes
@@ -57,6 +57,7 @@ from inference_worker.server.state import ServedModel, ServerState
 from inference_worker.server.streaming import SSE_DONE, ChoiceEvent, Generation, GenerationError, sse
 from inference_worker.server.worker_auth import WorkerAuthMiddleware
 from inference_worker.tokenization import ChatTemplateError
+from inference_worker.tracing import RequestSpan, Timeline
 
 logger = logging.getLogger(__name__)
 
@@ -127,11 +128,21 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        return await _serve(state, request, chat=False)
+        return await _traced(state, request, chat=False)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        return await _serve(state, request, chat=True)
+        return await _traced(state, request, chat=True)
+
+    @app.get(tracing.SLOW_REQUESTS_PATH)
+    async def slow_requests(limit: str | None = None) -> JSONResponse:
+        """The slowest recent requests' phases (open like /metrics: timings, ids and counts, never prompt text)."""
+        try:
+            count = tracing.slow_limit(limit)
+        except ValueError as exc:
+            raise OpenAIError(400, str(exc), param="limit") from None
+        role = state.pd.settings.role if state.pd is not None else "colocated"
+        return JSONResponse({"role": role, "capacity": state.slow.capacity, "requests": state.slow.slowest(count)})
 
     if state.pd is not None and state.pd.settings.role == "prefill":
         from inference_worker.server.pd import PREFILL_PATH, PrefillAbandoned, max_prefill_body_bytes
@@ -146,21 +157,29 @@ def create_app(state: ServerState) -> FastAPI:
                 raise OpenAIError(503, f"the worker is not ready: {state.readiness()[1]}", type="server_error",
                                   code="not_ready")
             state.request_started()
+            timeline = Timeline("prefill", "")
+            span = RequestSpan("prefill.request", request.headers, timeline.start_ns)
+            status = 500
             try:
                 raw = await read_body_capped(request, max_prefill_body_bytes(model.max_model_len))
                 watcher = asyncio.ensure_future(_wait_disconnect(request))
                 try:  # a decode worker hanging up (its client left) aborts a prefill still computing
-                    answer = await state.pd.handle_prefill(model, raw, request.headers, abandoned=watcher)
+                    answer = await state.pd.handle_prefill(model, raw, request.headers, abandoned=watcher,
+                                                           timeline=timeline)
                 except PrefillAbandoned:
                     state.metrics.request_finished("aborted")
+                    status = 499
                     return JSONResponse({}, status_code=499)
                 finally:
                     watcher.cancel()
+                status = 200
             except Exception as exc:
+                status = exc.status_code if isinstance(exc, OpenAIError) else 500
                 _count_failure(state, exc)
                 raise
             finally:
                 state.request_finished()
+                _settle(state, timeline, span, status)
             state.metrics.request_finished("success")
             return JSONResponse(answer)
 
@@ -176,13 +195,44 @@ def _update_gpu_metrics(state: ServerState) -> None:
     state.metrics.set_gpu(utilization=utilization, memory_used_bytes=total - free)
 
 
+def _settle(state: ServerState, timeline: Timeline, span: RequestSpan, status: int) -> None:
+    """End a request's timeline and span; keep it in the slow-request ring."""
+    timeline.finish()
+    timeline.attributes["status"] = status
+    span.end_soon(timeline, error=None if status < 500 else f"status {status}")
+    state.slow.record(timeline)
+
+
+async def _traced(state: ServerState, request: Request, *, chat: bool) -> Response:
+    """:func:`_serve` with the request's timeline and span (ended when the answer is complete, or a stream's
+    last byte is sent)."""
+    role = state.pd.settings.role if state.pd is not None else "colocated"
+    timeline = Timeline(role, request.headers.get("x-request-id") or uuid.uuid4().hex)
+    span = RequestSpan("worker.request", request.headers, timeline.start_ns)
+    status = 500
+    try:
+        response = await _serve(state, request, chat=chat, timeline=timeline, span=span)
+        status = response.status_code
+        if isinstance(response, _GenerationStream):
+            response.settle = lambda: _settle(state, timeline, span, 200)
+            status = 0
+        return response
+    except OpenAIError as exc:
+        status = exc.status_code
+        raise
+    finally:
+        if status:
+            _settle(state, timeline, span, status)
+
+
 def _count_failure(state: ServerState, exc: Exception) -> None:
     """Count a failed request's outcome: an OpenAI 4xx is ``client_error``, any other error ``server_error``."""
     client = isinstance(exc, OpenAIError) and exc.status_code < 500
     state.metrics.request_finished("client_error" if client else "server_error")
 
 
-async def _serve(state: ServerState, request: Request, *, chat: bool) -> Response:
+async def _serve(state: ServerState, request: Request, *, chat: bool, timeline: Timeline | None = None,
+                 span: RequestSpan | None = None) -> Response:
     """Validate, admit and run one completion request; counts its outcome."""
     if state.draining:
         state.metrics.request_finished("rejected")
@@ -199,7 +249,10 @@ async def _serve(state: ServerState, request: Request, *, chat: bool) -> Respons
         max_body = state.max_body_bytes or default_max_body_bytes(model.max_model_len)
         raw = await read_body_capped(request, max_body)
         sampling, prompts = await asyncio.to_thread(_parse_and_tokenize, state, model, raw, chat=chat)
-        generation = _prepare(state, model, sampling, prompts, chat=chat, headers=request.headers)
+        generation = _prepare(state, model, sampling, prompts, chat=chat, headers=request.headers, timeline=timeline,
+                              span=span)
+        if timeline is not None:
+            timeline.add("worker.parse", timeline.start_ns, time.time_ns(), num_prompts=len(prompts))
         if sampling.stream:
             # the cached-tokens header goes out with the first byte, once the engine admitted the request (for a
             # remote prefill: once the KV arrived); a client that leaves meanwhile aborts it (and the hand-off)
@@ -272,7 +325,7 @@ def _parse_and_tokenize(state: ServerState, model: ServedModel, raw: bytes, *,
 
 
 def _prepare(state: ServerState, model: ServedModel, sampling: SamplingRequest, prompts: list[list[int]], *,
-             chat: bool, headers=None) -> Generation:
+             chat: bool, headers=None, timeline: Timeline | None = None, span: RequestSpan | None = None) -> Generation:
     longest = max(len(p) for p in prompts)
     max_tokens = sampling.max_tokens
     if max_tokens is None:
@@ -301,11 +354,11 @@ def _prepare(state: ServerState, model: ServedModel, sampling: SamplingRequest, 
     remote_prefill = None
     prefill_url = (headers or {}).get(http_headers.PREFILL_ENDPOINT)
     if prefill_url and state.pd is not None and state.pd.settings.role == "decode":
-        remote_prefill = state.pd.remote_prefill_for(prefill_url, headers)
+        remote_prefill = state.pd.remote_prefill_for(prefill_url, headers, timeline=timeline, span=span)
     forwarded = {"temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k,
                  "seed": sampling.seed}
     generation = Generation(model.engine_loop, f"{prefix}-{uuid.uuid4().hex}", prompts, sampling.n, make_params,
-                            state.metrics, remote_prefill=remote_prefill, sampling=forwarded)
+                            state.metrics, remote_prefill=remote_prefill, sampling=forwarded, timeline=timeline)
     state.generations.add(generation)
     try:
         generation.start()
@@ -383,6 +436,7 @@ class _GenerationStream(StreamingResponse):
 
     def __init__(self, state: ServerState, generation: Generation, sampling: SamplingRequest, *, chat: bool):
         self.worker_state, self.generation, self.outcome = state, generation, "aborted"
+        self.settle = None  # called once the stream is over (the request's timeline ends)
         super().__init__(self._body(sampling, chat), media_type="text/event-stream",
                          headers={"Cache-Control": "no-cache", http_headers.CACHED_TOKENS: str(generation.num_cached_tokens)})
 
@@ -395,6 +449,8 @@ class _GenerationStream(StreamingResponse):
             self.worker_state.generations.discard(self.generation)
             self.worker_state.metrics.request_finished(self.outcome)
             self.worker_state.request_finished()
+            if self.settle is not None:
+                self.settle()
 
     async def _body(self, sampling: SamplingRequest, chat: bool) -> AsyncIterator[bytes]:
         generation, name = self.generation, self.worker_state.served_model_name

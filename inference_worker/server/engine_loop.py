@@ -131,6 +131,7 @@ class EngineLoop:
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._streams: dict[str, _Stream] = {}
         self._exports: dict[str, _Export] = {}
+        self._export_admitted_ns: dict[str, int] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
         self._fatal: str | None = None
@@ -220,6 +221,11 @@ class EngineLoop:
         self._commands.put(_Import(request_id, list(prompt_token_ids), params, int(first_token_id), kv,
                                    list(first_positions), stream, int(num_cached_tokens)))
 
+    def pop_export_admitted_ns(self, request_id: str) -> int | None:
+        """When the engine admitted the :meth:`prefill_export` of ``request_id`` (ns since the Unix epoch; its
+        queue wait ends there), or None if not reported; forgets it."""
+        return self._export_admitted_ns.pop(request_id, None)
+
     def call(self, fn: Any) -> asyncio.Future:
         """Run ``fn(engine)`` on the engine thread; returns a future with its result or exception.
 
@@ -258,8 +264,12 @@ class EngineLoop:
                 self.kv_events.extend(events)
 
     def _on_admitted(self, num_cached_tokens: dict[str, int]) -> None:
-        """Engine callback (inside ``step``, before the forward): report each admitted request's hit."""
+        """Engine callback (inside ``step``, before the forward): report each admitted request's hit (a
+        prefill-role export's admission time goes to :meth:`pop_export_admitted_ns`)."""
+        now_ns = time.time_ns()
         for request_id, hit in num_cached_tokens.items():
+            if request_id in self._exports:
+                self._export_admitted_ns[request_id] = now_ns
             if request_id in self._streams:
                 self._send(request_id, SeqUpdate(request_id, (), "", 0, False, num_cached_tokens=hit))
 
@@ -323,6 +333,7 @@ class EngineLoop:
         if isinstance(command, _Abort):
             export = self._exports.pop(command.request_id, None)
             if export is not None:  # a prefill-role request whose decode worker went away
+                self._export_admitted_ns.pop(command.request_id, None)
                 self._engine.abort_request(command.request_id)
                 export.loop.call_soon_threadsafe(_set_exception, export.future, ValueError(
                     f"prefill of {command.request_id!r} aborted"))

@@ -60,6 +60,7 @@ from inference_worker.server.errors import OpenAIError
 from inference_worker.server.pd_faults import RAW_MODES, TEST_HEADER_ENV, parse_fault, send_faulty_frame
 from inference_worker.server.signing import sign, verify_signature
 from inference_worker.server.streaming import CLIENT_ERROR_CODES
+from inference_worker.tracing import RequestSpan, Timeline
 
 logger = logging.getLogger(__name__)
 
@@ -208,8 +209,13 @@ class PDService:
         return None if self.receiver is None else self.receiver.port
 
     # ---- prefill role -----------------------------------------------------------------------
-    async def handle_prefill(self, model, raw: bytes, headers, abandoned: asyncio.Future | None = None) -> dict:
+    async def handle_prefill(self, model, raw: bytes, headers, abandoned: asyncio.Future | None = None,
+                             timeline: Timeline | None = None) -> dict:
         """Serve ``POST /internal/prefill``: prefill, send the KV, return the first token.
+
+        ``timeline`` (optional) gets the request id and the phases ``prefill.queue`` (until the engine admitted
+        the prompt), ``prefill.compute``, ``prefill.encode`` (the KV frame) and ``kv.send`` (``raw_bytes``,
+        ``wire_bytes``, ``link_cap_wait_ms``); the answer carries ``queue_seconds`` and ``cap_wait_seconds`` too.
 
         ``abandoned`` completes when the decode worker hangs up (its client left): a prefill still computing
         is then aborted in the engine and :class:`PrefillAbandoned` raised. Once the KV is computed it is sent
@@ -228,6 +234,8 @@ class PDService:
             host, port, sampling = str(body["kv_host"]), int(body["kv_port"]), dict(body.get("sampling") or {})
         except (ValueError, KeyError, TypeError) as exc:
             raise OpenAIError(400, f"invalid prefill request: {exc!r}") from None
+        if timeline is not None:
+            timeline.request_id = rid
         if body.get("model_version_id") != self.settings.model_version_id:
             raise OpenAIError(409, f"this prefill worker serves model version {self.settings.model_version_id!r}, "
                               f"not {body.get('model_version_id')!r}", code="version_mismatch")
@@ -245,7 +253,7 @@ class PDService:
                               param="prompt_token_ids", code="context_length_exceeded")
         params = model.make_sampling_params(max_tokens=1, ignore_eos=True, **{
             k: sampling[k] for k in ("temperature", "top_p", "top_k", "seed") if sampling.get(k) is not None})
-        started = time.perf_counter()
+        started, started_ns = time.perf_counter(), time.time_ns()
         export = model.engine_loop.prefill_export(f"prefill-{rid}", prompt, params)
         if abandoned is not None:
             await asyncio.wait({export, abandoned}, return_when=asyncio.FIRST_COMPLETED)
@@ -257,11 +265,13 @@ class PDService:
             first, num_tokens, kv, num_cached = await export
         except ValueError as exc:
             raise OpenAIError(400, str(exc), code="invalid_prompt") from None
-        prefill_s = time.perf_counter() - started
+        prefill_s, computed_ns = time.perf_counter() - started, time.time_ns()
+        admitted_ns = model.engine_loop.pop_export_admitted_ns(f"prefill-{rid}") or started_ns
         self.metrics.tokens(num_prompt_tokens=num_tokens)
         version = self.settings.model_version_id + ("-other" if fault and fault[0] == "wrong-version" else "")
         frame = encode_kv(request_id=rid, model_version_id=version, weights_sha256=self.weights_sha256,
                           layout=self.layout, num_tokens=num_tokens, kv=kv, compression=self.settings.compression)
+        encoded_ns = time.time_ns()
         try:
             if fault and fault[0] == "delay":
                 await asyncio.sleep(fault[1])
@@ -272,17 +282,28 @@ class PDService:
                 except KVTransferError as exc:
                     self.recorder.failure(SEND, exc.reason)
                     raise
-                transfer_s = 0.0
+                transfer_s = cap_wait_s = 0.0
             else:
-                transfer_s = await self._sender(host, port).send(frame)
+                transfer_s, cap_wait_s = await self._sender(host, port).send_measured(frame)
         except KVTransferError as exc:
             raise OpenAIError(502, f"KV transfer to {host}:{port} failed ({exc.reason}): {exc}", type="server_error",
                               code="kv_transfer_failed", param=exc.reason) from None
         # the prefill worker sampled the request's first token: its TTFT is the prefill time; end to end adds the
         # KV transfer (the decode worker records the client-side TTFT of the whole request)
         self.metrics.observe_latency(ttft_s=prefill_s, e2e_s=prefill_s + transfer_s, num_output_tokens=1)
+        queue_s = (admitted_ns - started_ns) / 1e9
+        if timeline is not None:
+            sent_ns = time.time_ns()
+            timeline.add("prefill.queue", started_ns, admitted_ns)
+            timeline.add("prefill.compute", admitted_ns, computed_ns, num_prompt_tokens=num_tokens,
+                         num_cached_tokens=num_cached)
+            timeline.add("prefill.encode", computed_ns, encoded_ns, compression=self.settings.compression)
+            timeline.add("kv.send", encoded_ns, sent_ns, raw_bytes=frame.raw_bytes, wire_bytes=frame.wire_bytes,
+                         link_cap_wait_ms=round(cap_wait_s * 1e3, 3))
+            timeline.attributes.update(num_prompt_tokens=num_tokens, num_cached_tokens=num_cached)
         return {"request_id": rid, "first_token_id": first, "num_tokens": num_tokens, "prefill_seconds": prefill_s,
-                "transfer_seconds": transfer_s, "raw_bytes": frame.raw_bytes, "wire_bytes": frame.wire_bytes,
+                "queue_seconds": queue_s, "transfer_seconds": transfer_s, "cap_wait_seconds": cap_wait_s,
+                "raw_bytes": frame.raw_bytes, "wire_bytes": frame.wire_bytes,
                 "layer_groups": frame.header["layer_groups"], "num_cached_tokens": num_cached}
 
     def _sender(self, host: str, port: int) -> KVSender:
@@ -295,20 +316,57 @@ class PDService:
         return self._senders[key]
 
     # ---- decode role ------------------------------------------------------------------------
-    def remote_prefill_for(self, prefill_url: str, headers) -> Any:
-        """The ``Generation.remote_prefill`` callable for a request routed with a prefill endpoint."""
+    def remote_prefill_for(self, prefill_url: str, headers, timeline: Timeline | None = None,
+                           span: RequestSpan | None = None) -> Any:
+        """The ``Generation.remote_prefill`` callable for a request routed with a prefill endpoint.
+
+        ``timeline``: the first choice's hand-off goes there (:meth:`_record_handoff`); ``span``: the request's
+        span, whose ``traceparent`` the prefill request carries.
+        """
         fault = headers.get(http_headers.FAULT_KV) if self.settings.fault_header else None
+        pending = [timeline]
 
         async def run(engine_loop, request_id: str, prompt: list[int], params, sampling: dict,
                       updates: asyncio.Queue) -> None:
-            await self._continue_remote(engine_loop, prefill_url, fault, request_id, prompt, params, sampling, updates)
+            record, pending[0] = pending[0], None  # only the first choice's hand-off is recorded
+            await self._continue_remote(engine_loop, prefill_url, fault, request_id, prompt, params, sampling, updates,
+                                        timeline=record, span=span)
 
         return run
 
+    @staticmethod
+    def _record_handoff(timeline: Timeline, started_ns: int, received_ns: int, answer: dict) -> None:
+        """Phases of a remote prefill seen from the decode worker: ``kv.handoff`` (request sent to KV received; a
+        span) and, for the slow-request timeline only (the prefill worker traces its own spans), the prefill
+        worker's ``prefill.queue``, ``prefill.compute`` and ``kv.transfer`` from the durations it answered,
+        placed back to back ending when the KV arrived (on this worker's clock: no clock skew between hosts)."""
+        timeline.add("kv.handoff", started_ns, received_ns, raw_bytes=answer.get("raw_bytes", 0),
+                     wire_bytes=answer.get("wire_bytes", 0))
+        transfer_ns = int(float(answer.get("transfer_seconds", 0.0)) * 1e9)
+        prefill_ns = int(float(answer.get("prefill_seconds", 0.0)) * 1e9)
+        queue_ns = min(int(float(answer.get("queue_seconds", 0.0)) * 1e9), prefill_ns)
+        end = received_ns
+        for name, duration, attributes in (
+                ("kv.transfer", transfer_ns, {"raw_bytes": answer.get("raw_bytes", 0),
+                                              "wire_bytes": answer.get("wire_bytes", 0),
+                                              "link_cap_wait_ms": round(float(answer.get("cap_wait_seconds", 0.0))
+                                                                        * 1e3, 3)}),
+                ("prefill.compute", prefill_ns - queue_ns, {"num_cached_tokens": answer.get("num_cached_tokens", 0)}),
+                ("prefill.queue", queue_ns, {})):
+            start = max(started_ns, end - duration)
+            timeline.add(name, start, end, remote=True, **attributes)
+            timeline.phases[-1].span = False
+            end = start
+
     async def _continue_remote(self, engine_loop, prefill_url: str, fault: str | None, request_id: str,
-                               prompt: list[int], params, sampling: dict, updates: asyncio.Queue) -> None:
+                               prompt: list[int], params, sampling: dict, updates: asyncio.Queue, *,
+                               timeline: Timeline | None = None, span: RequestSpan | None = None) -> None:
+        started_ns = time.time_ns()
         try:
-            first, payload, num_cached = await self._fetch(prefill_url, fault, request_id, prompt, sampling)
+            first, payload, num_cached, answer = await self._fetch(prefill_url, fault, request_id, prompt, sampling,
+                                                                   span=span)
+            if timeline is not None:
+                self._record_handoff(timeline, started_ns, time.time_ns(), answer)
         except KVHandoffFailed as exc:
             logger.warning("KV hand-off for %s failed (%s): %s", request_id, exc.reason, exc)
             if not self.settings.recompute_on_failure:
@@ -329,8 +387,9 @@ class PDService:
                                      updates, num_cached_tokens=num_cached)
 
     async def _fetch(self, prefill_url: str, fault: str | None, request_id: str, prompt: list[int],
-                     sampling: dict):
-        """Ask the prefill worker for ``request_id``'s KV; return ``(first_token_id, KVPayload, num_cached_tokens)``.
+                     sampling: dict, span: RequestSpan | None = None):
+        """Ask the prefill worker for ``request_id``'s KV; return ``(first_token_id, KVPayload, num_cached_tokens,
+        answer)`` (``answer``: the prefill worker's JSON answer, with its timings and byte counts).
 
         ``num_cached_tokens``: the prefill worker's prefix-cache hit for the prompt (0 when its answer has
         no such field, as from a worker older than the field).
@@ -350,6 +409,8 @@ class PDService:
         headers = {http_headers.KV_SIGNATURE: sign(self.settings.link_secret, body), "Content-Type": "application/json"}
         if fault:
             headers[http_headers.FAULT_KV] = fault
+        if span is not None:
+            span.inject(headers)
         receiver.expect(request_id)
         http = asyncio.ensure_future(self._client.post(prefill_url.rstrip("/") + PREFILL_PATH, content=body,
                                                        headers=headers, timeout=timeout_s + 5.0))
@@ -381,7 +442,7 @@ class PDService:
         except KVHandoffFailed:
             self.recorder.failure(RECEIVE, ProtocolVersionMismatch.reason)
             raise
-        return first, payload, num_cached
+        return first, payload, num_cached, answer
 
     def _check_prefill_answer(self, http: asyncio.Future, prefill_url: str) -> None:
         """Raise KVHandoffFailed unless the prefill worker's answer is a 200 (:class:`PrefillRefused` for a 400 or

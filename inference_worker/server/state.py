@@ -21,6 +21,7 @@ from inference_worker.request_limits import DEFAULT_MAX_PROMPTS
 from inference_worker.server.engine_loop import EngineLoop
 from inference_worker.server.errors import invalid
 from inference_worker.tokenization import ChatTemplate
+from inference_worker.tracing import SlowRequests
 
 
 @dataclass
@@ -113,6 +114,8 @@ class ServerState:
     draining: bool = False
     num_in_flight: int = 0
     generations: set = field(default_factory=set)
+    slow: SlowRequests = field(default_factory=SlowRequests)
+    """The recent requests' timelines behind ``GET /debug/slow-requests`` (:mod:`inference_worker.tracing`)."""
     """Generations in flight (``streaming.Generation``); a drain that times out aborts them."""
     _idle: asyncio.Event | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)

@@ -74,6 +74,8 @@ class _Choice:
     finish_reason: str | None = None
     num_cached_tokens: int | None = None
     pending_token_ids: list[int] = field(default_factory=list)
+    first_update_ns: int | None = None  # wall clock (ns) of the engine's first word on it: admitted or refused
+    first_token_ns: int | None = None
 
 
 @dataclass(eq=False)  # identity semantics: tracked in a set while in flight
@@ -91,6 +93,9 @@ class Generation:
             params, sampling, updates)`` that obtains the prefill from the prefill worker and submits
             the sequence (see :mod:`.pd`); None submits to the engine directly.
         sampling: the request's sampling options forwarded to the prefill worker.
+        timeline: where the first choice's phases go (:mod:`inference_worker.tracing`): ``decode.queue``
+            (submitted, or the KV arrived, to admitted), ``prefill`` (admitted to the first token; absent after a
+            remote prefill) and ``decode`` (first token to the last, with token counts).
     """
 
     engine_loop: EngineLoop
@@ -102,8 +107,10 @@ class Generation:
     arrival: float = field(default_factory=time.monotonic)
     remote_prefill: Callable[..., Any] | None = None
     sampling: dict = field(default_factory=dict)
+    timeline: Any = None
 
     def __post_init__(self) -> None:
+        self._submitted_ns = 0
         self._tasks: set[asyncio.Task] = set()
         self._choices: dict[str, _Choice] = {}
         self._updates: asyncio.Queue[SeqUpdate] = asyncio.Queue()
@@ -140,6 +147,8 @@ class Generation:
                       for c in self._choices.values()):
             update = await self._updates.get()
             choice = self._choices[update.request_id]
+            if choice.first_update_ns is None:
+                choice.first_update_ns = time.time_ns()
             if update.num_cached_tokens is not None:
                 choice.num_cached_tokens = update.num_cached_tokens
             if update.finished and choice.num_cached_tokens is None:
@@ -163,6 +172,7 @@ class Generation:
     def start(self) -> None:
         """Submit every choice to the engine (call once, from the event loop)."""
         self._started = True
+        self._submitted_ns = time.time_ns()
         prefilled_here = 0  # prompt tokens this worker prefills (a remote prefill counts on the prefill worker)
         for p, prompt in enumerate(self.prompts):
             for i in range(self.n):
@@ -206,6 +216,9 @@ class Generation:
 
     def _apply(self, choice: _Choice, update: SeqUpdate) -> ChoiceEvent | None:
         now = time.monotonic()
+        now_ns = time.time_ns() if self.timeline is not None and choice.index == 0 else 0
+        if now_ns and choice.first_update_ns is None:
+            choice.first_update_ns = now_ns
         if update.num_cached_tokens is not None:
             choice.num_cached_tokens = update.num_cached_tokens
         if update.finish_reason == "error":
@@ -215,6 +228,7 @@ class Generation:
         if update.new_token_ids:
             if choice.first_token_at is None:
                 choice.first_token_at = now
+                choice.first_token_ns = now_ns
             choice.num_output_tokens += len(update.new_token_ids)
             choice.pending_token_ids.extend(update.new_token_ids)
             if self.metrics is not None:
@@ -222,11 +236,29 @@ class Generation:
         if not update.finished:
             return self._event(choice, update.new_text) if update.new_text else None
         choice.finish_reason = update.finish_reason or "stop"
+        if now_ns:
+            self._record_phases(choice, now_ns)
         if self.metrics is not None and choice.finish_reason != "abort":
             ttft = None if choice.first_token_at is None else choice.first_token_at - self.arrival
             self.metrics.observe_latency(ttft_s=ttft, e2e_s=now - self.arrival,
                                          num_output_tokens=choice.num_output_tokens)
         return self._event(choice, update.new_text, choice.finish_reason)
+
+    def _record_phases(self, choice: _Choice, end_ns: int) -> None:
+        """The first choice's engine phases into :attr:`timeline` (see the class docstring)."""
+        timeline = self.timeline
+        handoff = [p for p in timeline.phases if p.name == "kv.handoff"]
+        queued_ns = handoff[-1].end_ns if handoff else self._submitted_ns
+        admitted_ns = choice.first_update_ns or end_ns
+        first_ns = choice.first_token_ns or end_ns
+        timeline.add("decode.queue", queued_ns, admitted_ns)
+        if not handoff:
+            timeline.add("prefill", admitted_ns, first_ns, num_prompt_tokens=choice.num_prompt_tokens,
+                         num_cached_tokens=choice.num_cached_tokens or 0)
+        timeline.add("decode", first_ns if not handoff else admitted_ns, end_ns,
+                     num_output_tokens=choice.num_output_tokens, finish_reason=choice.finish_reason or "")
+        timeline.attributes.update(num_prompt_tokens=choice.num_prompt_tokens, num_output_tokens=choice.num_output_tokens,
+                                   num_cached_tokens=choice.num_cached_tokens or 0, remote_prefill=bool(handoff))
 
     @staticmethod
     def _event(choice: _Choice, text: str, finish_reason: str | None = None) -> ChoiceEvent:

@@ -51,7 +51,7 @@ def test_fault_kv_header_is_refused_without_the_environment_variable(monkeypatch
 def test_decode_forwards_the_fault_header_only_with_the_hook_on():
     forwarded = []
 
-    async def record(engine_loop, prefill_url, fault, *rest):
+    async def record(engine_loop, prefill_url, fault, *rest, **timeline_and_span):
         forwarded.append((prefill_url, fault))
 
     for enabled in (False, True):

@@ -230,3 +230,35 @@ def test_finished_rollout_page_charts_its_history_allows_only_its_verbs_and_roll
     page.screenshot(path=str(ARTIFACTS / "operator-rollout-rolled-back.png"), full_page=True)
     assert guard.remote == []
     context.close()
+
+
+def test_pool_page_draws_the_slow_requests_waterfall_with_phase_bars_and_labels(
+        server, browser, pool, operator_session, telemetry_keys):
+    """A stored poll (the collector's join of a router's and a decode worker's ring records) drawn as bars:
+    one row per request, slowest on top, one bar per phase in its lane, each labelled with its phase."""
+    from apps.telemetry.slow_requests import join_records, slow_requests_store
+    from apps.telemetry.tests.test_slow_requests import decode_timeline, router_timeline
+
+    slow = join_records(decode_timeline().as_record(), router_timeline().as_record(), replica="d0")
+    fast = {**slow, "request_id": "req-2", "duration_ms": 40.0, "phases": slow["phases"][:2]}
+    slow_requests_store(telemetry_keys, pool_id=pool.pk, at_s=time.time(), rows=[slow, fast])
+    context, page, guard = signed_in(browser, server, "olga")
+    page.goto(f"{server.base_url}/pools/{pool.pk}/")
+    page.wait_for_selector("#slow-requests .main-svg")
+    traces = page.evaluate("document.getElementById('slow-requests').data.map(t => "
+                           "({name: t.name, y: t.y, text: t.text, base: t.base, x: t.x}))")
+    assert [t["name"] for t in traces] == ["router", "prefill", "transfer", "decode"]
+    assert traces[0] == {"name": "router", "y": ["req-1 · 100 ms"] * 2 + ["req-2 · 40 ms"] * 2,
+                         "text": ["router.admit", "router.route"] * 2, "base": [0, 1, 0, 1], "x": [1, 2, 1, 2]}
+    assert traces[1] == {"name": "prefill", "y": ["req-1 · 100 ms"] * 2, "text": ["prefill.compute", "prefill.queue"],
+                         "base": [14, 9], "x": [40, 5]}
+    assert traces[2] == {"name": "transfer", "y": ["req-1 · 100 ms"], "text": ["kv.transfer"], "base": [54], "x": [10]}
+    assert traces[3]["text"] == ["worker.parse", "decode.queue", "decode"] and traces[3]["base"] == [4, 64, 65]
+    ticks = page.locator("#slow-requests .ytick text").all_text_contents()
+    assert ticks == ["req-2 · 40 ms", "req-1 · 100 ms"]  # slowest on top (Plotly draws categories bottom-up)
+    labels = set(page.locator("#slow-requests .bartext").all_text_contents())
+    assert {"prefill.compute", "kv.transfer", "decode"} <= labels
+    assert page.locator("#slow-requests .bars path").count() == 10
+    page.screenshot(path=str(ARTIFACTS / "pool-slow-requests.png"), full_page=True)
+    assert guard.remote == []
+    context.close()

@@ -28,7 +28,10 @@ def compose():
 
 def test_compose_has_the_whole_stack_and_every_ferry_process_comes_from_the_one_dockerfile(compose):
     services = compose["services"]
-    assert set(services) == FERRY_SERVICES | {"postgres", "redis", "prometheus"}
+    assert set(services) == FERRY_SERVICES | {"postgres", "redis", "prometheus", "otel-collector"}
+    collector = services["otel-collector"]  # optional: only with `--profile tracing`
+    assert collector["profiles"] == ["tracing"]
+    assert "./deploy/otel-collector.yaml:/etc/otelcol/config.yaml:ro" in collector["volumes"]
     assert {name for name, s in services.items() if s.get("build") == "."} == FERRY_SERVICES
     assert {s["image"] for name, s in services.items() if name in FERRY_SERVICES} == {"ferry:latest"}
     assert (BASE_DIR / "Dockerfile").is_file()

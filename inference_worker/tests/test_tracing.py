@@ -1,0 +1,225 @@
+"""Request tracing: the slow-request ring, tracing off by default, and one real router -> decode -> prefill
+completion traced end to end.
+
+The real-process test collects the spans the three processes export over OTLP/HTTP (their SDK's batch
+processor and ``OTLPSpanExporter``) with a small in-test OTLP receiver that decodes the protobuf
+``ExportTraceServiceRequest``: the processes are separate, so an in-process in-memory exporter cannot see
+their spans; the receiver keeps them in memory in the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import httpx
+import pytest
+from opentelemetry import trace
+
+from inference_worker import http_headers, tracing
+from inference_worker.tests.support.router import RouterProcess
+from inference_worker.tests.support.worker import (
+    WorkerProcess,
+    free_port,
+    gemma_tokenizer_dir,
+    start_together,
+)
+from inference_worker.tokenization import load_tokenizer
+from inference_worker.tracing import SlowRequests, Timeline
+
+
+def timeline(request_id: str, start_ns: int, duration_ms: float) -> Timeline:
+    t = Timeline("router", request_id, start_ns=start_ns)
+    t.add("router.route", start_ns, start_ns + 1_000_000, decision="remote_prefill")
+    t.finish(start_ns + int(duration_ms * 1e6))
+    return t
+
+
+def test_slow_requests_keeps_the_last_capacity_and_returns_the_slowest_first():
+    ring = SlowRequests(capacity=3)
+    for i, ms in enumerate((50.0, 10.0, 30.0, 20.0)):  # the 50 ms one falls out of the ring
+        ring.record(timeline(f"r{i}", 1_000_000_000 * (i + 1), ms))
+    assert [r["request_id"] for r in ring.slowest(2)] == ["r2", "r3"]
+    first = ring.slowest(1)[0]
+    assert first == {"role": "router", "request_id": "r2", "start_s": 3.0, "duration_ms": 30.0, "attributes": {},
+                     "phases": [{"name": "router.route", "start_ms": 0.0, "duration_ms": 1.0,
+                                 "attributes": {"decision": "remote_prefill"}}]}
+
+
+@pytest.mark.parametrize("raw, expected", [(None, 20), ("", 20), ("1", 1), ("200", 200)])
+def test_slow_limit_accepts_1_to_200(raw, expected):
+    assert tracing.slow_limit(raw) == expected
+
+
+@pytest.mark.parametrize("raw", ["0", "201", "ten", "-3"])
+def test_slow_limit_refuses_others(raw):
+    with pytest.raises(ValueError, match="limit must be an integer from 1 to 200"):
+        tracing.slow_limit(raw)
+
+
+def test_ratio_zero_installs_no_sdk_provider_and_spans_are_no_ops():
+    assert tracing.configure("test", 0.0) is False
+    assert not tracing.enabled()
+    assert type(trace.get_tracer_provider()).__name__ == "ProxyTracerProvider"
+    span = tracing.RequestSpan("router.request", {"traceparent": f"00-{'1' * 32}-{'2' * 16}-01"})
+    assert span.span is trace.INVALID_SPAN
+    headers: dict[str, str] = {}
+    span.inject(headers)
+    assert headers == {}
+    with pytest.raises(ValueError, match=r"in \[0, 1\]"):
+        tracing.configure("test", 1.5)
+
+
+# ---- one completion through the router with remote prefill, real processes ---------------------------------
+
+class _Receiver(BaseHTTPRequestHandler):
+    spans: list[dict] = []
+
+    def do_POST(self):  # noqa: N802 - http.server's naming
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+        request = ExportTraceServiceRequest()
+        request.ParseFromString(self.rfile.read(int(self.headers["Content-Length"])))
+        for resource in request.resource_spans:
+            service = next(a.value.string_value for a in resource.resource.attributes if a.key == "service.name")
+            for scope in resource.scope_spans:
+                for s in scope.spans:
+                    attrs = {a.key: getattr(a.value, a.value.WhichOneof("value")) for a in s.attributes}
+                    self.spans.append({"service": service, "scope": scope.scope.name, "name": s.name, "trace_id": s.trace_id.hex(),
+                                       "span_id": s.span_id.hex(), "parent": s.parent_span_id.hex(),
+                                       "start": s.start_time_unix_nano, "end": s.end_time_unix_nano, "attrs": attrs})
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-protobuf")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def collector():
+    server = ThreadingHTTPServer(("127.0.0.1", free_port()), _Receiver)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_port}", _Receiver.spans
+    server.shutdown()
+
+
+SECRET = "ferry-test-link-secret-0123456789"
+COMMON = ("--kv-link-secret", SECRET, "--kv-cache-memory", "256MiB", "--max-num-seqs", "4", "--model-version", "v1")
+
+
+@pytest.fixture(scope="module")
+def traced_stack(collector, tmp_path_factory):
+    url, spans = collector
+    env = {tracing.RATIO_ENV: "1", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": url + "/v1/traces",
+           "OTEL_BSP_SCHEDULE_DELAY": "200", "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT": "30"}
+    prefill = WorkerProcess("--role", "prefill", *COMMON, env=env)
+    decode = WorkerProcess("--role", "decode", "--kv-timeout", "120", *COMMON, env=env)
+    start_together(prefill, decode)
+    table = {"version": 1, "tracks": [{"name": "stable", "model_version": "v1", "weight": 100}],
+             "pools": [{"name": "decode-dc1", "role": "decode", "datacenter": "dc1",
+                        "replicas": [{"name": "d0", "url": decode.base_url, "track": "stable"}]},
+                       {"name": "prefill-dc2", "role": "prefill", "datacenter": "dc2",
+                        "replicas": [{"name": "p0", "url": prefill.base_url, "track": "stable"}]}],
+             "length_routing": {"threshold_tokens": 100}}
+    path = tmp_path_factory.mktemp("trace") / "table.json"
+    path.write_text(json.dumps(table))
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)  # the router inherits the test's environment
+    try:
+        router = RouterProcess(path, "--tokenizer", str(gemma_tokenizer_dir()), "--scrape-interval", "0")
+    finally:
+        for k, v in saved.items():
+            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+    try:
+        yield router, decode, prefill, spans
+    finally:
+        router.stop()
+        decode.stop()
+        prefill.stop()
+
+
+def union_ns(intervals: list[tuple[int, int]]) -> int:
+    """Total length of the union of ``[start, end)`` intervals."""
+    total, reach = 0, None
+    for start, end in sorted(intervals):
+        if reach is None or start > reach:
+            total += end - start
+            reach = end
+        elif end > reach:
+            total += end - reach
+            reach = end
+    return total
+
+
+CRITICAL = ("router.admit", "router.route", "worker.parse", "prefill.queue", "prefill.compute", "prefill.encode",
+            "kv.send", "decode.queue", "decode")
+
+
+@pytest.mark.slow
+def test_a_remote_prefill_completion_through_the_router_is_one_trace(traced_stack):
+    router, decode, prefill, spans = traced_stack
+    text = " ".join(f"Crate {i} of the ferry holds {3 * i + 1} apples for the island market." for i in range(9))
+    assert len(load_tokenizer(gemma_tokenizer_dir()).encode(text).ids) > 100  # over the threshold: remote prefill
+    body = {"model": "gemma-3-270m", "prompt": text, "max_tokens": 4, "temperature": 0.0, "ignore_eos": True}
+    with httpx.Client(timeout=600) as client:
+        # warm-up: every hop's connection open (router -> decode -> prefill) and first-call costs paid
+        warm = client.post(router.url + "/v1/completions", json={**body, "prompt": "Warm " + text})
+        assert warm.status_code == 200, warm.text
+        started = time.perf_counter()
+        response = client.post(router.url + "/v1/completions", json=body, headers={"x-request-id": "trace-1"})
+        latency_ns = (time.perf_counter() - started) * 1e9
+    assert response.status_code == 200, response.text
+    assert response.headers[http_headers.DECISION] == "remote_prefill"
+
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        roots = [s for s in spans if s["name"] == "router.request" and s["attrs"].get("ferry.request_id") == "trace-1"]
+        trace_spans = [s for s in spans if roots and s["trace_id"] == roots[0]["trace_id"] and s["scope"] == "ferry"]
+        if roots and {"kv.send", "decode", "router.relay"} <= {s["name"] for s in trace_spans}:
+            break
+        time.sleep(0.2)
+    assert len(roots) == 1
+    root = roots[0]
+    by_name = {s["name"]: s for s in trace_spans}
+    assert sorted(by_name) == sorted(["router.request", "router.admit", "router.route", "router.upstream",
+                                      "router.relay", "worker.request", "worker.parse", "kv.handoff", "decode.queue",
+                                      "decode", "prefill.request", "prefill.queue", "prefill.compute",
+                                      "prefill.encode", "kv.send"])
+    assert len(trace_spans) == len(by_name)  # one of each: one trace, one hand-off
+    assert root["parent"] == ""
+    parents = {"router.admit": "router.request", "router.route": "router.request", "router.upstream": "router.request",
+               "router.relay": "router.request", "worker.request": "router.request",
+               "worker.parse": "worker.request", "kv.handoff": "worker.request", "decode.queue": "worker.request",
+               "decode": "worker.request", "prefill.request": "worker.request", "prefill.queue": "prefill.request",
+               "prefill.compute": "prefill.request", "prefill.encode": "prefill.request", "kv.send": "prefill.request"}
+    for child, parent in parents.items():
+        assert by_name[child]["parent"] == by_name[parent]["span_id"], child
+    assert {s["service"] for s in trace_spans} == {"ferry-router", "ferry-worker-decode", "ferry-worker-prefill"}
+
+    root_ns = root["end"] - root["start"]
+    assert abs(root_ns - latency_ns) <= max(0.10 * latency_ns, 5e6), (root_ns, latency_ns)
+    covered = union_ns([(max(by_name[n]["start"], root["start"]), min(by_name[n]["end"], root["end"]))
+                        for n in CRITICAL])
+    print(f"client {latency_ns / 1e6:.1f} ms, root {root_ns / 1e6:.1f} ms, critical path covers {covered / root_ns:.1%}")
+    for s in sorted(trace_spans, key=lambda s: s["start"]):
+        print(f"  {s['name']:<18} {(s['start'] - root['start']) / 1e6:9.1f} ms +{(s['end'] - s['start']) / 1e6:9.1f} ms")
+    assert covered >= 0.90 * root_ns
+
+    route, send = by_name["router.route"]["attrs"], by_name["kv.send"]["attrs"]
+    assert (route["decision"], route["decode_replica"], route["prefill_replica"]) == ("remote_prefill", "d0", "p0")
+    assert by_name["decode"]["attrs"]["num_output_tokens"] == 4
+    assert send["raw_bytes"] > 0 and send["wire_bytes"] >= send["raw_bytes"] and send["link_cap_wait_ms"] == 0.0
+    assert root["attrs"]["ferry.decode_replica"] == "d0" and root["attrs"]["ferry.cached_tokens"] == 0
+
+    # the same request in the decode worker's slow-request timeline, with the prefill worker's phases placed in it
+    record = next(r for r in httpx.get(decode.base_url + "/debug/slow-requests").json()["requests"]
+                  if r["request_id"] == "trace-1")
+    assert [p["name"] for p in record["phases"]] == ["worker.parse", "kv.handoff", "kv.transfer", "prefill.compute",
+                                                     "prefill.queue", "decode.queue", "decode"]
+    assert httpx.get(router.url + "/debug/slow-requests?limit=0").status_code == 400

@@ -1,0 +1,276 @@
+"""Request tracing of routers and workers (OpenTelemetry), and the slow-request timeline behind
+``GET /debug/slow-requests``.
+
+Two outputs from one record per request, a :class:`Timeline` of named phases (wall-clock start and end,
+nanoseconds since the Unix epoch, plus attributes such as token counts or bytes):
+
+- **OpenTelemetry spans**, only when tracing is on (:func:`configure` with a ratio > 0: ``--trace-ratio`` or
+  ``FERRY_TRACE_RATIO``). The request's span is a live SERVER span whose parent comes from the caller's W3C
+  ``traceparent`` header (:func:`extract`); its phases become child spans with their recorded start and end
+  (:func:`emit_phases`); outgoing calls carry the request span's ``traceparent`` (:func:`inject`). Spans go
+  to an OTLP/HTTP collector (the SDK's ``OTEL_EXPORTER_OTLP_ENDPOINT`` / ``..._TRACES_ENDPOINT``, default
+  ``http://localhost:4318``) through a batch processor, off the request path. Sampling is parent-based with a
+  trace-id ratio at the root (the router), so a trace is kept or dropped whole.
+  With tracing off (the default) no SDK tracer provider is installed: :data:`tracer` is the API's proxy to
+  its no-op tracer, and the request paths skip span work altogether (:func:`enabled` is False).
+- **The slow-request ring** (:class:`SlowRequests`), always on: the last ``capacity`` finished requests'
+  timelines, of which the endpoint returns the slowest. It holds request ids, phase names, timings, token
+  and byte counts, never prompt or output text, so it is served open like ``/metrics``; the telemetry
+  poller collects it for the pool page's waterfall (the data plane never writes to the control plane).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import os
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+RATIO_ENV = "FERRY_TRACE_RATIO"
+"""Environment variable with the default sampling ratio (0 to 1; unset or 0: tracing off)."""
+SLOW_REQUESTS_PATH = "/debug/slow-requests"
+"""Route of the slow-request timeline on routers and workers."""
+DEFAULT_SLOW_LIMIT = 20
+MAX_SLOW_LIMIT = 200
+
+tracer = trace.get_tracer("ferry")
+"""Ferry's tracer: the API's proxy, no-op until :func:`configure` installs an SDK provider."""
+_propagator = TraceContextTextMapPropagator()
+_state = {"enabled": False}
+
+
+def enabled() -> bool:
+    """Whether this process traces (an SDK provider was installed with a ratio > 0)."""
+    return _state["enabled"]
+
+
+def ratio_from_env(default: float = 0.0) -> float:
+    """``FERRY_TRACE_RATIO`` as a float, or ``default`` when unset.
+
+    Raises:
+        ValueError: not a number in [0, 1].
+    """
+    raw = os.environ.get(RATIO_ENV, "").strip()
+    return check_ratio(float(raw)) if raw else default
+
+
+def check_ratio(ratio: float) -> float:
+    """``ratio`` if it is in [0, 1]; ValueError otherwise (a sampling ratio is a probability)."""
+    if not 0.0 <= ratio <= 1.0:
+        raise ValueError(f"the trace sampling ratio must be in [0, 1], got {ratio}")
+    return ratio
+
+
+def configure(service_name: str, ratio: float, *, exporter: Any = None) -> bool:
+    """Turn tracing on for this process when ``ratio`` > 0; returns whether it is on.
+
+    Installs an SDK ``TracerProvider`` (resource ``service.name``; sampler ``ParentBased(TraceIdRatioBased(ratio))``)
+    with a ``BatchSpanProcessor`` around ``exporter`` (default: ``OTLPSpanExporter()`` over HTTP/protobuf,
+    configured by the standard ``OTEL_EXPORTER_OTLP_*`` variables). With ``ratio`` 0 nothing is imported from
+    the SDK and nothing is installed.
+
+    Raises:
+        ValueError: ``ratio`` outside [0, 1].
+    """
+    check_ratio(ratio)
+    if ratio == 0.0:
+        return False
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+
+    if exporter is None:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        exporter = OTLPSpanExporter()
+    provider = TracerProvider(resource=Resource.create({"service.name": service_name}),
+                              sampler=ParentBased(TraceIdRatioBased(ratio)))
+    provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=500))
+    trace.set_tracer_provider(provider)
+    _state["enabled"] = True
+    return True
+
+
+def shutdown() -> None:
+    """Flush and stop the SDK provider, if one is installed (called at process exit)."""
+    provider = trace.get_tracer_provider()
+    if hasattr(provider, "shutdown"):
+        provider.shutdown()
+
+
+def extract(headers: Mapping[str, str]) -> otel_context.Context:
+    """The OpenTelemetry context of an incoming request's ``traceparent`` / ``tracestate`` headers."""
+    return _propagator.extract(headers)
+
+
+def inject(headers: dict[str, str], span: trace.Span) -> None:
+    """Add ``span``'s ``traceparent`` (and ``tracestate``) to outgoing ``headers``; nothing for a non-recording
+    span (an unsampled request propagates nothing, so its callees start no trace either)."""
+    if span.is_recording():
+        _propagator.inject(headers, context=trace.set_span_in_context(span))
+
+
+@dataclass
+class Phase:
+    """One phase of a request: ``name``, wall-clock ``start_ns`` / ``end_ns`` (ns since the Unix epoch);
+    ``span``: also exported as a span (False: the slow-request timeline only, e.g. another process's phase)."""
+
+    name: str
+    start_ns: int
+    end_ns: int
+    attributes: dict[str, Any] = field(default_factory=dict)
+    span: bool = True
+
+
+@dataclass
+class Timeline:
+    """The phases of one request in one process (router, decode or prefill worker).
+
+    Attributes:
+        role: ``router``, ``decode``, ``prefill`` or ``colocated`` (a worker that prefills and decodes).
+        request_id: the router's ``X-Request-Id`` (routers and decode workers) or the hand-off's request id.
+        start_ns: when the process received the request (ns since the Unix epoch).
+        attributes: request-level figures (replica, decision, token counts); never prompt text.
+    """
+
+    role: str
+    request_id: str
+    start_ns: int = field(default_factory=time.time_ns)
+    phases: list[Phase] = field(default_factory=list)
+    attributes: dict[str, Any] = field(default_factory=dict)
+    end_ns: int | None = None
+
+    def add(self, name: str, start_ns: int, end_ns: int, **attributes: Any) -> None:
+        """Record a phase (``end_ns`` below ``start_ns`` is clamped to it)."""
+        self.phases.append(Phase(name, start_ns, max(start_ns, end_ns), attributes))
+
+    def finish(self, end_ns: int | None = None) -> None:
+        self.end_ns = time.time_ns() if end_ns is None else end_ns
+
+    @property
+    def duration_ms(self) -> float:
+        return ((self.end_ns or time.time_ns()) - self.start_ns) / 1e6
+
+    def as_record(self) -> dict:
+        """JSON record: ``start_s`` (Unix seconds), ``duration_ms``, ``phases`` (``start_ms`` from the request's
+        start, ``duration_ms``, ``attributes``), ``attributes``."""
+        return {"role": self.role, "request_id": self.request_id, "start_s": self.start_ns / 1e9,
+                "duration_ms": round(self.duration_ms, 3), "attributes": self.attributes,
+                "phases": [{"name": p.name, "start_ms": round((p.start_ns - self.start_ns) / 1e6, 3),
+                            "duration_ms": round((p.end_ns - p.start_ns) / 1e6, 3), "attributes": p.attributes}
+                           for p in self.phases]}
+
+
+def emit_phases(parent: trace.Span, timeline: Timeline) -> None:
+    """Each phase of ``timeline`` as a child span of ``parent`` with its recorded start and end (nothing when
+    ``parent`` is not recording)."""
+    if not parent.is_recording():
+        return
+    ctx = trace.set_span_in_context(parent)
+    for phase in timeline.phases:
+        if not phase.span:
+            continue
+        span = tracer.start_span(phase.name, context=ctx, start_time=phase.start_ns, attributes=phase.attributes)
+        span.end(end_time=phase.end_ns)
+
+
+class RequestSpan:
+    """The live span of one request in this process, or a no-op stand-in when tracing is off.
+
+    ``RequestSpan(name, headers)`` starts a SERVER span whose parent is the caller's ``traceparent``;
+    :meth:`end` adds the timeline's attributes and phases and ends it. When :func:`enabled` is False nothing
+    is created (``span`` is the API's invalid span, not recording).
+    """
+
+    __slots__ = ("span",)
+
+    def __init__(self, name: str, headers: Mapping[str, str] | None, start_ns: int | None = None):
+        if not _state["enabled"]:
+            self.span = trace.INVALID_SPAN
+            return
+        self.span = tracer.start_span(name, context=extract(headers or {}), kind=trace.SpanKind.SERVER,
+                                      start_time=start_ns)
+
+    def inject(self, headers: dict[str, str]) -> None:
+        inject(headers, self.span)
+
+    def end_soon(self, timeline: Timeline, *, error: str | None = None) -> None:
+        """:meth:`end` on the event loop's next turn (after the answer's bytes are handed to the server), so the
+        span work is off the request's latency; at once without a running loop. Nothing when not recording."""
+        if not self.span.is_recording():
+            return
+        try:
+            asyncio.get_running_loop().call_soon(lambda: self.end(timeline, error=error))
+        except RuntimeError:
+            self.end(timeline, error=error)
+
+    def end(self, timeline: Timeline, *, error: str | None = None) -> None:
+        span = self.span
+        if not span.is_recording():
+            return
+        span.set_attributes({f"ferry.{k}": v for k, v in timeline.attributes.items()
+                             if isinstance(v, str | bool | int | float)})
+        span.set_attribute("ferry.request_id", timeline.request_id)
+        if error:
+            span.set_status(trace.Status(trace.StatusCode.ERROR, error))
+        emit_phases(span, timeline)
+        span.end(end_time=timeline.end_ns)
+
+
+class SlowRequests:
+    """The last ``capacity`` finished requests' timelines; :meth:`slowest` returns the slowest of them.
+
+    Appending is O(1) and thread-safe (a deque with ``maxlen``); :meth:`slowest` sorts a copy
+    (O(capacity log capacity), on the endpoint's request only).
+
+    Raises:
+        ValueError: ``capacity`` < 1.
+    """
+
+    def __init__(self, capacity: int = 512):
+        if capacity < 1:
+            raise ValueError(f"capacity must be >= 1, got {capacity}")
+        self.capacity = capacity
+        self._recent: collections.deque[Timeline] = collections.deque(maxlen=capacity)
+        self._lock = threading.Lock()
+
+    def record(self, timeline: Timeline) -> None:
+        if timeline.end_ns is None:
+            timeline.finish()
+        with self._lock:
+            self._recent.append(timeline)
+
+    def __iter__(self) -> Iterator[Timeline]:
+        with self._lock:
+            return iter(list(self._recent))
+
+    def slowest(self, limit: int = DEFAULT_SLOW_LIMIT) -> list[dict]:
+        """The ``limit`` slowest recent requests as :meth:`Timeline.as_record` dicts, slowest first."""
+        ranked = sorted(self, key=lambda t: t.end_ns - t.start_ns, reverse=True)
+        return [t.as_record() for t in ranked[:limit]]
+
+
+def slow_limit(raw: str | None) -> int:
+    """The ``limit`` query parameter of ``/debug/slow-requests`` (default 20, 1..200).
+
+    Raises:
+        ValueError: not an integer in that range (the endpoints answer 400 with this message).
+    """
+    if raw is None or raw == "":
+        return DEFAULT_SLOW_LIMIT
+    try:
+        limit = int(raw)
+    except ValueError:
+        raise ValueError(f"limit must be an integer from 1 to {MAX_SLOW_LIMIT}, got {raw!r}") from None
+    if not 1 <= limit <= MAX_SLOW_LIMIT:
+        raise ValueError(f"limit must be an integer from 1 to {MAX_SLOW_LIMIT}, got {limit}")
+    return limit
