@@ -120,7 +120,8 @@ def routing_table_content(pools: Sequence[Pool], links: Iterable[ClusterLink], *
         track_versions = {}
         for track in pool.tracks.all():
             track_versions[track.name] = track.model_version.version
-            models.setdefault(track.model_version.version, model_entry(track.model_version))
+            if track.model_version.version not in models:  # the first version of that name, as setdefault kept
+                models[track.model_version.version] = model_entry(track.model_version)
         replicas = [
             {"name": r.name, "url": r.endpoint.rstrip("/"), "track": r.track,
              "model_version": r.version or track_versions.get(r.track, "")}
