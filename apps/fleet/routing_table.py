@@ -112,7 +112,7 @@ def routing_table_content(pools: Sequence[Pool], links: Iterable[ClusterLink], *
                           threshold_tokens: int | None = None) -> dict:
     """The routing table without ``version`` (see the module docstring).
 
-    ``pools`` come from ``selectors.routing_pools()`` (tracks and ``ready_replicas`` prefetched).
+    ``pools`` come from ``selectors.routing_pools()`` (tracks prefetched, ``ready_replicas`` attached).
     """
     models: dict[str, dict] = {}
     table_pools = []

@@ -190,7 +190,7 @@ def routing_table_publish() -> tuple[RoutingTable, bool]:
     version is copied to the Redis cache routers are served from once the transaction commits
     (:mod:`apps.fleet.routing_table_cache`).
     """
-    content = routing_table_content(list(selectors.routing_pools()), selectors.cluster_link_list(),
+    content = routing_table_content(selectors.routing_pools(), selectors.cluster_link_list(),
                                     threshold_tokens=settings.FERRY_REMOTE_PREFILL_THRESHOLD_TOKENS)
     digest = content_digest(content)
     with transaction.atomic():
