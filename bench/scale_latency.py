@@ -47,6 +47,27 @@ def wait_until(predicate, timeout_s: float, interval_s: float = 0.01) -> bool:
     return predicate()
 
 
+STAGES = ("api_to_enqueue", "broker_to_claim", "handler_to_backend", "backend_call")
+"""POST -> applied in stages (seconds, from the Actions' timestamps and this process's clock; one host):
+``api_to_enqueue`` the POST until its task was sent (``queued_at``, set on commit just before the message goes
+to Redis); ``broker_to_claim`` until a worker claimed the ``pool.scale`` Action (``started_at``: the broker hop,
+the task's start, the claim); ``handler_to_backend`` until its ``pool.track_set`` Action was claimed (the split,
+the track Action recorded); ``backend_call`` until the backend held the new count (backend client set-up, the
+spec, the backend's own call, and this bench's 10 ms poll)."""
+
+
+def stage_times(action_id: int, start: float, applied: float) -> dict[str, float]:
+    """:data:`STAGES` of one run from its Actions' timestamps (Unix seconds in, seconds out)."""
+    from apps.operations.models import Action
+
+    scale = Action.objects.get(pk=action_id)
+    track = Action.objects.filter(idempotency_key__startswith=f"pool.scale-{action_id}:").order_by("id").first()
+    queued, claimed = scale.queued_at.timestamp(), scale.started_at.timestamp()
+    track_claimed = track.started_at.timestamp() if track is not None and track.started_at else claimed
+    return {"api_to_enqueue": queued - start, "broker_to_claim": claimed - queued,
+            "handler_to_backend": track_claimed - claimed, "backend_call": applied - track_claimed}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=20)
@@ -135,15 +156,17 @@ def run(runs: int) -> int:
                 warm = post(0)  # first scale applies the track (create); not measured
                 if not wait_until(lambda warm=warm: done(warm), 60, 0.05):
                     raise RuntimeError(f"warm-up action did not finish:\n{worker.log()[-2000:]}")
-                api_s, direct_s = [], []
+                api_s, direct_s, stages = [], [], []
                 for i in range(runs):
                     n = 1 if i % 2 == 0 else 0
-                    start = time.perf_counter()
+                    start, start_wall = time.perf_counter(), time.time()
                     action_id = post(n)
                     if not wait_until(lambda n=n, f=applied, r=ref: f(r, n), 30):
                         raise RuntimeError(f"{label}: not applied within 30 s:\n{worker.log()[-2000:]}")
                     api_s.append(time.perf_counter() - start)
+                    applied_wall = time.time()
                     wait_until(lambda a=action_id: done(a), 60, 0.01)
+                    stages.append(stage_times(action_id, start_wall, applied_wall))
                 for i in range(runs):
                     n = 1 if i % 2 == 0 else 0
                     start = time.perf_counter()
@@ -156,6 +179,8 @@ def run(runs: int) -> int:
                     "direct_p90_ms": 1000 * percentile(direct_s, 90),
                     "ratio_p50": statistics.median(api_s) / statistics.median(direct_s),
                     "api_s": api_s, "direct_s": direct_s,
+                    "stages_p50_ms": {k: 1000 * statistics.median(st[k] for st in stages) for k in STAGES},
+                    "stages_s": stages,
                 }
             local_backend.close()
         finally:
@@ -168,6 +193,10 @@ def run(runs: int) -> int:
     for label, r in results.items():
         print(f"{label:<16} {r['runs']:>4} {r['api_p50_ms']:>15.1f} ms {r['api_p90_ms']:>6.1f} ms"
               f" {r['direct_p50_ms']:>13.1f} ms {r['direct_p90_ms']:>6.1f} ms {r['ratio_p50']:>8.1f}x")
+    print("where the time goes (p50 per stage, ms; the stages add up to POST->applied):")
+    print(f"{'backend':<16} " + " ".join(f"{k:>{max(len(k), 8)}}" for k in STAGES))
+    for label, r in results.items():
+        print(f"{label:<16} " + " ".join(f"{r['stages_p50_ms'][k]:>{max(len(k), 8)}.1f}" for k in STAGES))
     out = ROOT / "bench" / "results" / "scale_latency.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     load = os.getloadavg()

@@ -118,7 +118,7 @@ def routing_table_content(pools: Sequence[Pool], links: Iterable[ClusterLink], *
                           threshold_tokens: int | None = None, client_keys: list[dict] | None = None) -> dict:
     """The routing table without ``version`` (see the module docstring).
 
-    ``pools`` come from ``selectors.routing_pools()`` (tracks and ``ready_replicas`` prefetched);
+    ``pools`` come from ``selectors.routing_pools()`` (tracks prefetched, ``ready_replicas`` attached);
     ``client_keys``: the ``client_keys`` entries (None: the table carries none).
     """
     models: dict[str, dict] = {}
@@ -127,7 +127,8 @@ def routing_table_content(pools: Sequence[Pool], links: Iterable[ClusterLink], *
         track_versions = {}
         for track in pool.tracks.all():
             track_versions[track.name] = track.model_version.version
-            models.setdefault(track.model_version.version, model_entry(track.model_version))
+            if track.model_version.version not in models:  # the first version of that name, as setdefault kept
+                models[track.model_version.version] = model_entry(track.model_version)
         replicas = [
             {"name": r.name, "url": r.endpoint.rstrip("/"), "track": r.track,
              "model_version": r.version or track_versions.get(r.track, "")}

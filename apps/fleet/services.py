@@ -121,26 +121,67 @@ def pool_update(*, pool: Pool, **changes: Any) -> Pool:
     return _save(pool, changes)
 
 
+REPLICA_OBSERVED_FIELDS = ("track", "endpoint", "ready", "alive", "version", "restart_count", "exit_code", "message",
+                           "exited_at")
+"""The ``Replica`` columns copied from an ``ObservedReplica`` (``last_seen`` is the refresh's time)."""
+
+
 def replicas_refresh(*, pool: Pool, observed: Any) -> tuple[int, int]:
     """Make the pool's ``Replica`` rows match an ``ObservedState``; returns (upserted, deleted).
 
-    ``last_seen`` is now for every observed replica; rows no longer observed are deleted.
+    ``last_seen`` is now for every observed replica; rows no longer observed are deleted. One pool of
+    :func:`replicas_refresh_many`.
+    """
+    return replicas_refresh_many(observed={pool.pk: observed})
+
+
+def _observed_fields(replica: Any, track: Any) -> dict[str, Any]:
+    return {"track": replica.track or track.track, "endpoint": replica.endpoint,
+            "ready": replica.ready and replica.alive, "alive": replica.alive, "version": replica.version,
+            "restart_count": replica.restart_count, "exit_code": replica.exit_code, "message": replica.message,
+            "exited_at": None if replica.exited_at is None else datetime.fromtimestamp(replica.exited_at, tz=UTC)}
+
+
+def replicas_refresh_many(*, observed: dict[int, Any]) -> tuple[int, int]:
+    """Make the ``Replica`` rows of several pools match their ``ObservedState`` (pool id -> state); returns
+    (upserted, deleted) summed over the pools.
+
+    For every observed replica the row gets the observed fields and ``last_seen`` = now; rows of these pools
+    that are no longer observed are deleted (a replica observed twice keeps its last observation). Batched, so
+    the statement count does not grow with the number of pools or replicas: one read of the pools' rows, one
+    delete of the vanished, ``bulk_create`` of the new, ``bulk_update`` of the changed, and one ``UPDATE`` of
+    ``last_seen`` — a steady fleet is 2 statements. One transaction.
     """
     now = timezone.now()
-    seen = []
+    wanted: dict[tuple[int, str], dict[str, Any]] = {}
+    for pool_id, state in observed.items():
+        for track in state.tracks.values():
+            for replica in track.replicas:
+                wanted[(pool_id, replica.name)] = _observed_fields(replica, track)
     with transaction.atomic():
-        for track in observed.tracks.values():
-            for r in track.replicas:
-                Replica.objects.update_or_create(pool=pool, name=r.name, defaults={
-                    "track": r.track or track.track, "endpoint": r.endpoint, "ready": r.ready and r.alive,
-                    "alive": r.alive, "version": r.version, "restart_count": r.restart_count,
-                    "exit_code": r.exit_code, "last_seen": now, "message": r.message,
-                    "exited_at": (None if r.exited_at is None
-                                  else datetime.fromtimestamp(r.exited_at, tz=UTC)),
-                })
-                seen.append(r.name)
-        deleted, _ = Replica.objects.filter(pool=pool).exclude(name__in=seen).delete()
-    return len(seen), deleted
+        rows = Replica.objects.filter(pool_id__in=list(observed)).values_list("pk", "pool_id", "name",
+                                                                               *REPLICA_OBSERVED_FIELDS)
+        existing: dict[tuple[int, str], int] = {}
+        vanished: list[int] = []
+        changed: list[Replica] = []
+        for pk, pool_id, name, *values in rows:
+            fields = wanted.get((pool_id, name))
+            if fields is None:
+                vanished.append(pk)
+                continue
+            existing[(pool_id, name)] = pk
+            if tuple(values) != tuple(fields[f] for f in REPLICA_OBSERVED_FIELDS):
+                changed.append(Replica(pk=pk, last_seen=now, **fields))
+        deleted = Replica.objects.filter(pk__in=vanished).delete()[0] if vanished else 0
+        new = [Replica(pool_id=pool_id, name=name, last_seen=now, **fields)
+               for (pool_id, name), fields in wanted.items() if (pool_id, name) not in existing]
+        if new:
+            Replica.objects.bulk_create(new, batch_size=1000)
+        if changed:
+            Replica.objects.bulk_update(changed, [*REPLICA_OBSERVED_FIELDS, "last_seen"], batch_size=500)
+        if existing:
+            Replica.objects.filter(pool_id__in=list(observed)).update(last_seen=now)
+    return len(wanted), deleted
 
 
 def routing_table_publish() -> tuple[RoutingTable, bool]:
@@ -154,7 +195,7 @@ def routing_table_publish() -> tuple[RoutingTable, bool]:
     version is copied to the Redis cache routers are served from once the transaction commits
     (:mod:`apps.fleet.routing_table_cache`).
     """
-    content = routing_table_content(list(selectors.routing_pools()), selectors.cluster_link_list(),
+    content = routing_table_content(selectors.routing_pools(), selectors.cluster_link_list(),
                                     threshold_tokens=settings.FERRY_REMOTE_PREFILL_THRESHOLD_TOKENS,
                                     client_keys=client_keys_routed(now=timezone.now()))
     digest = content_digest(content)

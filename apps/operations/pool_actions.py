@@ -55,8 +55,13 @@ def _describe(observed: ObservedState) -> str:
 
 
 def wait_ready(backend: OrchestratorBackend, ref: PoolRef, expected: Mapping[str, int], *,
-               timeout_s: float | None = None, poll_s: float = 0.5) -> ObservedState:
+               timeout_s: float | None = None, poll_s: float = 0.5, first_poll_s: float = 0.05) -> ObservedState:
     """Poll ``observe`` until every track in ``expected`` has exactly that many ready replicas.
+
+    The pause between two polls starts at ``first_poll_s`` and doubles up to ``poll_s``: a change the
+    backend makes in a few tens of milliseconds (a scale down, an emulated cluster) ends the Action then,
+    not half a second later, while a long wait (a model loading) still polls every ``poll_s``. The pauses
+    never run past the deadline.
 
     Raises:
         ActionError: (retryable) not converged within ``timeout_s`` (default FERRY_ACTION_READY_TIMEOUT_S).
@@ -64,14 +69,17 @@ def wait_ready(backend: OrchestratorBackend, ref: PoolRef, expected: Mapping[str
     """
     timeout_s = settings.FERRY_ACTION_READY_TIMEOUT_S if timeout_s is None else timeout_s
     deadline = time.monotonic() + timeout_s
+    pause_s = min(first_poll_s, poll_s)
     while True:
         observed = backend.observe(ref)
         if _converged(observed, expected):
             return observed
-        if time.monotonic() >= deadline:
+        left_s = deadline - time.monotonic()
+        if left_s <= 0:
             raise ActionError(f"not ready after {timeout_s:.0f}s: {_describe(observed)} "
                               f"(wanted {dict(expected)})", retryable=True)
-        time.sleep(poll_s)
+        time.sleep(min(pause_s, left_s))
+        pause_s = min(pause_s * 2, poll_s)
 
 
 def _locked_pool(action: Action) -> Pool:

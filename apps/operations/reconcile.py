@@ -28,20 +28,23 @@ import json
 import logging
 import time
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
 
 import redis
 from django.conf import settings
+from django.db.models import Q
 
 from apps.core.errors import ConflictError
 from apps.fleet.models import Cluster, Pool
-from apps.fleet.services import replicas_refresh, routing_table_publish
+from apps.fleet.services import replicas_refresh_many, routing_table_publish
 from apps.operations import services
 from apps.operations.backends import backend_for_cluster, close_backend, pool_ref
 from apps.operations.models import Action
 from apps.operations.pool_actions import POOL_APPLY, POOL_RESTART_REPLICA
 from apps.orchestrators.base import BackendError, BackendUnavailable, ObservedReplica, ObservedState
-from apps.telemetry.selectors import telemetry_history
+from apps.telemetry.history import SignalHistory
+from apps.telemetry.selectors import telemetry_histories, telemetry_history
 
 logger = logging.getLogger(__name__)
 
@@ -147,18 +150,100 @@ def pool_busy(pool: Pool) -> bool:
 
     Reconcile acts only on an idle pool: while a rollout's ``pool.track_delete`` stops a track's replicas, the
     backend still shows them, and a ``pool.apply`` for that "not desired" track would race it."""
-    active = Action.objects.filter(status__in=Action.ACTIVE_STATUSES)
-    return (active.filter(pool=pool).exists()
-            or active.filter(target_type="pool", target_id=str(pool.pk)).exists())
+    return pool.pk in pools_busy([pool.pk])
 
 
-def pool_converge(pool: Pool, observed: ObservedState, *, now_s: float | None = None) -> str | None:
+def pools_busy(pool_ids: list[int]) -> set[int]:
+    """The ids among ``pool_ids`` that :func:`pool_busy` calls busy, in one query."""
+    if not pool_ids:
+        return set()
+    rows = (Action.objects.filter(status__in=Action.ACTIVE_STATUSES)
+            .filter(Q(pool_id__in=pool_ids) | Q(target_type="pool", target_id__in=[str(p) for p in pool_ids]))
+            .values_list("pool_id", "target_type", "target_id"))
+    wanted = set(pool_ids)
+    busy: set[int] = set()
+    for pool_id, target_type, target_id in rows:
+        if pool_id in wanted:
+            busy.add(pool_id)
+        if target_type == "pool" and target_id.isdigit() and int(target_id) in wanted:
+            busy.add(int(target_id))
+    return busy
+
+
+@dataclass
+class _TickReads:
+    """What :func:`pool_converge` reads besides the pool and its observation, read for many pools at once.
+
+    ``busy``: pools with an active Action (:func:`pools_busy`). ``ejection_records``: a pool's telemetry
+    records of the last ``FERRY_EJECTION_RESTART_WINDOW_S`` (absent: read on demand; ``None``: the read
+    failed). ``restarted_at``: ``(pool id, replica) -> Unix seconds`` of its latest ``pool.restart_replica``
+    Action within that window (older ones cannot exclude any record of the window).
+    """
+
+    busy: set[int]
+    history: SignalHistory | None = None
+    ejection_records: dict[int, list[dict] | None] = field(default_factory=dict)
+    restarted_at: dict[tuple[int, str], float] | None = None
+
+    @classmethod
+    def read(cls, pools: list[tuple[Pool, ObservedState]], *, history: SignalHistory | None = None,
+             now_s: float | None = None) -> _TickReads:
+        """Everything for ``pools``: one Action query for busy pools, and for the idle ones with alive replicas
+        one Redis round trip for their ejection records and one query for their recent restarts."""
+        now_s = time.time() if now_s is None else now_s
+        reads = cls(busy=pools_busy([pool.pk for pool, _ in pools]), history=history)
+        window_s = settings.FERRY_EJECTION_RESTART_WINDOW_S
+        candidates = [pool.pk for pool, observed in pools if pool.pk not in reads.busy and any(
+            r.alive for t in observed.tracks.values() for r in t.replicas)]
+        if not candidates:
+            reads.restarted_at = {}
+            return reads
+        try:
+            reads.ejection_records.update(telemetry_histories(pool_ids=candidates, since_s=now_s - window_s,
+                                                              history=history))
+        except redis.RedisError as exc:
+            logger.warning("%d pools: no telemetry for ejections: %s", len(candidates), exc)
+            reads.ejection_records.update(dict.fromkeys(candidates))
+        reads.restarted_at = _restarted_at(candidates, since=now_s - window_s)
+        return reads
+
+    def records(self, pool: Pool, *, now_s: float) -> list[dict] | None:
+        if pool.pk not in self.ejection_records:
+            try:
+                self.ejection_records[pool.pk] = telemetry_history(
+                    pool_id=pool.pk, since_s=now_s - settings.FERRY_EJECTION_RESTART_WINDOW_S, history=self.history)
+            except redis.RedisError as exc:
+                logger.warning("pool %s: no telemetry for ejections: %s", pool, exc)
+                self.ejection_records[pool.pk] = None
+        return self.ejection_records[pool.pk]
+
+    def restarts(self, pool: Pool, *, now_s: float) -> dict[str, float]:
+        if self.restarted_at is None:
+            self.restarted_at = _restarted_at([pool.pk], since=now_s - settings.FERRY_EJECTION_RESTART_WINDOW_S)
+        return {name: at for (pool_id, name), at in self.restarted_at.items() if pool_id == pool.pk}
+
+
+def _restarted_at(pool_ids: list[int], *, since: float) -> dict[tuple[int, str], float]:
+    restarts = Action.objects.filter(pool_id__in=pool_ids, kind=POOL_RESTART_REPLICA,
+                                     created_at__gte=datetime.fromtimestamp(since, tz=UTC))
+    out: dict[tuple[int, str], float] = {}
+    for pool_id, name, created in restarts.values_list("pool_id", "params__replica", "created_at"):
+        if isinstance(name, str):
+            out[(pool_id, name)] = max(out.get((pool_id, name), 0.0), created.timestamp())
+    return out
+
+
+def pool_converge(pool: Pool, observed: ObservedState, *, now_s: float | None = None,
+                  reads: _TickReads | None = None) -> str | None:
     """Request the Action that moves ``pool`` toward its desired state; returns its kind or None (also when the
     pool is busy, :func:`pool_busy`).
 
-    ``now_s`` (Unix seconds, default now) decides whether a dead replica's restart backoff is over.
+    ``now_s`` (Unix seconds, default now) decides whether a dead replica's restart backoff is over. ``reads``:
+    what a tick read for all its pools at once (default: read for this pool alone).
     """
-    if pool_busy(pool):
+    if reads is None:
+        reads = _TickReads(busy=pools_busy([pool.pk]))
+    if pool.pk in reads.busy:
         return None
     drift = pool_drift(pool, observed)
     if drift:
@@ -183,7 +268,7 @@ def pool_converge(pool: Pool, observed: ObservedState, *, now_s: float | None = 
         key = _key(pool, "restart", [replica.name, replica.restart_count])
         created = _create(pool, POOL_RESTART_REPLICA, {"replica": replica.name, "reason": reason}, key, reason)
         return POOL_RESTART_REPLICA if created else None
-    return _restart_ejected(pool, observed)
+    return _restart_ejected(pool, observed, reads)
 
 
 def replicas_ejected_repeatedly(records: Iterable[dict], *, since_s: dict[str, float], limit: int) -> dict[str, int]:
@@ -207,19 +292,16 @@ def replicas_ejected_repeatedly(records: Iterable[dict], *, since_s: dict[str, f
     return {name: n for name, n in counted.items() if n >= limit}
 
 
-def _restart_ejected(pool: Pool, observed: ObservedState) -> str | None:
+def _restart_ejected(pool: Pool, observed: ObservedState, reads: _TickReads) -> str | None:
     """A ``pool.restart_replica`` Action for the first alive replica the routers keep ejecting, if any."""
-    now = time.time()
-    try:
-        records = telemetry_history(pool_id=pool.pk, since_s=now - settings.FERRY_EJECTION_RESTART_WINDOW_S)
-    except redis.RedisError as exc:
-        logger.warning("pool %s: no telemetry for ejections: %s", pool, exc)
-        return None
     alive = {r.name: r for t in observed.tracks.values() for r in t.replicas if r.alive}
-    restarts = Action.objects.filter(pool=pool, kind=POOL_RESTART_REPLICA, params__replica__in=list(alive))
-    since: dict[str, float] = {}
-    for name, created in restarts.values_list("params__replica", "created_at"):
-        since[name] = max(since.get(name, 0.0), created.timestamp())
+    if not alive:
+        return None
+    now = time.time()
+    records = reads.records(pool, now_s=now)
+    if records is None:
+        return None
+    since = {name: at for name, at in reads.restarts(pool, now_s=now).items() if name in alive}
     ejected = replicas_ejected_repeatedly(records, since_s=since, limit=settings.FERRY_EJECTIONS_BEFORE_RESTART)
     for name in sorted(n for n in ejected if n in alive):
         reason = (f"replica {name} was ejected {ejected[name]} times by the router's circuit breaker in the last "
@@ -230,13 +312,15 @@ def _restart_ejected(pool: Pool, observed: ObservedState) -> str | None:
     return None
 
 
-def _set_cluster_status(cluster: Cluster, status: str) -> None:
-    if cluster.status != status:
-        Cluster.objects.filter(pk=cluster.pk).update(status=status)
+def reconcile_all(*, history: SignalHistory | None = None) -> ReconcileResult:
+    """One reconcile tick over every pool (see the module docstring); ``history``: the telemetry the ejection
+    check reads (default: :class:`SignalHistory` under its default prefix).
 
-
-def reconcile_all() -> ReconcileResult:
-    """One reconcile tick over every pool (see the module docstring)."""
+    The database work is batched so its statement count does not grow with the number of pools: the pools with
+    their tracks (3 queries), the observed replicas of every reachable pool (:func:`replicas_refresh_many`), the
+    busy pools, recent restarts and the ejection records (:class:`_TickReads`), cluster statuses (one update per
+    status that changed), then one query per Action created and the routing table.
+    """
     result = ReconcileResult()
     taken = services.action_leases_take_over()
     stale = [i for i in services.action_pending_stale(older_than_s=settings.FERRY_ACTION_REQUEUE_S) if i not in taken]
@@ -248,6 +332,8 @@ def reconcile_all() -> ReconcileResult:
     by_cluster: dict[int, list[Pool]] = {}
     for pool in pools:
         by_cluster.setdefault(pool.cluster_id, []).append(pool)
+    seen: list[tuple[Pool, ObservedState]] = []
+    statuses: dict[str, list[int]] = {}
     for cluster_pools in by_cluster.values():
         cluster = cluster_pools[0].cluster
         try:
@@ -271,13 +357,20 @@ def reconcile_all() -> ReconcileResult:
                     result.pools_unreachable += 1
                     continue
                 result.pools_observed += 1
-                replicas_refresh(pool=pool, observed=observed)
-                kind = pool_converge(pool, observed)
-                result.applies += kind == POOL_APPLY
-                result.restarts += kind == POOL_RESTART_REPLICA
-            _set_cluster_status(cluster, Cluster.Status.READY if reachable else Cluster.Status.UNREACHABLE)
+                seen.append((pool, observed))
+            status = Cluster.Status.READY if reachable else Cluster.Status.UNREACHABLE
+            if cluster.status != status:
+                statuses.setdefault(status, []).append(cluster.pk)
         finally:
             close_backend(backend)
+    for status, cluster_ids in statuses.items():
+        Cluster.objects.filter(pk__in=cluster_ids).update(status=status)
+    replicas_refresh_many(observed={pool.pk: observed for pool, observed in seen})
+    reads = _TickReads.read(seen, history=history)
+    for pool, observed in seen:
+        kind = pool_converge(pool, observed, reads=reads)
+        result.applies += kind == POOL_APPLY
+        result.restarts += kind == POOL_RESTART_REPLICA
     table, changed = routing_table_publish()
     result.routing_table_version, result.routing_table_changed = table.version, changed
     return result

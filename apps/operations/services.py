@@ -10,7 +10,8 @@ from celery import current_app
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
-from django.db.models import F, Q, QuerySet
+from django.db.models import F, JSONField, Q, QuerySet, Value
+from django.db.models.expressions import CombinedExpression
 from django.utils import timezone
 from kombu.exceptions import OperationalError
 
@@ -169,11 +170,15 @@ def action_cancel(*, action: Action, cancelled_by: AbstractBaseUser | None = Non
 
 
 def action_log_append(*, action_id: int, message: str) -> None:
-    """Append one timestamped line to an Action's log."""
-    with transaction.atomic():
-        action = Action.objects.select_for_update().get(pk=action_id)
-        action.log = [*action.log, _log_line(message)]
-        action.save(update_fields=["log"])
+    """Append one timestamped line to an Action's log, in one ``UPDATE`` (PostgreSQL's ``jsonb || jsonb``
+    appends to the array under the row's lock, so concurrent appends all land).
+
+    Raises:
+        Action.DoesNotExist: no Action has that id.
+    """
+    line = Value([_log_line(message)], output_field=JSONField())
+    if not Action.objects.filter(pk=action_id).update(log=CombinedExpression(F("log"), "||", line)):
+        raise Action.DoesNotExist(f"action {action_id} does not exist")
 
 
 def action_claim(*, action_id: int, lease_s: int | None = None, owner: str = "") -> bool:

@@ -130,6 +130,22 @@ def telemetry_snapshot(*, pool_id: int | None = None, history: SignalHistory | N
     return history.latest(history_scope(pool_id))
 
 
+def telemetry_histories(*, pool_ids: list[int], since_s: float | None = None,
+                        history: SignalHistory | None = None) -> dict[int, list[dict]]:
+    """:func:`telemetry_history` of several pools in one Redis round trip: pool id -> records, oldest first."""
+    history = history or SignalHistory()
+    floor = time.time() - history.horizon_s
+    found = history.read_many([history_scope(p) for p in pool_ids], since_s=max(floor, since_s or floor))
+    return {p: found[history_scope(p)] for p in pool_ids}
+
+
+def telemetry_snapshots(*, pool_ids: list[int], history: SignalHistory | None = None) -> dict[int, dict | None]:
+    """:func:`telemetry_snapshot` of several pools in one Redis round trip: pool id -> newest record or ``None``."""
+    history = history or SignalHistory()
+    found = history.latest_many(history_scope(p) for p in pool_ids)
+    return {p: found[history_scope(p)] for p in pool_ids}
+
+
 def telemetry_signal(*, pool_id: int, name: str, track: str | None = None, max_age_s: float = 10.0,
                      history: SignalHistory | None = None, now_s: float | None = None) -> float | None:
     """The latest value of signal ``name`` for a pool (or one of its tracks), for the autoscaler and gates.
