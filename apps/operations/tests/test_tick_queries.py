@@ -24,10 +24,10 @@ from apps.orchestrators.fake_backend import InstantBackend
 
 pytestmark = pytest.mark.django_db
 
-RECONCILE_QUERIES = 18
+RECONCILE_QUERIES = 19
 """Leases to take over, stale pending Actions; pools, tracks, model versions; in a savepoint the replica rows and
 one ``last_seen`` update (4 with the savepoint's 2); busy pools, recent restarts; the routing table's pools,
-tracks, ready replicas, links, and its row in a savepoint (3)."""
+tracks, ready replicas, links, client keys, and its row in a savepoint (3)."""
 AUTOSCALE_QUERIES = 5
 """Pools, tracks, busy pools, ``AutoscalerState`` rows, and their one bulk update."""
 
