@@ -58,13 +58,13 @@ import sys
 import time
 from pathlib import Path
 
+import aiohttp
 import httpx
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.multi_turn import worker_cpu_s  # noqa: E402
 from bench.serve_load import percentile  # noqa: E402
 from bench.workloads import poisson_gaps, word_prompts  # noqa: E402
 from inference_worker.tests.support.agent import wait_for  # noqa: E402
@@ -79,7 +79,9 @@ ROUTER_METRIC = re.compile(r'^ferry_router_(predicted_cached_tokens_total|report
 
 
 def upstream_app(replica: str, model: str, entry: dict, capacity_blocks: int):
-    """The fast upstream replica (module docstring) as a FastAPI app."""
+    """The fast upstream replica (module docstring) as an aiohttp application (C HTTP parser: about a tenth of
+    the CPU per request of FastAPI on uvicorn's pure-Python h11, so the upstreams do not starve the router)."""
+    from aiohttp import web
     from prometheus_client import CollectorRegistry, Gauge, generate_latest
     from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
@@ -102,7 +104,7 @@ def upstream_app(replica: str, model: str, entry: dict, capacity_blocks: int):
     running = Gauge("ferry_num_requests_running", "running", list(labels), registry=registry)
     usage = Gauge("ferry_kv_cache_usage_ratio", "KV usage", list(labels), registry=registry)
     waiting.labels(**labels).set(0)
-    app = FastAPI()
+    running.labels(**labels).set(0)  # answered synchronously: nothing is ever running when scraped
 
     def admit(text: str) -> tuple[int, int]:
         if text not in memo:
@@ -126,60 +128,66 @@ def upstream_app(replica: str, model: str, entry: dict, capacity_blocks: int):
         while len(lru) > capacity_blocks:
             old, _ = lru.popitem(last=False)
             events += [BlockRemoved(old, g) for g in GROUPS]
-        log.extend(events)
+        if events:
+            log.extend(events)
         usage.labels(**labels).set(len(lru) / capacity_blocks)
         return num_tokens, hit * block_size
 
-    @app.post("/v1/completions")
-    async def completions(request: Request) -> Response:
-        body = await request.json()
-        running.labels(**labels).inc()
-        try:
-            num_tokens, cached = admit(body["prompt"])
-        finally:
-            running.labels(**labels).dec()
+    async def completions(request: web.Request) -> web.Response:
+        body = json.loads(await request.read())
+        num_tokens, cached = admit(body["prompt"])
         usage_block = {"prompt_tokens": num_tokens, "completion_tokens": 1, "total_tokens": num_tokens + 1,
                        "prompt_tokens_details": {"cached_tokens": cached}}
-        return JSONResponse({"id": "cmpl-bench", "object": "text_completion", "created": int(time.time()),
-                             "model": model, "choices": [{"index": 0, "text": " ok", "finish_reason": "length"}],
-                             "usage": usage_block}, headers={http_headers.CACHED_TOKENS: str(cached)})
+        answer = {"id": "cmpl-bench", "object": "text_completion", "created": int(time.time()), "model": model,
+                  "choices": [{"index": 0, "text": " ok", "finish_reason": "length"}], "usage": usage_block}
+        return web.Response(body=json.dumps(answer).encode(), content_type="application/json",
+                            headers={http_headers.CACHED_TOKENS: str(cached)})
 
-    @app.get("/v1/kv-events")
-    async def kv_events(request: Request) -> Response:
-        after = request.query_params.get("after")
+    async def kv_events(request: web.Request) -> web.StreamResponse:
+        after = request.query.get("after")
 
         async def snapshot() -> tuple[int, list[dict]]:
             events = [AllCleared().as_dict()] + [BlockStored(d, p, g).as_dict() for d, p in lru.items()
                                                  for g in GROUPS]
             return log.seq, events
 
-        return StreamingResponse(stream_kv_events(log, None if after is None else int(after), snapshot,
-                                                  request.is_disconnected), media_type=NDJSON)
+        async def gone() -> bool:
+            return request.transport is None or request.transport.is_closing()
 
-    @app.get("/metrics")
-    async def metrics() -> Response:
-        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+        response = web.StreamResponse(headers={"Content-Type": NDJSON})
+        await response.prepare(request)
+        try:
+            async for chunk in stream_kv_events(log, None if after is None else int(after), snapshot, gone):
+                await response.write(chunk)
+        except ConnectionError:  # the router went away mid-write
+            pass
+        return response
 
-    @app.get("/v1/models")
-    async def models() -> dict:
-        return {"object": "list", "data": [{"id": model, "object": "model", "owned_by": "ferry-bench"}]}
+    async def metrics(request: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
-    @app.get("/health")
-    @app.get("/ready")
-    async def ready() -> dict:
-        return {"status": "ok"}
+    async def models(request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": model, "object": "model",
+                                                              "owned_by": "ferry-bench"}]})
 
+    async def ready(request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    app = web.Application()
+    app.add_routes([web.post("/v1/completions", completions), web.get("/v1/kv-events", kv_events),
+                    web.get("/metrics", metrics), web.get("/v1/models", models), web.get("/health", ready),
+                    web.get("/ready", ready)])
     return app
 
 
 def serve_upstream(args: argparse.Namespace) -> None:
-    import uvicorn
+    from aiohttp import web
 
     from bench.routing import model_entry
 
     entry = model_entry(args.model, args.block_size)
-    uvicorn.run(upstream_app(args.replica, args.model, entry, args.capacity_blocks), host="127.0.0.1",
-                port=args.port, log_level="warning", access_log=False)
+    web.run_app(upstream_app(args.replica, args.model, entry, args.capacity_blocks), host="127.0.0.1",
+                port=args.port, access_log=None, print=None)
 
 
 # ------------------------------------------------------------------------------------------------- bench
@@ -211,21 +219,29 @@ def prompts_of_about(num_tokens: int, count: int, seed: int, encode) -> list[str
     return [r.prompt for r in word_prompts(count, seed, (words, words), (1, 1))]
 
 
-async def load_window(client: httpx.AsyncClient, url: str, model: str, prompts: list[str], rate: float,
-                      seconds: float, seed: int) -> tuple[list[float], int, float]:
-    """Poisson arrivals for ``seconds``: (latencies in s, errors, achieved request rate)."""
+async def load_window(session: aiohttp.ClientSession, url: str, bodies: list[bytes], rate: float, seconds: float,
+                      seed: int) -> tuple[list[float], int, float, float]:
+    """Poisson arrivals for ``seconds`` (open loop: a request is sent at its due time whatever is in flight).
+
+    Returns (latencies in s of the answered requests, errors, achieved request rate, client lag): the lag is the
+    99th percentile of how late the client sent requests against their due times (s), so a client that cannot
+    keep up with ``rate`` shows itself instead of lowering the offered load unnoticed.
+    """
     rng = random.Random(seed)
     gaps = poisson_gaps(int(rate * seconds * 2) + 10, rate, seed)
     latencies: list[float] = []
+    lags: list[float] = []
     errors = 0
+    headers = {"content-type": "application/json"}
 
-    async def one(prompt: str) -> None:
+    async def one(body: bytes) -> None:
         nonlocal errors
         start = time.perf_counter()
         try:
-            r = await client.post(url + "/v1/completions", json={"model": model, "prompt": prompt, "max_tokens": 1})
-            ok = r.status_code == 200
-        except httpx.HTTPError:
+            async with session.post(url + "/v1/completions", data=body, headers=headers) as r:
+                await r.read()
+                ok = r.status == 200
+        except (TimeoutError, aiohttp.ClientError):
             ok = False
         if ok:
             latencies.append(time.perf_counter() - start)
@@ -242,9 +258,10 @@ async def load_window(client: httpx.AsyncClient, url: str, model: str, prompts: 
         delay = due - time.perf_counter()
         if delay > 0:
             await asyncio.sleep(delay)
-        tasks.append(asyncio.create_task(one(rng.choice(prompts))))
+        lags.append(max(0.0, time.perf_counter() - due))
+        tasks.append(asyncio.create_task(one(rng.choice(bodies))))
     await asyncio.gather(*tasks)
-    return latencies, errors, len(tasks) / (time.perf_counter() - begin)
+    return latencies, errors, len(tasks) / (time.perf_counter() - begin), percentile(lags, 99)
 
 
 def cached_metrics(url: str) -> dict[str, float]:
@@ -256,30 +273,50 @@ def cached_metrics(url: str) -> dict[str, float]:
     return out
 
 
-async def run_case(name: str, prompts: list[str], routers: dict[str, str], args: argparse.Namespace) -> dict:
-    limits = httpx.Limits(max_connections=512, max_keepalive_connections=512)
-    per: dict[str, dict] = {k: {"latencies": [], "errors": 0, "rates": []} for k in routers}
-    async with httpx.AsyncClient(timeout=30, limits=limits) as client:
+async def run_case(name: str, prompts: list[str], routers: dict[str, str], pids: dict[str, int],
+                   args: argparse.Namespace) -> dict:
+    """Warm-up on each router, then ``--repeats`` alternating windows per router; per router the latencies, and
+    the CPU each process spent per answered request in that router's windows (``/proc``: router, both upstreams,
+    this client), which shows which process would limit the rate."""
+    bodies = [json.dumps({"model": args.model, "prompt": p, "max_tokens": 1}).encode() for p in prompts]
+    connector = aiohttp.TCPConnector(limit=512)
+    per: dict[str, dict] = {k: {"latencies": [], "errors": 0, "rates": [], "lags": [], "cpu_s": collections.Counter()}
+                            for k in routers}
+
+    def cpu() -> dict[str, float]:
+        out = {k: worker_cpu_s(pid) for k, pid in pids.items()}
+        out["client"] = time.process_time()
+        return out
+
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=30)) as session:
         for url in routers.values():  # warm-up: connections, memoized digests, the index (not recorded)
-            await load_window(client, url, args.model, prompts, args.rate, args.warmup_s, args.seed)
+            await load_window(session, url, bodies, args.rate, args.warmup_s, args.seed)
         before = cached_metrics(routers["index_on"])
         for r in range(args.repeats):
             order = list(routers) if r % 2 == 0 else list(routers)[::-1]
             for k in order:
-                lat, err, rate = await load_window(client, routers[k], args.model, prompts, args.rate, args.window_s,
-                                                   args.seed + 1 + r)
+                cpu_before = cpu()
+                lat, err, rate, lag = await load_window(session, routers[k], bodies, args.rate, args.window_s,
+                                                        args.seed + 1 + r)
+                cpu_after = cpu()
                 per[k]["latencies"] += lat
                 per[k]["errors"] += err
                 per[k]["rates"].append(rate)
+                per[k]["lags"].append(lag)
+                for proc in ("client", "upstream-0", "upstream-1", f"router-{k}"):
+                    per[k]["cpu_s"]["router" if proc.startswith("router") else proc] += cpu_after[proc] - cpu_before[proc]
         after = cached_metrics(routers["index_on"])
     out: dict = {"case": name, "num_distinct_prompts": len(prompts)}
     for k, v in per.items():
         lat = v["latencies"]
         out[k] = {"num_requests": len(lat), "errors": v["errors"], "rate_rps": sum(v["rates"]) / len(v["rates"]),
+                  "client_lag_ms_p99_max": max(v["lags"]) * 1e3,
+                  "cpu_ms_per_request": {p: c * 1e3 / max(len(lat), 1) for p, c in v["cpu_s"].items()},
                   **{f"p{q}_ms": percentile(lat, q) * 1e3 for q in (50, 90, 99)}}
     out["p99_on_minus_off_ms"] = out["index_on"]["p99_ms"] - out["index_off"]["p99_ms"]
     out["p50_on_minus_off_ms"] = out["index_on"]["p50_ms"] - out["index_off"]["p50_ms"]
     out["index_on_cached_tokens"] = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+    out["load_avg_1m"] = os.getloadavg()[0]
     print(json.dumps(out), flush=True)
     return out
 
@@ -339,7 +376,9 @@ def main() -> None:
         for name in args.cases.split(","):
             prompts = cases[name]
             lengths = [len(encode(p)) for p in prompts]
-            result = asyncio.run(run_case(name, prompts, {k: r.url for k, r in routers.items()}, args))
+            pids = {f"router-{k}": r.proc.pid for k, r in routers.items()}
+            pids.update({f"upstream-{i}": proc.pid for i, (proc, _) in enumerate(upstreams)})
+            result = asyncio.run(run_case(name, prompts, {k: r.url for k, r in routers.items()}, pids, args))
             result["prompt_tokens_min_mean_max"] = [min(lengths), sum(lengths) / len(lengths), max(lengths)]
             results.append(result)
     finally:
@@ -348,12 +387,15 @@ def main() -> None:
         for proc, _ in upstreams:
             proc.terminate()
             proc.wait(10)
-    print(f"{'case':>10} {'router':>10} {'rps':>7} {'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8} {'errors':>6}")
+    print(f"{'case':>10} {'router':>10} {'rps':>7} {'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8} {'errors':>6} "
+          f"{'lag ms':>7}  CPU ms/request (router, upstreams, client)")
     for r in results:
         for k in ("index_off", "index_on"):
             v = r[k]
+            c = v["cpu_ms_per_request"]
             print(f"{r['case']:>10} {k:>10} {v['rate_rps']:>7.1f} {v['p50_ms']:>8.2f} {v['p90_ms']:>8.2f} "
-                  f"{v['p99_ms']:>8.2f} {v['errors']:>6}")
+                  f"{v['p99_ms']:>8.2f} {v['errors']:>6} {v['client_lag_ms_p99_max']:>7.1f}  {c['router']:.2f}, "
+                  f"{c['upstream-0'] + c['upstream-1']:.2f}, {c['client']:.2f}")
         print(f"{r['case']:>10} p99 on - off = {r['p99_on_minus_off_ms']:.2f} ms")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"host": platform.node(), "cpu_count": os.cpu_count(),

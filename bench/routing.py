@@ -143,6 +143,22 @@ def worker_tokens(workers: list[WorkerProcess]) -> dict[str, float]:
     return out
 
 
+def session_moves(records: list[dict]) -> dict[str, int]:
+    """Placement of later turns: ``later_turns`` (turns 1.. of every session), ``moved`` (served by another decode
+    replica than the session's previous turn: its history there is cold or stale) and ``remote`` (remote prefill)."""
+    by_session: dict[str, list[dict]] = {}
+    for r in records:
+        by_session.setdefault(r["session_id"], []).append(r)
+    later = moved = 0
+    for turns in by_session.values():
+        turns.sort(key=lambda r: r["turn"])
+        for prev, cur in zip(turns, turns[1:], strict=False):
+            later += 1
+            moved += cur["replica"] != prev["replica"]
+    remote = sum(r["decision"] == "remote_prefill" for r in records)
+    return {"later_turns": later, "moved": moved, "remote": remote}
+
+
 def run_policy(name: str, policy: str, table: dict, args: argparse.Namespace, workload: MultiTurnWorkload,
                workers: list[WorkerProcess], tmp: Path) -> dict:
     reset_caches(workers)
@@ -176,7 +192,8 @@ def run_policy(name: str, policy: str, table: dict, args: argparse.Namespace, wo
         "ttft_ms_p50": percentile(ttft, 50) * 1e3, "ttft_ms_p90": percentile(ttft, 90) * 1e3,
         "output_tokens_per_s": sum(r["num_output_tokens"] for r in records) / wall_s, "wall_s": wall_s,
         "remote_prefill_share": decisions.get("remote_prefill", 0.0) / max(sum(decisions.values()), 1.0),
-        "decisions": decisions, "worker_metrics_delta": {k: after[k] - before.get(k, 0.0) for k in after},
+        "decisions": decisions, "placement": session_moves(records),
+        "load_avg_1m": os.getloadavg()[0], "worker_metrics_delta": {k: after[k] - before.get(k, 0.0) for k in after},
         "predicted_cached_tokens": metrics.get("predicted_cached_tokens_total", 0.0),
         "reported_cached_tokens": metrics.get("reported_cached_tokens_total", 0.0),
     }
@@ -203,6 +220,8 @@ def main() -> None:
     parser.add_argument("--decode-prefill-tokens-per-s", type=float, default=1000.0)
     parser.add_argument("--prefill-tokens-per-s", type=float, default=1000.0,
                         help="the prefill pool's speed (same hardware as decode here); 0: not charged")
+    parser.add_argument("--policies", default=",".join((*POLICIES, "single")),
+                        help="comma-separated runs, in this order (least_loaded and cache_aware give the ratios)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout-s", type=float, default=600.0)
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "routing.json")
@@ -221,17 +240,21 @@ def main() -> None:
     start_together(prefill, *decode)
     try:
         table = routing_table(args, decode, prefill)
-        runs = [run_policy(p, p, table, args, workload, [prefill, *decode], tmp) for p in POLICIES]
         single = routing_table(args, decode[:1], prefill)
-        runs.append(run_policy("single", "cache_aware", single, args, workload, [prefill, *decode], tmp))
+        runs = [run_policy(p, "cache_aware", single, args, workload, [prefill, *decode], tmp) if p == "single"
+                else run_policy(p, p, table, args, workload, [prefill, *decode], tmp) for p in args.policies.split(",")]
     finally:
         for w in (prefill, *decode):
             w.stop()
     by = {r["policy"]: r for r in runs}
-    ll, ca = by["least_loaded"], by["cache_aware"]
-    ratios = {"prefill_tokens_least_loaded_over_cache_aware": ll["prefill_tokens"] / max(ca["prefill_tokens"], 1),
-              "ttft_p50_least_loaded_over_cache_aware": ll["ttft_ms_p50"] / ca["ttft_ms_p50"],
-              "hit_tokens_cache_aware_over_single": ca["hit_tokens"] / max(by["single"]["hit_tokens"], 1)}
+    ratios = {}
+    if "least_loaded" in by and "cache_aware" in by:
+        ll, ca = by["least_loaded"], by["cache_aware"]
+        ratios["prefill_tokens_least_loaded_over_cache_aware"] = ll["prefill_tokens"] / max(ca["prefill_tokens"], 1)
+        ratios["ttft_p50_least_loaded_over_cache_aware"] = ll["ttft_ms_p50"] / ca["ttft_ms_p50"]
+    if "cache_aware" in by and "single" in by:
+        ratios["hit_tokens_cache_aware_over_single"] = by["cache_aware"]["hit_tokens"] / max(by["single"]["hit_tokens"], 1)
+    ratios["ideal_prefill_tokens"] = workload.ideal_prefill_tokens(args.block_size, args.concurrency)
     cols = ("policy", "num_requests", "hit_tokens", "prefill_tokens", "ttft_ms_p50", "ttft_ms_p90",
             "output_tokens_per_s", "remote_prefill_share", "predicted_cached_tokens", "reported_cached_tokens")
     print("  ".join(f"{c:>14}" for c in cols))
