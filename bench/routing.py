@@ -61,6 +61,7 @@ import asyncio
 import json
 import os
 import platform
+import random
 import re
 import sys
 import time
@@ -73,7 +74,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.multi_turn import record  # noqa: E402
 from bench.serve_load import percentile, run_sessions  # noqa: E402
-from bench.workloads import MultiTurnConfig, MultiTurnWorkload  # noqa: E402
+from bench.workloads import IdealPrefixCache, MultiTurnConfig, MultiTurnWorkload  # noqa: E402
 from inference_worker import http_headers  # noqa: E402
 from inference_worker.model.prepare import read_manifest  # noqa: E402
 from inference_worker.registry import model_cache_dir  # noqa: E402
@@ -157,6 +158,28 @@ def session_moves(records: list[dict]) -> dict[str, int]:
             moved += cur["replica"] != prev["replica"]
     remote = sum(r["decision"] == "remote_prefill" for r in records)
     return {"later_turns": later, "moved": moved, "remote": remote}
+
+
+def placement_bounds(workload: MultiTurnWorkload, block_size: int, num_replicas: int = 2, seed: int = 0) -> dict:
+    """Prefill tokens of the workload on ``num_replicas`` unlimited caches (:class:`bench.workloads.IdealPrefixCache`
+    each, requests in :meth:`~bench.workloads.MultiTurnWorkload.planned_requests` order) for two placements:
+    ``sticky`` (every turn of a session on the replica of its first turn, sessions dealt round-robin) and ``random``
+    (each turn on a replica drawn uniformly: what a load-only policy does to a session among equally loaded
+    replicas). Host-independent: ``random / sticky`` is about the most prefill tokens cache affinity can save on
+    this workload, since a moved turn still hits its history up to its last visit to that replica."""
+    rng = random.Random(seed)
+    out = {}
+    for placement in ("sticky", "random"):
+        caches = [IdealPrefixCache(block_size) for _ in range(num_replicas)]
+        home = {s.session_id: i % num_replicas for i, s in enumerate(workload.sessions)}
+        computed = 0
+        for session, _, prompt, answer in workload.planned_requests():
+            cache = caches[home[session.session_id] if placement == "sticky" else rng.randrange(num_replicas)]
+            computed += len(prompt) - cache.num_cached_tokens(prompt)
+            cache.store(prompt + answer[:-1])
+        out[f"{placement}_prefill_tokens"] = computed
+    out["random_over_sticky"] = out["random_prefill_tokens"] / max(out["sticky_prefill_tokens"], 1)
+    return out
 
 
 def run_policy(name: str, policy: str, table: dict, args: argparse.Namespace, workload: MultiTurnWorkload,
@@ -255,6 +278,7 @@ def main() -> None:
     if "cache_aware" in by and "single" in by:
         ratios["hit_tokens_cache_aware_over_single"] = by["cache_aware"]["hit_tokens"] / max(by["single"]["hit_tokens"], 1)
     ratios["ideal_prefill_tokens"] = workload.ideal_prefill_tokens(args.block_size, args.concurrency)
+    ratios["placement_bounds"] = placement_bounds(workload, args.block_size, seed=args.seed)
     cols = ("policy", "num_requests", "hit_tokens", "prefill_tokens", "ttft_ms_p50", "ttft_ms_p90",
             "output_tokens_per_s", "remote_prefill_share", "predicted_cached_tokens", "reported_cached_tokens")
     print("  ".join(f"{c:>14}" for c in cols))
