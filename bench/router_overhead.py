@@ -411,7 +411,12 @@ def main() -> None:
             r.stop()
         for proc, _ in upstreams:
             proc.terminate()
-            proc.wait(10)
+        for proc, _ in upstreams:
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
     print(f"{'case':>10} {'router':>10} {'rps':>7} {'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8} {'errors':>6} "
           f"{'lag ms':>7}  CPU ms/request (router, upstreams, client)")
     for r in results:
