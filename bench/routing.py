@@ -31,8 +31,8 @@ TTFT p50/p90 (client side), throughput (output tokens per wall second), remote-p
 decisions), evictions, the router's predicted vs reported cached tokens, and the placement of later turns
 (``moved``: served by another replica than the session's previous turn, from ``X-Ferry-Replica``); ratios
 least-loaded / cache-aware and cache-aware hit tokens / single, the ideal cache's prefill tokens and
-:func:`placement_bounds` (host-independent: sticky vs random placement on two unlimited caches). Prints a table
-and writes ``bench/results/routing.json`` (``--policies`` picks runs; ``least_loaded,cache_aware`` give the ratios).
+:func:`bench.workloads.placement_bounds` (host-independent: sticky vs random placement on two unlimited
+caches). Prints a table and writes ``bench/results/routing.json`` (``--policies`` picks runs; ``least_loaded,cache_aware`` give the ratios).
 
 Why the earlier figure was 1.17x (``--num-turns 6 --system-tokens 100 --user-tokens 16 48 --output-tokens 8
 --think-time-s 15 --session-rate 1``: least-loaded 6706, cache-aware 5730, round-robin 6706, one replica alone
@@ -40,8 +40,8 @@ Why the earlier figure was 1.17x (``--num-turns 6 --system-tokens 100 --user-tok
 
 - *Least-loaded was not the problem.* It breaks load ties to the replica given the fewest requests (not
   "the first idle replica"), so with idle replicas it alternated exactly like round-robin (6706 both), and
-  6706 lies in :func:`placement_bounds`' random placement (6258-6754 over seeds 0-2): a session's next turn
-  lands on either replica, as the issue assumes. A random tie-break would change nothing in expectation.
+  6706 lies in the random placement of :func:`bench.workloads.placement_bounds` (6258-6754 over seeds 0-2):
+  a session's next turn lands on either replica, as the issue assumes. A random tie-break would change nothing in expectation.
 - *The ceiling is lower than 2x with two replicas.* A turn that moves still hits its history up to its last
   visit to that replica, so random placement costs about two turns' worth of new tokens per turn, not the
   whole history: on that workload sticky placement computes 3938 tokens (exactly what one replica alone
@@ -87,7 +87,6 @@ import asyncio
 import json
 import os
 import platform
-import random
 import re
 import sys
 import time
@@ -100,7 +99,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.multi_turn import record  # noqa: E402
 from bench.serve_load import percentile, run_sessions  # noqa: E402
-from bench.workloads import IdealPrefixCache, MultiTurnConfig, MultiTurnWorkload  # noqa: E402
+from bench.workloads import MultiTurnConfig, MultiTurnWorkload, placement_bounds, session_moves  # noqa: E402
 from inference_worker import http_headers  # noqa: E402
 from inference_worker.model.prepare import read_manifest  # noqa: E402
 from inference_worker.registry import model_cache_dir  # noqa: E402
@@ -167,44 +166,6 @@ def worker_tokens(workers: list[WorkerProcess]) -> dict[str, float]:
             m = WORKER_METRIC.match(line)
             if m:
                 out[m.group(1)] = out.get(m.group(1), 0.0) + float(m.group(3))
-    return out
-
-
-def session_moves(records: list[dict]) -> dict[str, int]:
-    """Placement of later turns: ``later_turns`` (turns 1.. of every session), ``moved`` (served by another decode
-    replica than the session's previous turn: its history there is cold or stale) and ``remote`` (remote prefill)."""
-    by_session: dict[str, list[dict]] = {}
-    for r in records:
-        by_session.setdefault(r["session_id"], []).append(r)
-    later = moved = 0
-    for turns in by_session.values():
-        turns.sort(key=lambda r: r["turn"])
-        for prev, cur in zip(turns, turns[1:], strict=False):
-            later += 1
-            moved += cur["replica"] != prev["replica"]
-    remote = sum(r["decision"] == "remote_prefill" for r in records)
-    return {"later_turns": later, "moved": moved, "remote": remote}
-
-
-def placement_bounds(workload: MultiTurnWorkload, block_size: int, num_replicas: int = 2, seed: int = 0) -> dict:
-    """Prefill tokens of the workload on ``num_replicas`` unlimited caches (:class:`bench.workloads.IdealPrefixCache`
-    each, requests in :meth:`~bench.workloads.MultiTurnWorkload.planned_requests` order) for two placements:
-    ``sticky`` (every turn of a session on the replica of its first turn, sessions dealt round-robin) and ``random``
-    (each turn on a replica drawn uniformly: what a load-only policy does to a session among equally loaded
-    replicas). Host-independent: ``random / sticky`` is about the most prefill tokens cache affinity can save on
-    this workload, since a moved turn still hits its history up to its last visit to that replica."""
-    rng = random.Random(seed)
-    out = {}
-    for placement in ("sticky", "random"):
-        caches = [IdealPrefixCache(block_size) for _ in range(num_replicas)]
-        home = {s.session_id: i % num_replicas for i, s in enumerate(workload.sessions)}
-        computed = 0
-        for session, _, prompt, answer in workload.planned_requests():
-            cache = caches[home[session.session_id] if placement == "sticky" else rng.randrange(num_replicas)]
-            computed += len(prompt) - cache.num_cached_tokens(prompt)
-            cache.store(prompt + answer[:-1])
-        out[f"{placement}_prefill_tokens"] = computed
-    out["random_over_sticky"] = out["random_prefill_tokens"] / max(out["sticky_prefill_tokens"], 1)
     return out
 
 
