@@ -56,13 +56,13 @@ Why the earlier figure was 1.17x (``--num-turns 6 --system-tokens 100 --user-tok
   of it. Remote prefills are counted per policy (``placement.remote``).
 
 Seen after the fix (2026-12-01, the shared 2-core host at load average 15-28 during the runs; this session's
-overhead bench ran beside part of least-loaded's run), ``--policies least_loaded,cache_aware,single
+overhead bench ran beside part of least-loaded's run; 40 min in all), ``--policies least_loaded,cache_aware,single
 --num-turns 5 --system-tokens 64 --user-tokens 64 128 --output-tokens 8 --think-time-s 15 --session-rate 1
 --kv-cache-memory 512MiB`` (5 turns, not the default 8, to fit the host's time; no evictions, no remote
 prefills in any run):
 
 - prefill tokens: least-loaded 11650, cache-aware 9682: **1.20x** (target 1.5x); the placement ceiling of
-  this workload is 1.64x (sticky 8338, random 13650), SINGLE_TOKENS
+  this workload is 1.64x (sticky 8338, random 13650); one replica alone computed 8338, exactly the sticky bound.
 - later turns moved: least-loaded 17 of 64 (27%, not the ~50% of random placement), cache-aware 9 of 64 (14%).
   The host served a turn in minutes (least-loaded TTFT p50 112 s, 4-9 requests per replica queued or running),
   far longer than the 15-s think time: the replica that had just answered a session held a request fewer, the
@@ -71,7 +71,8 @@ prefills in any run):
   one turn in seven.
 - TTFT p50 least-loaded 111.8 s, cache-aware 37.0 s (3.0x; p90 208.8 s vs 67.2 s): queueing on a host whose
   load differed between the two runs (17-28 vs about 15), so not a policy figure.
-- hit tokens: cache-aware 19680 of 29362 prompt tokens, SINGLE_HITS; the index predicted 18784 of them.
+- hit tokens: cache-aware 19680 of 29362 prompt tokens, one replica alone 21024: **93.6%** (target >= 90%:
+  met); the index predicted 18784 of cache-aware's (reported 19680). Single TTFT p50 45.2 s at load about 10.
 
 Acceptance 1 is therefore still *not* shown: the token ratio needs a host that serves a turn within its think
 time (then least-loaded moves about half the turns and cache-aware's load terms are near zero); run the defaults
