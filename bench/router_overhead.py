@@ -69,6 +69,12 @@ Seen (2026-12-01, the same host):
   The index followed the upstreams: predicted 3152 vs reported 3200 cached tokens (``serve_load``),
   481440 vs 534480 (``4k``).
 
+- ``--rate 10 --window-s 6 --repeats 3 --warmup-s 2 --num-distinct 128`` (load average 14-18), 163 requests per
+  router and case: ``serve_load`` p50 59 / 74 ms, p99 325 / 512 ms off / on (**p99 on - off 187 ms**, p50 15
+  ms; client lag under 36 ms), router CPU 5.58 / 6.13 ms per request, predicted = reported 2928 cached tokens;
+  ``4k`` p99 8544 / 13073 ms (router CPU 20.1 / 24.9 ms: at 10 requests/s it needed a quarter of a core the
+  host did not give it).
+
 Acceptance 5 is *not* shown here: 200 requests/s needs about 1.4 cores for the router with the index on
 (``serve_load``) and 5 for the ``4k`` case, plus about 0.5 for the upstreams and client; run this on a host
 with that much idle CPU.
