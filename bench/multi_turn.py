@@ -165,7 +165,8 @@ def record(turn: TurnResult) -> dict:
     return {"session_id": turn.session_id, "turn": turn.turn, "num_prompt_tokens_sent": len(turn.prompt),
             "num_prompt_tokens": result.num_prompt_tokens, "num_cached_tokens": result.num_cached_tokens,
             "num_computed_tokens": result.num_prompt_tokens - result.num_cached_tokens,
-            "cached_tokens_from": result.cached_tokens_from, "num_output_tokens": result.num_output_tokens,
+            "cached_tokens_from": result.cached_tokens_from, "replica": result.replica, "decision": result.decision,
+            "num_output_tokens": result.num_output_tokens,
             "answer_source": turn.answer_source, "num_answer_ids": len(turn.answer), "answer_ids": turn.answer,
             "started_s": result.started_s, "ttft_s": result.ttft_s, "e2e_s": result.e2e_s}
 

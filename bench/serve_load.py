@@ -77,6 +77,10 @@ class RequestResult:
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
     cached_tokens_from: str = "absent"
+    replica: str = ""
+    """The router's ``X-Ferry-Replica`` (the decode replica that served it; empty without a router)."""
+    decision: str = ""
+    """The router's ``X-Ferry-Decision`` (``local_prefill`` / ``remote_prefill`` / ...; empty without a router)."""
     text: str = ""
     token_ids: list[int] | None = None
 
@@ -113,6 +117,8 @@ async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: s
             if response.status_code != 200:
                 result.error = f"HTTP {response.status_code}: {(await response.aread())[:200]!r}"
                 return result
+            result.replica = response.headers.get(http_headers.REPLICA, "")
+            result.decision = response.headers.get(http_headers.DECISION, "")
             if http_headers.CACHED_TOKENS in response.headers:
                 result.num_cached_tokens = int(response.headers[http_headers.CACHED_TOKENS])
                 result.cached_tokens_from = "header"

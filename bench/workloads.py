@@ -13,7 +13,8 @@ Every request a bench or ``make run LOAD=1`` sends is drawn here, deterministica
   k's user tokens (:meth:`Session.prompt`). Sessions start in a random order; every request of a session
   carries :data:`SESSION_HEADER` with its session id;
 * :class:`IdealPrefixCache`: a prefix cache with unlimited memory, the bound a real engine's hits are
-  compared with (:meth:`MultiTurnWorkload.ideal_prefill_tokens`).
+  compared with (:meth:`MultiTurnWorkload.ideal_prefill_tokens`), and per replica under a sticky or a random
+  placement of turns (:func:`placement_bounds`; :func:`session_moves` counts a run's moves, ``bench/routing.py``).
 
 Prompts are token ids wherever a later request must share an exact prefix with an earlier one: text that
 is re-encoded need not give back the same ids. The module is torch-free and needs no tokenizer
@@ -343,3 +344,41 @@ def ideal_prefill_tokens_of_run(events: Iterable[tuple[float, float, float, Sequ
         else:
             computed += len(ids) - cache.num_cached_tokens(ids)
     return computed
+
+
+def session_moves(records: list[dict]) -> dict[str, int]:
+    """Placement of later turns: ``later_turns`` (turns 1.. of every session), ``moved`` (served by another decode
+    replica than the session's previous turn: its history there is cold or stale) and ``remote`` (remote prefill)."""
+    by_session: dict[str, list[dict]] = {}
+    for r in records:
+        by_session.setdefault(r["session_id"], []).append(r)
+    later = moved = 0
+    for turns in by_session.values():
+        turns.sort(key=lambda r: r["turn"])
+        for prev, cur in zip(turns, turns[1:], strict=False):
+            later += 1
+            moved += cur["replica"] != prev["replica"]
+    remote = sum(r["decision"] == "remote_prefill" for r in records)
+    return {"later_turns": later, "moved": moved, "remote": remote}
+
+
+def placement_bounds(workload: MultiTurnWorkload, block_size: int, num_replicas: int = 2, seed: int = 0) -> dict:
+    """Prefill tokens of the workload on ``num_replicas`` unlimited caches (:class:`IdealPrefixCache`
+    each, requests in :meth:`MultiTurnWorkload.planned_requests` order) for two placements:
+    ``sticky`` (every turn of a session on the replica of its first turn, sessions dealt round-robin) and ``random``
+    (each turn on a replica drawn uniformly: what a load-only policy does to a session among equally loaded
+    replicas). Host-independent: ``random / sticky`` is about the most prefill tokens cache affinity can save on
+    this workload, since a moved turn still hits its history up to its last visit to that replica."""
+    rng = random.Random(seed)
+    out = {}
+    for placement in ("sticky", "random"):
+        caches = [IdealPrefixCache(block_size) for _ in range(num_replicas)]
+        home = {s.session_id: i % num_replicas for i, s in enumerate(workload.sessions)}
+        computed = 0
+        for session, _, prompt, answer in workload.planned_requests():
+            cache = caches[home[session.session_id] if placement == "sticky" else rng.randrange(num_replicas)]
+            computed += len(prompt) - cache.num_cached_tokens(prompt)
+            cache.store(prompt + answer[:-1])
+        out[f"{placement}_prefill_tokens"] = computed
+    out["random_over_sticky"] = out["random_prefill_tokens"] / max(out["sticky_prefill_tokens"], 1)
+    return out

@@ -488,6 +488,7 @@ class Router:
         if not admitted:
             self.loads.begin(replica)
         pending = plan.decode_prefill_tokens if admitted and plan is not None else 0
+        before_first_byte = True  # prefill_done once per begin: at the first byte or when the attempt ends
         released = False
         judged = plan is None  # only planned attempts feed the breaker
         if not judged:
@@ -526,7 +527,7 @@ class Router:
                 timeline.add("router.relay", first_ns, first_ns)  # ends with the answer's last byte (_finish)
                 if cached.isdigit():
                     timeline.attributes["cached_tokens"] = int(cached)
-            pending = 0
+            before_first_byte = False
             out_headers = {k: v for k, v in response.headers.items() if k.lower() in PASS_HEADERS}
             out_headers[http_headers.REPLICA] = replica.name
             if http_headers.CACHED_TOKENS in response.headers:
@@ -557,7 +558,7 @@ class Router:
         finally:
             if not judged:  # cancelled (the client went away): no outcome, a probe may go again
                 self.breaker.release(replica.name)
-            if pending:
+            if before_first_byte:
                 self.loads.prefill_done(replica, pending)
             if not released:
                 self.loads.end(replica)

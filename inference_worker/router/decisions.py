@@ -54,6 +54,8 @@ class LoadTracker:
         self.in_flight: Counter[str] = Counter()
         self.pending_prefill_tokens: Counter[str] = Counter()
         """Per replica: prompt tokens to prefill (not cached) of this router's requests before their first byte."""
+        self.pending_requests: Counter[str] = Counter()
+        """Per replica: this router's requests before their first byte (queued in the engine or prefilling)."""
         self.assigned: Counter[str] = Counter()
         self.queue_depth: dict[str, float] = {}
         self.running: dict[str, float] = {}
@@ -70,15 +72,20 @@ class LoadTracker:
                            self.kv_usage.get(replica.name, 0.0))
 
     def cache_signals(self, replica: Replica) -> ReplicaLoad:
-        """Scoring input of ``cache_aware``: waiting = the scraped queue depth (requests the engine has not
-        scheduled), running and KV usage as scraped, and the prefill work this router has sent the replica that
-        has not produced its first byte yet (:attr:`pending_prefill_tokens`, in prompt tokens).
+        """Scoring input of ``cache_aware``: the prefill work this router has sent the replica that has not
+        produced its first byte yet (:attr:`pending_prefill_tokens`, in prompt tokens), waiting = the scraped queue
+        depth less this router's requests without a first byte (:attr:`pending_requests`, at least 0: the queued
+        requests of other routers or clients, whose size this router does not know), running and KV usage as
+        scraped.
 
         An in-flight request is charged for what it delays a new one by: its uncached prompt tokens until its
         first byte (continuous batching schedules a new prefill next to running decodes), then only as running.
+        One of this router's own requests queued in the engine is charged once, by its tokens: charging it also
+        as a scraped waiting request (``waiting`` weight, 512 tokens) counted the same delay twice and moved a
+        session off its cached replica whenever the engine had a queue (``bench/routing.py``).
         """
-        return ReplicaLoad(self.queue_depth.get(replica.name, 0.0), self.running.get(replica.name, 0.0),
-                           self.kv_usage.get(replica.name, 0.0),
+        others_waiting = max(self.queue_depth.get(replica.name, 0.0) - self.pending_requests[replica.name], 0.0)
+        return ReplicaLoad(others_waiting, self.running.get(replica.name, 0.0), self.kv_usage.get(replica.name, 0.0),
                            float(max(self.pending_prefill_tokens[replica.name], 0)))
 
     def forget(self, name: str) -> None:
@@ -102,10 +109,13 @@ class LoadTracker:
         cached), pending until :meth:`prefill_done`."""
         self.assigned[replica.name] += 1
         self.in_flight[replica.name] += 1
+        self.pending_requests[replica.name] += 1
         self.pending_prefill_tokens[replica.name] += prefill_tokens
 
     def prefill_done(self, replica: Replica, prefill_tokens: int) -> None:
-        """The request begun with ``prefill_tokens`` got its first byte back, or ended without one (call once)."""
+        """The request begun with ``prefill_tokens`` got its first byte back, or ended without one (call exactly
+        once per :meth:`begin`)."""
+        self.pending_requests[replica.name] -= 1
         self.pending_prefill_tokens[replica.name] -= prefill_tokens
 
     def end(self, replica: Replica) -> None:

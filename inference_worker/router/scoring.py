@@ -6,7 +6,8 @@
 in prompt-token units (a point of score is one prompt token the replica will not have to prefill).
 For ``cache_aware`` (``LoadTracker.cache_signals``) ``pending_prefill_tokens`` is the uncached prompt work
 this router sent the replica that has not produced a first byte yet and ``num_waiting`` the engine's
-scraped queue; ``least_loaded`` (``LoadTracker.signals``) has no pending tokens and counts every in-flight
+scraped queue less those requests of this router (each queued request is charged once: by its tokens when the
+router knows them, else by ``waiting``); ``least_loaded`` (``LoadTracker.signals``) has no pending tokens and counts every in-flight
 request as waiting.
 The highest score wins; ties go to the session's rendezvous hash (:func:`session_rank`: the same
 session lands on the same replica while nothing else differs, which also makes its next turn a hit),
@@ -47,8 +48,9 @@ class ScoringWeights:
     pending_prefill: float = 1.0
     """Per uncached prompt token of requests sent to the replica that have no first byte yet."""
     waiting: float = 512.0
-    """Per request waiting on the replica (``cache_aware``: the scraped queue depth; ``least_loaded``: plus this
-    router's in-flight requests)."""
+    """Per request waiting on the replica (``cache_aware``: the scraped queue depth less this router's requests
+    before their first byte, which ``pending_prefill`` charges; ``least_loaded``: the scraped queue depth plus
+    this router's in-flight requests)."""
     running: float = 32.0
     """Per request in the replica's running batch."""
     kv_usage: float = 1024.0

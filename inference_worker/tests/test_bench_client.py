@@ -32,7 +32,8 @@ def test_cached_tokens_come_from_usage_details_before_the_header():
                   {"choices": [{"index": 0, "text": "b", "token_ids": [12]}]},
                   {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5,
                                             "prompt_tokens_details": {"cached_tokens": 2}}}]
-        return httpx.Response(200, headers={http_headers.CACHED_TOKENS: "1"}, content=sse_body(chunks))
+        return httpx.Response(200, headers={http_headers.CACHED_TOKENS: "1", http_headers.REPLICA: "decode-1",
+                                            http_headers.DECISION: "local_prefill"}, content=sse_body(chunks))
 
     async def go():
         async with stream(handler) as client:
@@ -41,6 +42,7 @@ def test_cached_tokens_come_from_usage_details_before_the_header():
 
     result = asyncio.run(go())
     assert result.ok and (result.num_cached_tokens, result.cached_tokens_from) == (2, "usage")
+    assert (result.replica, result.decision) == ("decode-1", "local_prefill")
     assert (result.text, result.token_ids, result.num_prompt_tokens, result.num_output_tokens) == ("ab", [11, 12], 3, 2)
 
 
@@ -134,3 +136,19 @@ def test_kv_events_subscriber_counts_batches_events_and_bytes_received():
     subscriber.join(timeout_s=5)
     assert paths == ["/v1/kv-events"]
     assert subscriber.counts() == (3, 3, len(body)) and subscriber.error is None
+
+
+def test_routing_placement_counts_later_turns_served_elsewhere_and_bounds_are_exact():
+    from bench.workloads import placement_bounds, session_moves
+
+    records = [{"session_id": s, "turn": k, "replica": r, "decision": d} for s, k, r, d in (
+        ("a", 1, "d1", "local_prefill"), ("a", 0, "d0", "local_prefill"), ("a", 2, "d1", "remote_prefill"),
+        ("b", 0, "d0", "local_prefill"), ("b", 1, "d0", "local_prefill"))]
+    assert session_moves(records) == {"later_turns": 3, "moved": 1, "remote": 1}
+    # one session, 2 turns, block 2: turn 0 = 4 system + 2 user ids, turn 1 = those + 2 answer + 2 user ids (10)
+    workload = MultiTurnWorkload.from_config(MultiTurnConfig(num_sessions=1, num_turns=2, num_system_tokens=4,
+                                                             user_tokens=(2, 2), max_tokens=2))
+    bounds = placement_bounds(workload, block_size=2, num_replicas=1)
+    # sticky = random with one replica: 6 computed, then 10 - 6 cached (3 blocks of prompt; the answer's
+    # last token never fed back, so its block [answer0, answer1] is not stored) = 4
+    assert bounds == {"sticky_prefill_tokens": 10, "random_prefill_tokens": 10, "random_over_sticky": 1.0}

@@ -22,6 +22,7 @@ from inference_worker.router.pipeline import (
     plan_route,
 )
 from inference_worker.router.prefix_index import FULL, SLIDING, PrefixIndex
+from inference_worker.router.scoring import ReplicaLoad
 from inference_worker.router.table import RoutingTable
 
 SHA = "ab" * 32
@@ -235,3 +236,25 @@ def test_admission_books_the_uncached_tokens_of_a_local_prefill_and_none_for_a_r
     admit(local, loads)
     admit(remote, loads)
     assert (loads.in_flight["d0"], loads.pending_prefill_tokens["d0"]) == (2, 80)
+
+
+def test_an_own_request_queued_in_the_engine_is_charged_once_by_its_tokens():
+    # d0 holds 320 tokens of the prompt (20 blocks). A request this router sent d0 waits in d0's engine queue with
+    # 100 uncached tokens, so the scrape shows queue depth 1: it delays us by its 100 tokens, once. d0 scores
+    # 320 - 100 > 0 and keeps the session (charged again as a waiting request, 512 more, it sent the session to
+    # cold d1). A second queued request that is not this router's (depth 2) is charged as waiting: 320 - 100 - 512.
+    t, index = table(), index_with({"d0": 20})
+    loads = LoadTracker()
+    d0 = next(r for r in t.replicas if r.name == "d0")
+    loads.begin(d0, 100)
+    loads.queue_depth["d0"] = 1.0
+    assert loads.cache_signals(d0) == ReplicaLoad(waiting=0.0, running=0.0, kv_usage_ratio=0.0,
+                                                  pending_prefill_tokens=100.0)
+    chosen = plan(t, index, loads)
+    assert (chosen.decode.name, chosen.predicted_cached_tokens) == ("d0", 320)
+    loads.queue_depth["d0"] = 2.0
+    assert loads.cache_signals(d0).waiting == 1.0
+    assert plan(t, index, loads).decode.name == "d1"
+    loads.prefill_done(d0, 100)  # its first byte: no longer this router's pending work, the scrape is stale
+    assert (loads.pending_requests["d0"], loads.pending_prefill_tokens["d0"], loads.cache_signals(d0).waiting) == (
+        0, 0, 2.0)
