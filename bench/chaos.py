@@ -145,9 +145,10 @@ class Load(threading.Thread):
     """One streamed completion through the router every ``1 / rate`` seconds (a steady rate), whatever the
     answers; ``results`` holds ``(started_monotonic, ok, error)``."""
 
-    def __init__(self, router_url: str, rate: float, seed: int) -> None:
+    def __init__(self, router_url: str, rate: float, seed: int, api_key: str) -> None:
         super().__init__(name="chaos-load", daemon=True)
         self.url = router_url.rstrip("/") + "/v1/completions"
+        self.headers = {"Authorization": f"Bearer {api_key}"}
         self.interval_s = 1.0 / rate
         self.requests = word_prompts(4096, seed, input_words=(8, 400), output_tokens=(4, 12))
         self.results: list[tuple[float, bool, str]] = []
@@ -157,7 +158,7 @@ class Load(threading.Thread):
         asyncio.run(self._main())
 
     async def _main(self) -> None:
-        async with httpx.AsyncClient(timeout=60.0) as client:
+        async with httpx.AsyncClient(timeout=60.0, headers=self.headers) as client:
             tasks: set[asyncio.Task] = set()
             index = 0
             next_at = time.monotonic()
@@ -495,7 +496,7 @@ def main(argv: list[str] | None = None) -> int:
         if missing:
             print(f"chaos | not ready after 600 s: {'; '.join(missing)}", flush=True)
             return 1
-        load = Load(stack.config.router_url, args.rate, args.seed)
+        load = Load(stack.config.router_url, args.rate, args.seed, stack.client_api_key)
         load.start()
         if args.soak is not None:
             payload["soak"] = run_soak(stack, args)
