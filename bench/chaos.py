@@ -243,7 +243,20 @@ def wait_ready(stack: Stack, api: Api, timeout_s: float) -> list[str]:
     return missing
 
 
-def rollout_body(scenario: str, pools: dict[str, dict], target_version: int, router_url: str) -> dict:
+def router_id(api: Api, router_url: str) -> int:
+    """The id of the registered router at ``router_url`` (``ferry_setup``'s demo router; rollouts name routers by
+    id).
+
+    Raises:
+        LookupError: no router registered at that URL.
+    """
+    for row in api.rows("/routers/"):
+        if row["url"].rstrip("/") == router_url.rstrip("/"):
+            return row["id"]
+    raise LookupError(f"no router registered at {router_url}")
+
+
+def rollout_body(scenario: str, pools: dict[str, dict], target_version: int, router: int) -> dict:
     """The ``POST /api/v1/rollouts/`` body of a scenario (module docstring)."""
     steps = {
         "canary": [{"set_weight": 50}, {"pause": {"seconds": 5}}, {"set_weight": 100}, {"pause": {"seconds": 5}}],
@@ -252,7 +265,7 @@ def rollout_body(scenario: str, pools: dict[str, dict], target_version: int, rou
     }[scenario]
     return {"name": f"chaos-{scenario}-{int(time.time())}", "pools": sorted(p["id"] for p in pools.values()),
             "target_model_version": target_version,
-            "strategy": "blue_green" if scenario == "blue_green" else "canary", "router_url": router_url,
+            "strategy": "blue_green" if scenario == "blue_green" else "canary", "router": router,
             "steps": steps, "gates": []}
 
 
@@ -317,7 +330,8 @@ def run_cell(stack: Stack, api: Api, load: Load, scenario: str, target: str, *, 
     target_version = next(v for v in versions if v != original)
     exits_before = {name: len(p.unexpected_exits) for name, p in stack.procs.items()}
     start = time.monotonic()
-    rollout = api.post("/rollouts/", rollout_body(scenario, pools, target_version, stack.config.router_url))
+    rollout = api.post("/rollouts/", rollout_body(scenario, pools, target_version,
+                                                  router_id(api, stack.config.router_url)))
     cell.rollout_id = rid = rollout["id"]
     api.post(f"/rollouts/{rid}/start/")
     deadline = start + cell_timeout_s
@@ -425,7 +439,7 @@ def run_matrix(stack: Stack, api: Api, load: Load, args: argparse.Namespace) -> 
             print(f"chaos | cell {scenario} x {target} (kill at {KILL_PHASES[scenario][target]})", flush=True)
             try:
                 cell = asdict(run_cell(stack, api, load, scenario, target, cell_timeout_s=args.cell_timeout_s))
-            except (httpx.HTTPError, RuntimeError) as exc:  # the API refused or stayed away: the cell says so
+            except (httpx.HTTPError, RuntimeError, LookupError) as exc:  # the API refused or stayed away: the cell says so
                 cell = asdict(Cell(scenario, target, KILL_PHASES[scenario][target], EXPECTED_STATE[scenario],
                                    note=f"cell broke off: {type(exc).__name__}: {exc}"))
             cells.append(cell)
