@@ -145,7 +145,8 @@ class Cell:
 
 class Load(threading.Thread):
     """One streamed completion through the router every ``1 / rate`` seconds (a steady rate), whatever the
-    answers; ``results`` holds ``(started_monotonic, ok, error)``."""
+    answers; ``results`` holds ``(started_monotonic, ok, error)``. A request is ok only when its stream ended
+    with ``[DONE]`` after all ``max_tokens`` tokens (``ignore_eos``: fewer means the worker aborted it)."""
 
     def __init__(self, router_url: str, rate: float, seed: int, api_key: str) -> None:
         super().__init__(name="chaos-load", daemon=True)
@@ -178,7 +179,10 @@ class Load(threading.Thread):
     async def _one(self, client: httpx.AsyncClient, prompt: str, max_tokens: int) -> None:
         started = time.monotonic()
         result = await one_request(client, self.url, MODEL, prompt, max_tokens, chat=False)
-        self.results.append((started, result.ok, result.error[:200]))
+        ok, error = result.ok, result.error
+        if ok and result.num_output_tokens != max_tokens:  # ignore_eos: only an abort ends a stream early
+            ok, error = False, f"finished early: {result.num_output_tokens} of {max_tokens} tokens (aborted)"
+        self.results.append((started, ok, error[:200]))
 
     def stop(self) -> None:
         self.stop_event.set()
