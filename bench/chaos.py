@@ -65,6 +65,7 @@ import asyncio
 import datetime
 import json
 import shutil
+import signal
 import sys
 import tempfile
 import threading
@@ -503,6 +504,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    # SIGTERM (and SIGINT, which a shell ignores in a background job) stop the run through the finally below,
+    # so the stack and its model workers are stopped, not left behind
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    signal.signal(signal.SIGINT, lambda *_: sys.exit(130))
     var_dir = args.var_dir
     if var_dir is None:
         var_dir = Path(tempfile.mkdtemp(prefix="ferry-chaos-"))
