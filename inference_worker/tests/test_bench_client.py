@@ -134,3 +134,18 @@ def test_kv_events_subscriber_counts_batches_events_and_bytes_received():
     subscriber.join(timeout_s=5)
     assert paths == ["/v1/kv-events"]
     assert subscriber.counts() == (3, 3, len(body)) and subscriber.error is None
+
+
+def test_a_stream_cut_before_done_or_ending_in_an_error_event_is_a_failed_request():
+    """What a client of a killed replica sees: tokens, then the connection ends without ``[DONE]`` (before the
+    router framed such breaks), or the router's ``upstream_stream_broken`` event. Neither is a success."""
+    token = f"data: {json.dumps({'choices': [{'index': 0, 'text': 'a'}]})}\n\n".encode()
+    error = f"data: {json.dumps({'error': {'message': 'broke off', 'code': 'upstream_stream_broken'}})}\n\n".encode()
+
+    async def go(content: bytes):
+        async with stream(lambda request: httpx.Response(200, content=content)) as client:
+            return await one_request(client, "http://w/v1/completions", "m", "hi", 3, False)
+
+    cut, broken = asyncio.run(go(token * 2)), asyncio.run(go(token + error + b"data: [DONE]\n\n"))
+    assert (cut.ok, cut.error, cut.text) == (False, "stream ended without [DONE] after 2 chunks", "aa")
+    assert (broken.ok, broken.error) == (False, "broke off")
