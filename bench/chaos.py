@@ -135,6 +135,8 @@ class Cell:
     error_counts: list[tuple[int, str]] = field(default_factory=list)
     """``(count, error)`` of the cell's failed requests, most frequent first (errors cut to 160 characters)."""
     failed_at_s: list[float] = field(default_factory=list)
+    failures: list[tuple[float, str]] = field(default_factory=list)
+    """``(seconds from the cell's start, error cut to 100 characters)`` of each failed request (first 100)."""
     applied_twice: list[str] = field(default_factory=list)
     lost: list[str] = field(default_factory=list)
     reexecuted: list[str] = field(default_factory=list)
@@ -413,6 +415,8 @@ def run_cell(stack: Stack, api: Api, load: Load, scenario: str, target: str, *, 
     cell.num_requests, cell.num_failed, cell.errors = failed_requests(results, start, end)
     cell.error_counts = [(n, e) for e, n in Counter(r[2][:160] for r in results
                                                     if start <= r[0] < end and not r[1]).most_common()]
+    cell.failures = sorted((round(r[0] - start, 1), r[2][:100]) for r in results
+                           if start <= r[0] < end and not r[1])[:100]
     cell.failed_at_s = sorted(round(r[0] - start, 1) for r in results if start <= r[0] < end and not r[1])[:100]
     cell.applied_twice = steps_applied_twice(actions, rid)
     cell.lost = actions_lost(actions, rid, num_track_changes=int(rollout["progress"].get("num_track_changes", 0)))
