@@ -326,6 +326,17 @@ def final_check(scenario: str, rollout: dict, pools: dict[str, dict], original_v
     return problems
 
 
+def _retrying(read, attempts: int = 10, pause_s: float = 3.0):  # noqa: ANN001, ANN202 - a callable and its value
+    """``read()``, tried again on an HTTP error (a web server just restarted or shedding load) up to ``attempts``
+    times; the last error propagates."""
+    for _ in range(attempts - 1):
+        try:
+            return read()
+        except httpx.HTTPError:
+            time.sleep(pause_s)
+    return read()
+
+
 def run_cell(stack: Stack, api: Api, load: Load, scenario: str, target: str, *, cell_timeout_s: float) -> Cell:
     """One cell (module docstring). Never raises for the product's failures: they are recorded."""
     cell = Cell(scenario, target, KILL_PHASES[scenario][target], EXPECTED_STATE[scenario])
@@ -401,13 +412,16 @@ def run_cell(stack: Stack, api: Api, load: Load, scenario: str, target: str, *, 
     settle_deadline = time.monotonic() + 60
     actions = []
     while time.monotonic() < settle_deadline:  # Actions still queued get a minute to run before they count as lost
-        actions = rollout_actions(api.rows("/actions/"), rid)
+        try:
+            actions = rollout_actions(api.rows("/actions/"), rid)
+        except httpx.HTTPError:  # a busy web server's 503: look again
+            time.sleep(2.0)
+            continue
         if not any(a["status"] in ("pending", "running") for a in actions):
             break
         time.sleep(2.0)
     end = time.monotonic()
-    rollout = api.get(f"/rollouts/{rid}/")
-    pools = pools_by_name(api)
+    rollout, pools = _retrying(lambda: (api.get(f"/rollouts/{rid}/"), pools_by_name(api)))
     cell.final_state, cell.message = rollout["state"], rollout["message"]
     cell.final_detail = final_check(scenario, rollout, pools, original) + [f"not ready: {m}" for m in settle_missing]
     cell.final_state_ok = not cell.final_detail
@@ -514,8 +528,10 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, lambda *_: sys.exit(130))
     var_dir = args.var_dir
     if var_dir is None:
+        # 0700 as make run's var/: a root-started PostgreSQL (run as nobody) gets search through its group
+        # (0710, apps.setup.embedded_postgresql), which Django's start-up private_dir keeps. A 0711 var/ lost its
+        # "other" search bit to private_dir and the database PANICked at its first timed checkpoint.
         var_dir = Path(tempfile.mkdtemp(prefix="ferry-chaos-"))
-        var_dir.chmod(0o711)  # PostgreSQL run as nobody (under root) must traverse it to its data directory
     stack = Stack(var_dir, throwaway=args.var_dir is None)
     load = None
     payload: dict = {"started_at": utc_stamp(), "args": {k: str(v) for k, v in vars(args).items()}}
