@@ -326,6 +326,15 @@ def final_check(scenario: str, rollout: dict, pools: dict[str, dict], original_v
     return problems
 
 
+def _track_removed(api: Api, killed_name: str) -> bool:
+    """Whether ``model:<pool>:<track>``'s track no longer exists (False when the API does not answer)."""
+    _, pool, track = killed_name.split(":", 2)
+    try:
+        return track not in {t["name"] for t in pools_by_name(api)[pool]["tracks"]}
+    except (httpx.HTTPError, KeyError):
+        return False
+
+
 def _retrying(read, attempts: int = 10, pause_s: float = 3.0):  # noqa: ANN001, ANN202 - a callable and its value
     """``read()``, tried again on an HTTP error (a web server just restarted or shedding load) up to ``attempts``
     times; the last error propagates."""
@@ -392,6 +401,10 @@ def run_cell(stack: Stack, api: Api, load: Load, scenario: str, target: str, *, 
                     restarted = stack.restarted_at(killed_name, killed_pid)
                     if restarted is not None:
                         cell.restarted_s = round(restarted - kill_at, 2)
+                    elif killed_name.startswith("model:") and _track_removed(api, killed_name):
+                        # the rollout removed the killed replica's track (promoted or reverted): nothing restarts it
+                        cell.note = f"{killed_name} removed by the rollout: no restart to wait for"
+                        break
                 if cell.restarted_s is not None:
                     try:
                         if not stack.readiness(desired_replicas(pools_by_name(api)), client):
