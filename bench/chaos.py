@@ -158,6 +158,8 @@ class Load(threading.Thread):
         self.interval_s = 1.0 / rate
         self.requests = word_prompts(4096, seed, input_words=(8, 400), output_tokens=(4, 12))
         self.results: list[tuple[float, bool, str]] = []
+        self.in_flight: dict[int, float] = {}
+        """Requests not answered yet: id -> start (``time.monotonic()``)."""
         self.stop_event = threading.Event()
 
     def run(self) -> None:
@@ -181,11 +183,23 @@ class Load(threading.Thread):
 
     async def _one(self, client: httpx.AsyncClient, prompt: str, max_tokens: int) -> None:
         started = time.monotonic()
-        result = await one_request(client, self.url, MODEL, prompt, max_tokens, chat=False)
+        key = id(asyncio.current_task())
+        self.in_flight[key] = started
+        try:
+            result = await one_request(client, self.url, MODEL, prompt, max_tokens, chat=False)
+        finally:
+            self.in_flight.pop(key, None)
         ok, error = result.ok, result.error
         if ok and result.num_output_tokens != max_tokens:  # ignore_eos: only an abort ends a stream early
             ok, error = False, f"finished early: {result.num_output_tokens} of {max_tokens} tokens (aborted)"
         self.results.append((started, ok, error[:200]))
+
+    def wait_answered(self, before: float, timeout_s: float = 75.0) -> None:
+        """Wait (up to ``timeout_s``; the client's own timeout is 60 s) until every request started before
+        ``before`` has its result: a cell counts the requests it started, including the slow last ones."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and any(t < before for t in list(self.in_flight.values())):
+            time.sleep(0.5)
 
     def stop(self) -> None:
         self.stop_event.set()
@@ -438,6 +452,7 @@ def run_cell(stack: Stack, api: Api, load: Load, scenario: str, target: str, *, 
     cell.final_state, cell.message = rollout["state"], rollout["message"]
     cell.final_detail = final_check(scenario, rollout, pools, original) + [f"not ready: {m}" for m in settle_missing]
     cell.final_state_ok = not cell.final_detail
+    load.wait_answered(end)  # requests still streaming at the cell's end were left out of every cell
     results = list(load.results)
     cell.num_requests, cell.num_failed, cell.errors = failed_requests(results, start, end)
     cell.error_counts = [(n, e) for e, n in Counter(r[2][:160] for r in results
