@@ -436,9 +436,9 @@ def run_cell(stack: Stack, api: Api, load: Load, scenario: str, target: str, *, 
             break
         time.sleep(1.0)
     settle_missing = wait_ready(stack, api, max(30.0, deadline - time.monotonic()))
-    settle_deadline = time.monotonic() + 60
+    settle_deadline = time.monotonic() + 120  # a track_delete drains its replicas (demo: up to 60 s) first
     actions = []
-    while time.monotonic() < settle_deadline:  # Actions still queued get a minute to run before they count as lost
+    while time.monotonic() < settle_deadline:  # Actions still queued get 2 minutes to run before they count as lost
         try:
             actions = rollout_actions(api.rows("/actions/"), rid)
         except httpx.HTTPError:  # a busy web server's 503: look again
