@@ -65,6 +65,7 @@ import asyncio
 import datetime
 import json
 import shutil
+import signal
 import sys
 import tempfile
 import threading
@@ -131,7 +132,11 @@ class Cell:
     num_requests: int = 0
     num_failed: int = 0
     errors: list[str] = field(default_factory=list)
+    error_counts: list[tuple[int, str]] = field(default_factory=list)
+    """``(count, error)`` of the cell's failed requests, most frequent first (errors cut to 160 characters)."""
     failed_at_s: list[float] = field(default_factory=list)
+    failures: list[tuple[float, str]] = field(default_factory=list)
+    """``(seconds from the cell's start, error cut to 100 characters)`` of each failed request (first 100)."""
     applied_twice: list[str] = field(default_factory=list)
     lost: list[str] = field(default_factory=list)
     reexecuted: list[str] = field(default_factory=list)
@@ -143,21 +148,25 @@ class Cell:
 
 class Load(threading.Thread):
     """One streamed completion through the router every ``1 / rate`` seconds (a steady rate), whatever the
-    answers; ``results`` holds ``(started_monotonic, ok, error)``."""
+    answers; ``results`` holds ``(started_monotonic, ok, error)``. A request is ok only when its stream ended
+    with ``[DONE]`` after all ``max_tokens`` tokens (``ignore_eos``: fewer means the worker aborted it)."""
 
-    def __init__(self, router_url: str, rate: float, seed: int) -> None:
+    def __init__(self, router_url: str, rate: float, seed: int, api_key: str) -> None:
         super().__init__(name="chaos-load", daemon=True)
         self.url = router_url.rstrip("/") + "/v1/completions"
+        self.headers = {"Authorization": f"Bearer {api_key}"}
         self.interval_s = 1.0 / rate
         self.requests = word_prompts(4096, seed, input_words=(8, 400), output_tokens=(4, 12))
         self.results: list[tuple[float, bool, str]] = []
+        self.in_flight: dict[int, float] = {}
+        """Requests not answered yet: id -> start (``time.monotonic()``)."""
         self.stop_event = threading.Event()
 
     def run(self) -> None:
         asyncio.run(self._main())
 
     async def _main(self) -> None:
-        async with httpx.AsyncClient(timeout=60.0) as client:
+        async with httpx.AsyncClient(timeout=60.0, headers=self.headers) as client:
             tasks: set[asyncio.Task] = set()
             index = 0
             next_at = time.monotonic()
@@ -174,8 +183,23 @@ class Load(threading.Thread):
 
     async def _one(self, client: httpx.AsyncClient, prompt: str, max_tokens: int) -> None:
         started = time.monotonic()
-        result = await one_request(client, self.url, MODEL, prompt, max_tokens, chat=False)
-        self.results.append((started, result.ok, result.error[:200]))
+        key = id(asyncio.current_task())
+        self.in_flight[key] = started
+        try:
+            result = await one_request(client, self.url, MODEL, prompt, max_tokens, chat=False)
+        finally:
+            self.in_flight.pop(key, None)
+        ok, error = result.ok, result.error
+        if ok and result.num_output_tokens != max_tokens:  # ignore_eos: only an abort ends a stream early
+            ok, error = False, f"finished early: {result.num_output_tokens} of {max_tokens} tokens (aborted)"
+        self.results.append((started, ok, error[:200]))
+
+    def wait_answered(self, before: float, timeout_s: float = 75.0) -> None:
+        """Wait (up to ``timeout_s``; the client's own timeout is 60 s) until every request started before
+        ``before`` has its result: a cell counts the requests it started, including the slow last ones."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and any(t < before for t in list(self.in_flight.values())):
+            time.sleep(0.5)
 
     def stop(self) -> None:
         self.stop_event.set()
@@ -242,7 +266,20 @@ def wait_ready(stack: Stack, api: Api, timeout_s: float) -> list[str]:
     return missing
 
 
-def rollout_body(scenario: str, pools: dict[str, dict], target_version: int, router_url: str) -> dict:
+def router_id(api: Api, router_url: str) -> int:
+    """The id of the registered router at ``router_url`` (``ferry_setup``'s demo router; rollouts name routers by
+    id).
+
+    Raises:
+        LookupError: no router registered at that URL.
+    """
+    for row in api.rows("/routers/"):
+        if row["url"].rstrip("/") == router_url.rstrip("/"):
+            return row["id"]
+    raise LookupError(f"no router registered at {router_url}")
+
+
+def rollout_body(scenario: str, pools: dict[str, dict], target_version: int, router: int) -> dict:
     """The ``POST /api/v1/rollouts/`` body of a scenario (module docstring)."""
     steps = {
         "canary": [{"set_weight": 50}, {"pause": {"seconds": 5}}, {"set_weight": 100}, {"pause": {"seconds": 5}}],
@@ -251,7 +288,7 @@ def rollout_body(scenario: str, pools: dict[str, dict], target_version: int, rou
     }[scenario]
     return {"name": f"chaos-{scenario}-{int(time.time())}", "pools": sorted(p["id"] for p in pools.values()),
             "target_model_version": target_version,
-            "strategy": "blue_green" if scenario == "blue_green" else "canary", "router_url": router_url,
+            "strategy": "blue_green" if scenario == "blue_green" else "canary", "router": router,
             "steps": steps, "gates": []}
 
 
@@ -303,6 +340,26 @@ def final_check(scenario: str, rollout: dict, pools: dict[str, dict], original_v
     return problems
 
 
+def _track_removed(api: Api, killed_name: str) -> bool:
+    """Whether ``model:<pool>:<track>``'s track no longer exists (False when the API does not answer)."""
+    _, pool, track = killed_name.split(":", 2)
+    try:
+        return track not in {t["name"] for t in pools_by_name(api)[pool]["tracks"]}
+    except (httpx.HTTPError, KeyError):
+        return False
+
+
+def _retrying(read, attempts: int = 10, pause_s: float = 3.0):  # noqa: ANN001, ANN202 - a callable and its value
+    """``read()``, tried again on an HTTP error (a web server just restarted or shedding load) up to ``attempts``
+    times; the last error propagates."""
+    for _ in range(attempts - 1):
+        try:
+            return read()
+        except httpx.HTTPError:
+            time.sleep(pause_s)
+    return read()
+
+
 def run_cell(stack: Stack, api: Api, load: Load, scenario: str, target: str, *, cell_timeout_s: float) -> Cell:
     """One cell (module docstring). Never raises for the product's failures: they are recorded."""
     cell = Cell(scenario, target, KILL_PHASES[scenario][target], EXPECTED_STATE[scenario])
@@ -316,7 +373,8 @@ def run_cell(stack: Stack, api: Api, load: Load, scenario: str, target: str, *, 
     target_version = next(v for v in versions if v != original)
     exits_before = {name: len(p.unexpected_exits) for name, p in stack.procs.items()}
     start = time.monotonic()
-    rollout = api.post("/rollouts/", rollout_body(scenario, pools, target_version, stack.config.router_url))
+    rollout = api.post("/rollouts/", rollout_body(scenario, pools, target_version,
+                                                  router_id(api, stack.config.router_url)))
     cell.rollout_id = rid = rollout["id"]
     api.post(f"/rollouts/{rid}/start/")
     deadline = start + cell_timeout_s
@@ -357,6 +415,10 @@ def run_cell(stack: Stack, api: Api, load: Load, scenario: str, target: str, *, 
                     restarted = stack.restarted_at(killed_name, killed_pid)
                     if restarted is not None:
                         cell.restarted_s = round(restarted - kill_at, 2)
+                    elif killed_name.startswith("model:") and _track_removed(api, killed_name):
+                        # the rollout removed the killed replica's track (promoted or reverted): nothing restarts it
+                        cell.note = f"{killed_name} removed by the rollout: no restart to wait for"
+                        break
                 if cell.restarted_s is not None:
                     try:
                         if not stack.readiness(desired_replicas(pools_by_name(api)), client):
@@ -374,21 +436,29 @@ def run_cell(stack: Stack, api: Api, load: Load, scenario: str, target: str, *, 
             break
         time.sleep(1.0)
     settle_missing = wait_ready(stack, api, max(30.0, deadline - time.monotonic()))
-    settle_deadline = time.monotonic() + 60
+    settle_deadline = time.monotonic() + 120  # a track_delete drains its replicas (demo: up to 60 s) first
     actions = []
-    while time.monotonic() < settle_deadline:  # Actions still queued get a minute to run before they count as lost
-        actions = rollout_actions(api.rows("/actions/"), rid)
+    while time.monotonic() < settle_deadline:  # Actions still queued get 2 minutes to run before they count as lost
+        try:
+            actions = rollout_actions(api.rows("/actions/"), rid)
+        except httpx.HTTPError:  # a busy web server's 503: look again
+            time.sleep(2.0)
+            continue
         if not any(a["status"] in ("pending", "running") for a in actions):
             break
         time.sleep(2.0)
     end = time.monotonic()
-    rollout = api.get(f"/rollouts/{rid}/")
-    pools = pools_by_name(api)
+    rollout, pools = _retrying(lambda: (api.get(f"/rollouts/{rid}/"), pools_by_name(api)))
     cell.final_state, cell.message = rollout["state"], rollout["message"]
     cell.final_detail = final_check(scenario, rollout, pools, original) + [f"not ready: {m}" for m in settle_missing]
     cell.final_state_ok = not cell.final_detail
+    load.wait_answered(end)  # requests still streaming at the cell's end were left out of every cell
     results = list(load.results)
     cell.num_requests, cell.num_failed, cell.errors = failed_requests(results, start, end)
+    cell.error_counts = [(n, e) for e, n in Counter(r[2][:160] for r in results
+                                                    if start <= r[0] < end and not r[1]).most_common()]
+    cell.failures = sorted((round(r[0] - start, 1), r[2][:100]) for r in results
+                           if start <= r[0] < end and not r[1])[:100]
     cell.failed_at_s = sorted(round(r[0] - start, 1) for r in results if start <= r[0] < end and not r[1])[:100]
     cell.applied_twice = steps_applied_twice(actions, rid)
     cell.lost = actions_lost(actions, rid, num_track_changes=int(rollout["progress"].get("num_track_changes", 0)))
@@ -424,7 +494,7 @@ def run_matrix(stack: Stack, api: Api, load: Load, args: argparse.Namespace) -> 
             print(f"chaos | cell {scenario} x {target} (kill at {KILL_PHASES[scenario][target]})", flush=True)
             try:
                 cell = asdict(run_cell(stack, api, load, scenario, target, cell_timeout_s=args.cell_timeout_s))
-            except (httpx.HTTPError, RuntimeError) as exc:  # the API refused or stayed away: the cell says so
+            except (httpx.HTTPError, RuntimeError, LookupError) as exc:  # the API refused or stayed away: the cell says so
                 cell = asdict(Cell(scenario, target, KILL_PHASES[scenario][target], EXPECTED_STATE[scenario],
                                    note=f"cell broke off: {type(exc).__name__}: {exc}"))
             cells.append(cell)
@@ -482,10 +552,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    # SIGTERM (and SIGINT, which a shell ignores in a background job) stop the run through the finally below,
+    # so the stack and its model workers are stopped, not left behind
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    signal.signal(signal.SIGINT, lambda *_: sys.exit(130))
     var_dir = args.var_dir
     if var_dir is None:
+        # 0700 as make run's var/: a root-started PostgreSQL (run as nobody) gets search through its group
+        # (0710, apps.setup.embedded_postgresql), which Django's start-up private_dir keeps. A 0711 var/ lost its
+        # "other" search bit to private_dir and the database PANICked at its first timed checkpoint.
         var_dir = Path(tempfile.mkdtemp(prefix="ferry-chaos-"))
-        var_dir.chmod(0o711)  # PostgreSQL run as nobody (under root) must traverse it to its data directory
     stack = Stack(var_dir, throwaway=args.var_dir is None)
     load = None
     payload: dict = {"started_at": utc_stamp(), "args": {k: str(v) for k, v in vars(args).items()}}
@@ -497,7 +573,7 @@ def main(argv: list[str] | None = None) -> int:
         if missing:
             print(f"chaos | not ready after {args.ready_timeout_s:g} s: {'; '.join(missing)}", flush=True)
             return 1
-        load = Load(stack.config.router_url, args.rate, args.seed)
+        load = Load(stack.config.router_url, args.rate, args.seed, stack.client_api_key)
         load.start()
         if args.soak is not None:
             payload["soak"] = run_soak(stack, args)

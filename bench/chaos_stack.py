@@ -31,7 +31,14 @@ from honcho.environ import parse_procfile
 
 from apps.setup.embedded_postgresql import start_embedded_postgres
 from apps.setup.embedded_redis import EmbeddedRedis, free_tcp_port, redis_reachable, start_embedded_redis
-from apps.setup.procfile import BASE_DIR, LaunchConfig, child_env, launcher_tokens, procfile
+from apps.setup.procfile import (
+    BASE_DIR,
+    LaunchConfig,
+    child_env,
+    launcher_tokens,
+    procfile,
+    router_api_keys_write,
+)
 from apps.setup.readiness import ReadinessTarget, readiness_missing
 from apps.setup.run import run_setup, sweep
 
@@ -69,6 +76,8 @@ class Stack:
         self.postgres = None
         self.env: dict[str, str] = {}
         self.summary: dict = {}
+        self.client_api_key = ""
+        """The router's client API key (``make run``'s, in ``<var>/router_api_keys.json``); set by :meth:`start`."""
         self.lock = threading.Lock()
         self.stopping = threading.Event()
         self.redis_restarts: list[float] = []
@@ -87,6 +96,8 @@ class Stack:
         self.postgres = start_embedded_postgres(self.var_dir / "postgres", throwaway=self.throwaway)
         environ = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "DATABASE_URL")}
         tokens = launcher_tokens(self.var_dir, environ)
+        router_api_keys_write(self.var_dir, tokens["FERRY_CLIENT_API_KEY"])  # the router refuses to start without it
+        self.client_api_key = tokens["FERRY_CLIENT_API_KEY"]
         self.env = child_env(self.config, environ, redis_url=self.redis.url, database_url=self.postgres.url,
                              tokens=tokens)
         self.summary = run_setup(self.config, self.env)

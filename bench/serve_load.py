@@ -97,7 +97,8 @@ async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: s
     """Send one streaming request (greedy, ``ignore_eos``) and time its chunks.
 
     TTFT is the time to the first chunk carrying text or token ids. ``prompt`` is text or token ids
-    (``/v1/completions`` only). Failures are recorded in the result (``ok`` False, ``error``), never raised.
+    (``/v1/completions`` only). Failures are recorded in the result (``ok`` False, ``error``), never raised:
+    a non-200 answer, an error event in the stream, no token at all, or a stream cut before ``data: [DONE]``.
     """
     words = len(prompt.split()) if isinstance(prompt, str) else 0
     result = RequestResult(prompt_words=words, max_tokens=max_tokens)
@@ -111,6 +112,7 @@ async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: s
         body["prompt"] = prompt
     start = result.started_s = time.perf_counter()
     last = None
+    done = False
     pieces: list[str] = []
     try:
         async with client.stream("POST", url, json=body, headers=headers) as response:
@@ -127,6 +129,7 @@ async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: s
                     continue
                 payload = line[len("data: "):]
                 if payload == "[DONE]":
+                    done = True
                     break
                 data = json.loads(payload)
                 if "error" in data:
@@ -154,9 +157,11 @@ async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: s
                     last = now
         result.e2e_s = time.perf_counter() - start
         result.text = "".join(pieces)
-        result.ok = last is not None
-        if not result.ok:
+        result.ok = last is not None and done
+        if last is None:
             result.error = "no tokens streamed"
+        elif not done:  # the server (or a proxy) cut the stream: the client never got its whole answer
+            result.error = f"stream ended without [DONE] after {len(pieces)} chunks"
     except httpx.HTTPError as exc:
         result.error = f"{type(exc).__name__}: {exc}"
     return result

@@ -28,11 +28,22 @@ SHARED_SUBTREES = frozenset({"postgres-build"})
 
 
 def private_dir(path: Path) -> Path:
-    """Create ``path`` (and missing parents) with mode 0700, or close an existing one we own to 0700."""
+    """Create ``path`` (and missing parents) with mode 0700, or close an existing one we own to 0700.
+
+    One opening is kept: a directory we own whose group is not ours and whose group bits are search only
+    (0710, :mod:`apps.setup.embedded_postgresql`'s opening of ``var/`` to the server user a root-started
+    PostgreSQL runs as) stays 0710. Every Django process calls this on ``var/`` at start
+    (``controlplane.settings``): closing it to 0700 under a running PostgreSQL made the server's first timed
+    checkpoint (5 minutes in) fail to open ``global/pg_control`` and PANIC, taking the database down.
+    """
     path = Path(path)
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    if path.stat().st_uid == os.geteuid() and path.stat().st_mode & 0o077:
-        path.chmod(path.stat().st_mode & 0o700)
+    st = path.stat()
+    if st.st_uid != os.geteuid():
+        return path
+    keep = 0o700 | (0o010 if st.st_gid != os.getegid() else 0)
+    if st.st_mode & 0o077 & ~keep:
+        path.chmod(st.st_mode & keep)
     return path
 
 

@@ -14,12 +14,14 @@ Phases (``RolloutPlan.Phase``) of a progressing blue-green rollout; the old acti
    the routing table does it), run right after the tick's transaction; wait for it and for the router to
    apply the table; keep the old track at ``R`` replicas for ``scale_down_delay_s`` — an abort now
    switches straight back to it without restarting anything.
-5. After the delay the old track is removed, the pools' version becomes the target: ``promoted``.
+5. After the delay, once the new tracks have all ``R`` replicas ready again (one may have died since the switch)
+   and the router applied the table listing them, the old track is removed and the pools' version becomes the
+   target: ``promoted``.
 """
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import httpx
 
@@ -288,7 +290,30 @@ def tick(plan: RolloutPlan, now: datetime) -> str:
         plan.message = f"Switched; the old track stays for {plan.scale_down_delay_s}s for an instant switch-back."
         schedule(plan, now, plan.scale_down_delay_s)
         return "scale-down-delay"
+    delay_end = prog.switched_at + timedelta(seconds=plan.scale_down_delay_s)
+    if plan.step_started_at is None or plan.step_started_at < delay_end:
+        plan.step_started_at = now  # the wait below counts toward the progress deadline from the delay's end
+    waiting = _new_tracks_ready(plan, views)
+    if waiting is not None:
+        check_deadline(plan, now, waiting)
+        return _wait(plan, now, waiting)
     return _promote(plan, views)
+
+
+def _new_tracks_ready(plan: RolloutPlan, views: list[PoolView]) -> str | None:
+    """After the scale-down delay: what the new tracks still lack before the old ones may go (None: every pool's
+    new track has its ``R`` replicas ready again, as at the switch, and the router applied the table that lists
+    them). A new replica that died after the switch is being restarted: removing the old track then left no
+    ready replica of the model at all, and clients got 503 until the restart (chaos matrix, blue-green x
+    model:new); while the old track stays, the router fails its traffic over to it."""
+    for view in views:
+        _, new = _names(plan, view)
+        ready = min(view.ready.get(new, 0), view.tracks[new].replicas)
+        if ready < view.total:
+            return f"{view.pool} {new}: {ready} of {replicas_text(view.total)} ready before the old track goes"
+    prog = plan.typed_progress
+    prog.await_version = max(prog.await_version or 0, publish())
+    return router_behind(plan)
 
 
 def revert_switch(plan: RolloutPlan, views: list[PoolView]) -> None:

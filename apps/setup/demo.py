@@ -43,7 +43,10 @@ DEMO_ROUTER = "demo-router"
 DEMO_CLUSTERS = (("dc-prefill", "prefill", "prefill"), ("dc-decode", "decode", "decode"))  # (cluster, pool, role)
 DEMO_LINK_BANDWIDTH_GBPS = 10.0
 DEMO_LINK_RTT_MS = 2.0
-DEMO_DRAIN_TIMEOUT_S = 10
+DEMO_DRAIN_TIMEOUT_S = 60
+"""SIGTERM -> exit budget of the demo's workers: a stream in flight on a replica being removed gets up to 57 s to
+finish (``inference_worker.server.lifecycle.drain_wait_s``); an idle worker exits at once. 10 s aborted the
+streams of a loaded 2-core machine (chaos matrix: 'no tokens streamed' and cut streams while a track shrank)."""
 DEMO_MAX_REPLICAS = 4
 
 

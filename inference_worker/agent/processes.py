@@ -11,6 +11,11 @@
 * Each worker runs in its own session (so its own process group): a Ctrl-C aimed at the agent's
   terminal does not reach the workers and skip their drain; stop sends SIGTERM to the group,
   waits up to the drain timeout and then SIGKILLs the group.
+* Readiness is ``GET /ready`` every ``ready_poll_s``: an answer other than 200 (loading, draining) makes a worker
+  unready at once; a probe that gets no answer within ``probe_timeout_s`` does so only after
+  :data:`READY_FAILURE_THRESHOLD` in a row (Kubernetes' ``failureThreshold``), so one slow answer from a busy
+  worker does not take the only replica of a track out of the routing table (chaos matrix: 503 "no decode
+  replica left" on a loaded host while nothing was stopped).
 * stdout/stderr go to ``<state_dir>/logs/<name>.log`` (appended across restarts).
 * A dead worker stays in the table with ``alive: false``, its exit code, when it was seen dead
   (``exited_at``) and its termination message; the agent never restarts it on its own: reconcile
@@ -139,11 +144,15 @@ def matches_filter(labels: Mapping[str, str], selector: Mapping[str, str]) -> bo
     return all(labels.get(key) == value for key, value in selector.items())
 
 
+READY_FAILURE_THRESHOLD = 3
+"""Readiness probes in a row without an answer before a ready worker counts as unready (module docstring)."""
+
+
 class ProcessManager:
     """Starts, stops, restarts and watches worker processes; thread-safe."""
 
     def __init__(self, state_dir: Path, *, python: str = sys.executable, cwd: Path | None = None,
-                 ready_poll_s: float = 1.0) -> None:
+                 ready_poll_s: float = 1.0, probe_timeout_s: float = 1.0) -> None:
         self.store = StateStore(state_dir)
         self.log_dir = self.store.state_dir / "logs"
         self.log_dir.mkdir(exist_ok=True)
@@ -154,7 +163,8 @@ class ProcessManager:
         self._children: dict[str, subprocess.Popen] = {}
         self._closing = threading.Event()
         self._poller: threading.Thread | None = None
-        self._http = httpx.Client(timeout=httpx.Timeout(1.0))
+        self._http = httpx.Client(timeout=httpx.Timeout(probe_timeout_s))
+        self._probe_misses: dict[tuple[str, int], int] = {}  # (name, pid) -> readiness probes unanswered in a row
         self.state: AgentState = self.store.load()
         self._readopt()
 
@@ -193,7 +203,9 @@ class ProcessManager:
         changed = False
         for record in records:
             alive, exit_code = self._check_alive(record)
-            ready = alive and not record.stopping and self._probe_ready(record.port)
+            ready = alive and not record.stopping and self._ready_verdict(record)
+            if not alive:
+                self._probe_misses.pop((record.name, record.pid), None)
             with self._lock:
                 if (record.alive, record.exit_code, record.ready) != (alive, exit_code, ready):
                     if record.alive and not alive:
@@ -223,11 +235,25 @@ class ProcessManager:
         except OSError:
             return ""
 
-    def _probe_ready(self, port: int) -> bool:
+    def _probe_ready(self, port: int) -> bool | None:
+        """``GET /ready``: True for 200, False for another answer or a refused connection, None for no answer
+        within the probe timeout."""
         try:
             return self._http.get(f"http://127.0.0.1:{port}/ready").status_code == 200
+        except httpx.TimeoutException:
+            return None
         except httpx.HTTPError:
             return False
+
+    def _ready_verdict(self, record: ProcessRecord) -> bool:
+        """Readiness of a live worker from this probe and the unanswered ones before it (module docstring)."""
+        key = (record.name, record.pid)
+        probe = self._probe_ready(record.port)
+        if probe is not None:
+            self._probe_misses.pop(key, None)
+            return probe
+        misses = self._probe_misses[key] = self._probe_misses.get(key, 0) + 1
+        return record.ready and misses < READY_FAILURE_THRESHOLD
 
     # -- verbs ------------------------------------------------------------------------------------
 

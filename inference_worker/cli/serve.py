@@ -70,7 +70,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--served-model-name", help="model id in the API (default: --model)")
     parser.add_argument("--drain-timeout", type=float, default=30.0, metavar="S",
-                        help="seconds SIGTERM waits for in-flight requests before exiting")
+                        help="the SIGTERM -> exit budget in seconds (the agent's SIGKILL comes after it): in-flight "
+                             "requests get all of it but 3 s, then are aborted with finish_reason abort")
     parser.add_argument("--max-num-seqs", type=int, default=None, help="most sequences in one batch")
     parser.add_argument("--max-model-len", type=int, default=None, help="context length cap in tokens")
     parser.add_argument("--max-body-bytes", type=int, default=None, metavar="B",

@@ -40,6 +40,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import functools
+import json
 import logging
 import os
 import time
@@ -567,17 +568,33 @@ class Router:
 
     async def _relay(self, first: bytes, chunks: AsyncIterator[bytes], response: httpx.Response,
                      replica: Replica, judge: bool = True) -> AsyncIterator[bytes]:
+        """Pass a streamed answer through. An SSE answer (``text/event-stream``) goes out whole events at a
+        time (up to its last ``\\n\\n``), so when the upstream breaks mid-stream (its worker killed) the client
+        never gets a cut event: the incomplete one is dropped and the stream ends with an OpenAI error event
+        (type ``server_error``, code ``upstream_stream_broken``) and ``data: [DONE]``, as a worker ends a
+        failed generation. Nothing is retried once bytes reached the client."""
+        event_stream = response.headers.get("content-type", "").startswith("text/event-stream")
+        held = b""  # an SSE event not complete yet
         ok = None
         try:
-            if first:
-                yield first
-            async for chunk in chunks:
-                yield chunk
+            async for chunk in _prepend(first, chunks):
+                if not event_stream:
+                    yield chunk
+                    continue
+                held += chunk
+                end = held.rfind(b"\n\n") + 2
+                if end >= 2:
+                    out, held = held[:end], held[end:]
+                    yield out
+            if held:
+                yield held
             ok = True
         except httpx.HTTPError as exc:
             self.metrics.upstream_errors.labels(pool=replica.pool, replica=replica.name, kind="stream").inc()
             log.warning("stream from %s broke after the first byte: %s", replica.name, exc)
             ok = False
+            if event_stream:
+                yield broken_stream_event(replica.name, exc)
         finally:
             if judge:
                 if ok is None:  # the client went away mid-stream: no outcome for the replica
@@ -586,6 +603,21 @@ class Router:
                     self._breaker_outcome(replica, ok)
             self.loads.end(replica)
             await response.aclose()
+
+
+async def _prepend(first: bytes, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    if first:
+        yield first
+    async for chunk in chunks:
+        yield chunk
+
+
+def broken_stream_event(replica_name: str, exc: Exception) -> bytes:
+    """The SSE bytes that end a stream whose upstream broke: an OpenAI error event, then ``data: [DONE]``."""
+    error = OpenAIError(502, f"the answer from replica {replica_name} broke off mid-stream ({type(exc).__name__}); "
+                             "the tokens sent so far are incomplete: send the request again",
+                        type="server_error", code="upstream_stream_broken")
+    return b"data: " + json.dumps(error.body(), separators=(",", ":")).encode() + b"\n\ndata: [DONE]\n\n"
 
 
 async def _wait_disconnect(request: Request) -> None:

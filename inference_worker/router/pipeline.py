@@ -7,10 +7,12 @@
 1. **Eligibility** (:func:`eligibility`): the tracks of the requested ``model`` (every track in tables
    that name no models), the track of the sticky key (:func:`.decisions.choose_track`), and the decode
    or colocated replicas of its model version (same track first), minus ejected replicas and the ones
-   already tried. When ejection (:mod:`.breaker`) or failed attempts took the track's last replica, the
-   request goes to the track the sticky key picks among the model's other tracks that have a replica left
-   (``failover_from`` names the emptied track; the router counts it): a release never costs a client its
-   request because the one replica of a canary failed before the breaker ejected it. An unknown model raises :class:`UnknownModel` (404);
+   already tried. When ejection (:mod:`.breaker`) or failed attempts took the track's last replica, or the
+   table lists no ready replica of the track at all (a weight the control plane has not moved yet while the
+   track's replicas went unready), the request goes to the track the sticky key picks among the model's
+   other tracks that have a replica left (``failover_from`` names the emptied track; the router counts it):
+   a release never costs a client its request because the one replica of a canary failed before the breaker
+   ejected it, nor because traffic points at a track with no ready replica for a moment. An unknown model raises :class:`UnknownModel` (404);
    nothing left raises :class:`.decisions.NoReplicaAvailable` (503).
 2. **Scoring** (:mod:`.scoring`): per candidate, expected cached tokens from the prefix index
    (:class:`.prefix_index.PrefixIndex`, the hybrid hit rule) against load (the uncached prefill this router
@@ -75,7 +77,8 @@ class Eligible:
     decode: tuple[Replica, ...]
     prefill: tuple[Replica, ...]
     failover_from: str | None = None
-    """The track the sticky key chose when ejection emptied it (``track`` is then another track), else None."""
+    """The track the sticky key chose when it had no replica left (ejected, tried, or none ready in the table;
+    ``track`` is then another track), else None."""
 
 
 @dataclass(frozen=True)
@@ -130,7 +133,7 @@ def eligibility(table: RoutingTable, *, model: str | None, sticky_key: str, excl
     decode = _decode_candidates(table, track)
     left = [r for r in decode if r.name not in skip]
     failover_from = None
-    if not left and decode:
+    if not left:  # emptied by ejection or failed attempts, or no ready replica in the table at all
         others = tuple(t for t in tracks if t is not track
                        and any(r.name not in skip for r in _decode_candidates(table, t)))
         if others:

@@ -14,9 +14,15 @@ SIGTERM (or the first SIGINT) starts a drain instead of uvicorn's immediate shut
 
 1. readiness turns false (``/ready`` 503) so load balancers stop sending traffic;
 2. the listener stays open and new completion requests get 503 ``draining``;
-3. in-flight requests run to completion, bounded by ``drain_timeout_s``; requests still running
-   then are aborted and end with ``finish_reason: "abort"`` (streams still get ``[DONE]``);
+3. in-flight requests run to completion for up to :func:`drain_wait_s` of ``drain_timeout_s``; requests
+   still running then are aborted and end with ``finish_reason: "abort"`` (streams still get ``[DONE]``);
 4. uvicorn then shuts down and the process exits 0.
+
+``drain_timeout_s`` is the whole SIGTERM -> exit budget: the local agent SIGKILLs the worker when it runs out
+and Kubernetes' ``terminationGracePeriodSeconds`` is the same number. So the wait for in-flight requests
+stops :data:`ABORT_GRACE_S` + :data:`EXIT_MARGIN_S` before it, leaving the aborted streams time to send their
+last event and the process time to exit. (Waiting the whole budget made the agent's SIGKILL land while the
+aborts were being sent: clients got streams cut mid-event instead of ``finish_reason: "abort"``.)
 
 A second signal during the drain forces an immediate exit.
 """
@@ -39,6 +45,16 @@ logger = logging.getLogger(__name__)
 
 ABORT_GRACE_S = 2.0
 """After a drain timeout, how long aborted requests get to send their last chunk."""
+
+EXIT_MARGIN_S = 1.0
+"""Seconds the drain leaves, after the abort grace, for uvicorn to close connections and the process to exit."""
+
+
+def drain_wait_s(drain_timeout_s: float) -> float:
+    """Seconds a draining worker waits for in-flight requests before it aborts them: the SIGTERM -> exit budget
+    ``drain_timeout_s`` less :data:`ABORT_GRACE_S` and :data:`EXIT_MARGIN_S`, at least 0 (module docstring).
+    Examples: 10 -> 7, 300 -> 297, 1 -> 0."""
+    return max(0.0, drain_timeout_s - ABORT_GRACE_S - EXIT_MARGIN_S)
 
 EXIT_MODEL_LOAD_FAILED = 3
 """Exit status of a worker whose model failed to load (1 and 2 are Python's and argparse's)."""
@@ -100,7 +116,7 @@ class DrainingServer(uvicorn.Server):
 
     async def _drain(self) -> None:
         state = self.worker_state
-        done = await state.wait_idle(state.drain_timeout_s)
+        done = await state.wait_idle(drain_wait_s(state.drain_timeout_s))
         if not done:
             logger.warning("drain timeout: %d request(s) still in flight are aborted", state.num_in_flight)
             state.abort_all()  # they end with finish_reason "abort" rather than a cut connection

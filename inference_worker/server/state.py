@@ -88,7 +88,8 @@ class ServerState:
         fault_error_rate: fraction of valid completion requests failed on purpose with a 500
             (test-only; 0 disables).
         fault_rng: the deterministic RNG deciding which requests fail.
-        drain_timeout_s: how long SIGTERM waits for in-flight requests.
+        drain_timeout_s: the SIGTERM -> exit budget, seconds; in-flight requests get all of it but the abort
+            grace and exit margin (:func:`inference_worker.server.lifecycle.drain_wait_s`).
     """
 
     served_model_name: str

@@ -152,3 +152,18 @@ def test_routing_placement_counts_later_turns_served_elsewhere_and_bounds_are_ex
     # sticky = random with one replica: 6 computed, then 10 - 6 cached (3 blocks of prompt; the answer's
     # last token never fed back, so its block [answer0, answer1] is not stored) = 4
     assert bounds == {"sticky_prefill_tokens": 10, "random_prefill_tokens": 10, "random_over_sticky": 1.0}
+
+
+def test_a_stream_cut_before_done_or_ending_in_an_error_event_is_a_failed_request():
+    """What a client of a killed replica sees: tokens, then the connection ends without ``[DONE]`` (before the
+    router framed such breaks), or the router's ``upstream_stream_broken`` event. Neither is a success."""
+    token = f"data: {json.dumps({'choices': [{'index': 0, 'text': 'a'}]})}\n\n".encode()
+    error = f"data: {json.dumps({'error': {'message': 'broke off', 'code': 'upstream_stream_broken'}})}\n\n".encode()
+
+    async def go(content: bytes):
+        async with stream(lambda request: httpx.Response(200, content=content)) as client:
+            return await one_request(client, "http://w/v1/completions", "m", "hi", 3, False)
+
+    cut, broken = asyncio.run(go(token * 2)), asyncio.run(go(token + error + b"data: [DONE]\n\n"))
+    assert (cut.ok, cut.error, cut.text) == (False, "stream ended without [DONE] after 2 chunks", "aa")
+    assert (broken.ok, broken.error) == (False, "broke off")

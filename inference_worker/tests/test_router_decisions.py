@@ -99,9 +99,15 @@ def test_new_version_prefill_pairs_only_with_same_version_decode():
     assert plan.decision == REMOTE_PREFILL and plan.prefill.name == "p1" and plan.prefill.model_version == "v2"
 
 
-def test_no_replica_for_the_version_is_an_error():
+def test_a_weighted_track_with_no_ready_replica_fails_over_and_no_replica_at_all_is_an_error():
+    """Chaos matrix, blue-green x agent at the switch: the new track had weight 100 while its replicas were
+    briefly out of the table, and every request got 503 'no decode replica left'. It fails over instead."""
     data = table_dict()
     data["pools"][0]["replicas"] = [r for r in data["pools"][0]["replicas"] if r["track"] == "stable"]
+    eligible = eligibility(RoutingTable.from_dict(data), model=None, sticky_key=canary_key())
+    assert (eligible.track.name, eligible.failover_from, [r.name for r in eligible.decode]) == (
+        "stable", "canary", ["d0", "d1"])
+    data["pools"][0]["replicas"] = []
     with pytest.raises(NoReplicaAvailable, match="v2"):
         plan_route(RoutingTable.from_dict(data), key=canary_key(), num_prompt_tokens=1, loads=LoadTracker())
 

@@ -126,3 +126,19 @@ def test_a_failed_switch_is_requested_again_on_the_next_tick(started, fake_http,
     plan.refresh_from_db()
     assert plan.progress["switched_services"] == {str(pool.pk): "green"}
     assert Action.objects.filter(kind="pool.switch_active").count() == 2
+
+
+def test_the_old_track_stays_after_the_delay_until_a_new_replica_that_died_is_ready_again(started, fake_http):
+    """Chaos matrix, blue-green x model:new: the new track's replica was killed after the switch and the old track
+    was removed at the end of the delay anyway, leaving no ready replica (503 until the restart)."""
+    pool, plan = started
+    _switch(pool, plan, fake_http)
+    Replica.objects.filter(pool=pool, name="chat-green-1").update(ready=False)  # died, restarting
+    plan.refresh_from_db()
+    assert rollout_tick(rollout_id=plan.pk, now=plan.next_step_at) == "waiting"
+    plan.refresh_from_db()
+    assert plan.message == "Waiting for dc-a/chat green: 1 of 2 replicas ready before the old track goes."
+    assert _tracks(pool) == {"green": ("v2", 2, True, 100), "stable": ("v1", 2, False, 0)}
+    observe(pool, endpoint=fake_http.url)  # restarted and ready
+    assert rollout_tick(rollout_id=plan.pk, now=due_now(plan)) == "promoted"
+    assert _tracks(pool) == {"green": ("v2", 2, True, 100)}
