@@ -241,10 +241,28 @@ def test_pool_page_draws_the_slow_requests_waterfall_with_phase_bars_and_labels(
 
     slow = join_records(decode_timeline().as_record(), router_timeline().as_record(), replica="d0")
     fast = {**slow, "request_id": "req-2", "duration_ms": 40.0, "phases": slow["phases"][:2]}
-    slow_requests_store(telemetry_keys, pool_id=pool.pk, at_s=time.time(), rows=[slow, fast])
+    now = time.time()
+    slow_requests_store(telemetry_keys, pool_id=pool.pk, at_s=now, rows=[slow, fast])
+    # A long history (15 minutes at one poll per second, every chart's signals set; the page's snapshot takes the
+    # last 5 minutes): the page must stay light.
+    from apps.telemetry.signals import SIGNAL_NAMES
+
+    for i in range(900):
+        at = now - 900 + i
+        telemetry_keys.append(f"pool:{pool.pk}", at, {"type": "telemetry.signals", "pool_id": pool.pk, "at": at,
+                                                      "window_s": 10, "signals": dict.fromkeys(SIGNAL_NAMES, 0.5),
+                                                      "tracks": {}})
     context, page, guard = signed_in(browser, server, "olga")
     page.goto(f"{server.base_url}/pools/{pool.pk}/")
     page.wait_for_selector("#slow-requests .main-svg")
+    page.wait_for_function("document.querySelectorAll('#charts .main-svg').length > 0 && "
+                           "document.querySelector('#charts .chart').data[0].x.length >= 290")
+    # Each marker is an SVG node redrawn on every update: 900-point traces with one marker per point grew the
+    # page to ~77,000 nodes and pinned the tab's CPU (a new user's report). Markers are capped per trace.
+    markers = page.evaluate("Math.max(...[...document.querySelectorAll('#charts .chart')]"
+                            ".map(c => c.querySelectorAll('.scatterlayer .point').length))")
+    nodes = page.evaluate("document.getElementsByTagName('*').length")
+    assert markers <= 60 * 3 and nodes < 8000, (markers, nodes)
     traces = page.evaluate("document.getElementById('slow-requests').data.map(t => "
                            "({name: t.name, y: t.y, text: t.text, base: t.base, x: t.x}))")
     assert [t["name"] for t in traces] == ["router", "prefill", "transfer", "decode"]

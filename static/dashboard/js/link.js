@@ -66,7 +66,7 @@
           const bytes = typeof s.kv_transfer_bytes_per_s === "number" ? s.kv_transfer_bytes_per_s
             : (typeof s.request_rate_per_s === "number" ? 0 : null);
           return bytes === null ? null : (bytes * 8) / 1e9;
-        }), name: `${d.name} (${p.name})`, mode: "lines+markers"});
+        }), name: `${d.name} (${p.name})`, mode: "lines+markers", marker: {maxdisplayed: 60}});
         for (const outcome of ["success", "failure"]) {
           countTraces.push({x, y: list.map(r => (r.kv_transfers ? r.kv_transfers.transfers : [])
             .filter(t => t.outcome === outcome && t.direction === "send").reduce((a, t) => a + t.per_s, 0)),

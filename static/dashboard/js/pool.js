@@ -4,6 +4,7 @@
 (function () {
   const pool = JSON.parse(document.getElementById("pool-data").textContent);
   const MAX_POINTS = 900;  // 15 minutes at one poll per second (the telemetry history horizon)
+  const MAX_MARKERS = 60;  // markers drawn per trace (see resetCharts)
   const utilization = pool.gpu
     ? {title: "GPU utilization", y: "ratio (0–1)", signals: ["gpu_utilization"]}
     : {title: "Engine busy ratio (CPU workers — no GPU; not GPU utilization)", y: "busy ratio (0–1)", signals: ["engine_busy_ratio"]};
@@ -71,7 +72,10 @@
       const div = Ferry.el("div", {id: `chart-${chart.id}`, class: "chart", "data-signals": chart.signals.join(",")});
       container.append(div);
       const data = columns(records, chart).map((col, i) => ({...col, type: "scatter", mode: "lines+markers",
-        marker: {size: 3}, connectgaps: false, name: LABELS[chart.signals[i]] || chart.signals[i]}));
+        // Plotly draws each marker as its own SVG node and redraws them all on every extendTraces: 14 charts of
+        // 900 points (the 15-minute snapshot) grew the page to ~77,000 nodes and pinned the tab's CPU. Lines
+        // carry the series; at most MAX_MARKERS markers per trace keep isolated samples visible.
+        marker: {size: 3, maxdisplayed: MAX_MARKERS}, connectgaps: false, name: LABELS[chart.signals[i]] || chart.signals[i]}));
       chart.hasData = hasValues(data);
       Plotly.newPlot(div, data, layout(chart, chart.hasData), {displaylogo: false, responsive: true});
     }
