@@ -37,7 +37,6 @@ from apps.setup.procfile import (
     child_env,
     launcher_tokens,
     procfile,
-    router_api_keys_write,
 )
 from apps.setup.readiness import ReadinessTarget, readiness_missing
 from apps.setup.run import run_setup, sweep
@@ -77,7 +76,7 @@ class Stack:
         self.env: dict[str, str] = {}
         self.summary: dict = {}
         self.client_api_key = ""
-        """The router's client API key (``make run``'s, in ``<var>/router_api_keys.json``); set by :meth:`start`."""
+        """The client API key the load sends (``make run``'s, in ``<var>/launcher_tokens.json``); set by :meth:`start`."""
         self.lock = threading.Lock()
         self.stopping = threading.Event()
         self.redis_restarts: list[float] = []
@@ -96,7 +95,8 @@ class Stack:
         self.postgres = start_embedded_postgres(self.var_dir / "postgres", throwaway=self.throwaway)
         environ = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "DATABASE_URL")}
         tokens = launcher_tokens(self.var_dir, environ)
-        router_api_keys_write(self.var_dir, tokens["FERRY_CLIENT_API_KEY"])  # the router refuses to start without it
+        # make run's client key: setup stores its hash as the control plane's ``make-run`` key, which reaches the
+        # router in the routing table (apps.setup.run.client_key_setup_args); the load sends it.
         self.client_api_key = tokens["FERRY_CLIENT_API_KEY"]
         self.env = child_env(self.config, environ, redis_url=self.redis.url, database_url=self.postgres.url,
                              tokens=tokens)
