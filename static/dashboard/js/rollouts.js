@@ -94,6 +94,10 @@
   async function check() {
     const request = body();
     if (request === null) return;  // the JSON view shows the parser's message
+    if (!request.pools.length && !submitted) {  // nothing to preview yet: say what to do, ask the server nothing
+      showErrors({});
+      return;
+    }
     const mine = ++asked;
     const result = await Ferry.api("POST", "/api/v1/rollouts/preview/", request);
     if (mine !== asked) return;  // a newer edit asked again
