@@ -18,3 +18,11 @@ def test_a_too_deeply_nested_body_is_a_400_and_creates_nothing(admin_api, body):
         r = admin_api.generic("POST", url, body, content_type="application/json")
         assert (r.status_code, r.json()) == (400, NESTED)
     assert ClientApiKey.objects.count() == 0
+
+
+def test_a_body_over_the_upload_limit_is_a_413_json_answer_not_an_html_page(admin_api, settings):
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 1000
+    r = admin_api.generic("POST", "/api/v1/client-keys/", '{"name": "' + "a" * 1000 + '"}',
+                          content_type="application/json")
+    assert (r.status_code, r.json()) == (413, {"detail": "The request body is larger than 1000 bytes."})
+    assert ClientApiKey.objects.count() == 0
