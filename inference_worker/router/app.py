@@ -248,13 +248,17 @@ class Router:
         return response
 
     def _finish(self, timeline: Timeline, span: RequestSpan, status: int) -> None:
-        """End ``timeline`` (and its span), keep it in the slow-request ring."""
+        """End ``timeline`` (and its span); keep it in the slow-request ring when the request was admitted (it has
+        phases: past the key check, the seat and the body checks). Refusals (401, 429, 413, a malformed body) are
+        not kept: the endpoint is open, and anyone without a key could otherwise push every admitted request's
+        timeline out of the ring."""
         timeline.finish()
         timeline.attributes["status"] = status
         if timeline.phases and timeline.phases[-1].name == "router.relay":
             timeline.phases[-1].end_ns = timeline.end_ns
         span.end_soon(timeline, error=None if status < 500 else f"status {status}")
-        self.slow.record(timeline)
+        if timeline.phases:
+            self.slow.record(timeline)
 
     async def _seated(self, request: Request, timeline: Timeline, span: RequestSpan) -> Response:
         """Key, then an in-flight seat held until the answer is sent (:mod:`.admission`), then the request."""
