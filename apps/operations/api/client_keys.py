@@ -19,14 +19,14 @@ from apps.accounts.models import ClientApiKey
 from apps.accounts.roles import ADMIN
 from apps.accounts.selectors import client_key_list
 from apps.core.filters import FilterSet
-from apps.core.serializers import StrictFieldsMixin
+from apps.core.serializers import StrictFieldsMixin, StrictFloatField
 from apps.operations import client_keys
 from apps.operations.client_keys import MAX_GRACE_S
 
 
 class ClientApiKeySerializer(StrictFieldsMixin, serializers.ModelSerializer):
     active = serializers.BooleanField(read_only=True, help_text="False once revoked.")
-    rate_per_s = serializers.FloatField(required=False, allow_null=True, min_value=1e-9,
+    rate_per_s = StrictFloatField(required=False, allow_null=True, min_value=1e-9,
                                         help_text="Requests per second (token bucket); null: unlimited.")
     allowed_models = serializers.ListField(child=serializers.CharField(max_length=200), required=False,
                                            max_length=64, help_text="Model names the key may use; []: every model.")
@@ -55,7 +55,7 @@ class IssuedKeySerializer(ClientApiKeySerializer):
 
 
 class RotateSerializer(StrictFieldsMixin, serializers.Serializer):
-    grace_s = serializers.FloatField(required=False, default=0, min_value=0, max_value=MAX_GRACE_S,
+    grace_s = StrictFloatField(required=False, default=0, min_value=0, max_value=MAX_GRACE_S,
                                      help_text="Seconds the old secret stays valid (0: refused at once).")
 
 

@@ -48,3 +48,13 @@ def test_alert_silence_refuses_an_unknown_field(operator_api, pool):
                           format="json")
     assert (r.status_code, r.json()) == (400, {"until": UNKNOWN})
     assert AlertSilence.objects.count() == 0
+
+
+def test_a_boolean_is_not_a_number_of_requests_per_second_or_seconds_of_grace(admin_api):
+    """DRF's FloatField took ``true`` as 1.0: a key got a rate of 1 request/s, a rotation a 1 s grace."""
+    r = admin_api.post("/api/v1/client-keys/", {"name": "team-a", "rate_per_s": True}, format="json")
+    assert (r.status_code, r.json()) == (400, {"rate_per_s": ["A valid number is required."]})
+    pk = admin_api.post("/api/v1/client-keys/", {"name": "team-a"}, format="json").json()["id"]
+    r = admin_api.post(f"/api/v1/client-keys/{pk}/rotate/", {"grace_s": True}, format="json")
+    assert (r.status_code, r.json()) == (400, {"grace_s": ["A valid number is required."]})
+    assert ClientApiKey.objects.get().rotated_at is None
