@@ -43,7 +43,6 @@ import functools
 import logging
 import os
 import time
-import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -239,7 +238,7 @@ class Router:
         return key
 
     async def completions(self, request: Request) -> Response:
-        timeline = Timeline("router", request.headers.get("x-request-id") or uuid.uuid4().hex)
+        timeline = Timeline("router", tracing.request_id(request.headers))
         span = RequestSpan("router.request", request.headers, timeline.start_ns)
         response = await self._seated(request, timeline, span)
         self.metrics.requests.labels(status=str(response.status_code)).inc()

@@ -149,3 +149,4 @@ def test_refused_clients_do_not_push_admitted_requests_out_of_the_slow_request_r
     assert [post(client, "team-b").status_code for _ in range(3)] == [503, 503, 429]
     records = client.get("/debug/slow-requests?limit=200").json()["requests"]
     assert sorted(rec["attributes"]["status"] for rec in records) == [503, 503, 503]
+
