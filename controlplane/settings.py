@@ -259,6 +259,9 @@ REST_FRAMEWORK = {
     "DEFAULT_PAGINATION_CLASS": "apps.core.pagination.Pagination",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "apps.core.exceptions.exception_handler",
+    # DRF's defaults, the JSON one answering a too deeply nested body with 400 instead of a RecursionError (500)
+    "DEFAULT_PARSER_CLASSES": ["apps.core.parsers.SafeJSONParser", "rest_framework.parsers.FormParser",
+                               "rest_framework.parsers.MultiPartParser"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer",
                                  "rest_framework.renderers.BrowsableAPIRenderer"],
 }

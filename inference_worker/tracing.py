@@ -26,6 +26,7 @@ import collections
 import os
 import threading
 import time
+import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,12 +40,23 @@ RATIO_ENV = "FERRY_TRACE_RATIO"
 SLOW_REQUESTS_PATH = "/debug/slow-requests"
 """Route of the slow-request timeline on routers and workers."""
 DEFAULT_SLOW_LIMIT = 20
+MAX_REQUEST_ID_CHARS = 128
+"""A client's ``X-Request-Id`` is kept to this many characters (it is held in the slow-request ring, forwarded to
+workers and stored by the telemetry poller; a 16 KB header must not be, 512 times over)."""
 MAX_SLOW_LIMIT = 200
 
 tracer = trace.get_tracer("ferry")
 """Ferry's tracer: the API's proxy, no-op until :func:`configure` installs an SDK provider."""
 _propagator = TraceContextTextMapPropagator()
 _state = {"enabled": False}
+
+
+def request_id(headers: Mapping[str, str]) -> str:
+    """The request's id: its ``X-Request-Id`` cut to :data:`MAX_REQUEST_ID_CHARS` characters, or a new random hex
+    id when there is none or it is not printable ASCII (the router forwards the id in a header, which httpx encodes
+    as ASCII: ``X-Request-Id: é`` was a 500). The router forwards this id, so a worker's record joins the router's."""
+    given = (headers.get("x-request-id") or "")[:MAX_REQUEST_ID_CHARS]
+    return given if given.isascii() and given.isprintable() and given.strip() else uuid.uuid4().hex
 
 
 def enabled() -> bool:

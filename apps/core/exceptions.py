@@ -2,7 +2,8 @@
 
 Mapping: Django ``ValidationError`` -> 400 with field messages; ``DataError`` (a value the
 database cannot store) -> 400; :class:`~apps.core.errors.ConflictError`, ``ProtectedError`` and
-``IntegrityError`` (a uniqueness or foreign-key constraint) -> 409 with a message; no pooled database
+``IntegrityError`` (a uniqueness or foreign-key constraint) -> 409 with a message; a body over
+``DATA_UPLOAD_MAX_MEMORY_SIZE`` (Django's ``RequestDataTooBig``, else an HTML 400 page) -> 413; no pooled database
 connection free within the pool's timeout (the web process under more load than it can serve) -> 503 with
 ``Retry-After``.
 """
@@ -11,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import DataError, IntegrityError, OperationalError
 from django.db.models import ProtectedError, RestrictedError
@@ -35,6 +38,11 @@ class Busy(exceptions.APIException):
     default_code = "busy"
 
 
+class BodyTooLarge(exceptions.APIException):
+    status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
+    default_code = "body_too_large"
+
+
 RETRY_AFTER_S = 1
 
 
@@ -55,6 +63,8 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         exc = Conflict(_protected_message(exc))
     elif isinstance(exc, IntegrityError):
         exc = Conflict(f"The change violates a uniqueness or reference constraint: {str(exc).strip()}")
+    elif isinstance(exc, RequestDataTooBig):
+        exc = BodyTooLarge(f"The request body is larger than {settings.DATA_UPLOAD_MAX_MEMORY_SIZE} bytes.")
     elif isinstance(exc, DataError):
         exc = exceptions.ValidationError({"non_field_errors": [f"A value cannot be stored: {str(exc).strip()}"]})
     elif isinstance(exc, OperationalError) and isinstance(exc.__cause__, PoolTimeout):

@@ -3,6 +3,7 @@
 DRF drops a request field that a serializer does not write (read-only or unknown) without a word, so a client
 that sends ``PATCH /api/v1/pools/{id}/ {"tracks": [...]}`` got 200 and nothing changed.
 :class:`StrictFieldsMixin` answers 400 instead, naming each such field and, where one exists, how to change it.
+:class:`StrictFloatField` refuses a boolean where a number belongs (DRF's FloatField reads ``true`` as 1.0).
 """
 
 from __future__ import annotations
@@ -37,3 +38,13 @@ class StrictFieldsMixin:
             if errors:
                 raise serializers.ValidationError(errors)
         return super().to_internal_value(data)  # type: ignore[misc]
+
+
+class StrictFloatField(serializers.FloatField):
+    """A FloatField that refuses JSON ``true``/``false`` (DRF's takes ``float(True)``, 1.0): a boolean where a number
+    of seconds or requests/s belongs is a client's mistake, not a 1."""
+
+    def to_internal_value(self, data: Any) -> float:  # noqa: ANN401 - DRF's signature
+        if isinstance(data, bool):
+            self.fail("invalid")
+        return super().to_internal_value(data)

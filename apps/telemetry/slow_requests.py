@@ -35,14 +35,39 @@ LANE_OF = {"router.admit": "router", "router.route": "router", "router.relay": "
 """Phase name -> waterfall lane; phases not named here are not drawn."""
 
 
+def _number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _well_formed(record: object) -> bool:
+    """Whether ``record`` has what :func:`join_records` reads: ``request_id`` (str), ``start_s`` and
+    ``duration_ms`` (numbers), ``phases`` (a list of ``{"name": str, "start_ms": number, "duration_ms": number}``)."""
+    if not (isinstance(record, dict) and isinstance(record.get("request_id"), str) and _number(record.get("start_s"))
+            and _number(record.get("duration_ms")) and isinstance(record.get("phases", []), list)):
+        return False
+    return all(isinstance(p, dict) and isinstance(p.get("name"), str) and _number(p.get("start_ms"))
+               and _number(p.get("duration_ms")) for p in record.get("phases", []))
+
+
 def _get(client: httpx.Client, url: str, limit: int) -> list[dict]:
+    """The endpoint's records; [] when it does not answer, answers an error or something other than a
+    ``{"requests": [...]}`` object (e.g. a registered router URL that is not a Ferry router). Malformed records are
+    dropped: an endpoint's answer must never stop the poller (it also evaluates alerts and feeds autoscaling)."""
     try:
         response = client.get(url, params={"limit": limit})
         response.raise_for_status()
-        return list(response.json().get("requests", []))
+        payload = response.json()
     except (httpx.HTTPError, ValueError) as exc:
         logger.info("slow requests of %s unavailable: %s", url, exc)
         return []
+    records = payload.get("requests") if isinstance(payload, dict) else None
+    if not isinstance(records, list):
+        logger.info("slow requests of %s unavailable: not a {\"requests\": [...]} object", url)
+        return []
+    kept = [record for record in records if _well_formed(record)]
+    if len(kept) < len(records):
+        logger.info("slow requests of %s: %d malformed record(s) dropped", url, len(records) - len(kept))
+    return kept
 
 
 def _phases(record: dict, offset_ms: float) -> list[dict]:

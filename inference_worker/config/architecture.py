@@ -72,6 +72,10 @@ def kv_bytes(
     return b * (num_full_layers * num_tokens + num_sliding_layers * sliding_tokens)
 
 
+MAX_HIDDEN_LAYERS = 4096
+"""More decoder layers than any published model has (Llama 3.1 405B: 126); a bound on what a config may claim."""
+
+
 def derive_layer_types(architecture: str, num_hidden_layers: int, sliding_window: int | None) -> tuple[str, ...]:
     """The architecture's rule for ``layer_types`` when the file has none (GGUF never has them).
 
@@ -79,8 +83,13 @@ def derive_layer_types(architecture: str, num_hidden_layers: int, sliding_window
     Llama: every layer full.
 
     Raises:
-        ValueError: for an unsupported architecture.
+        ValueError: for an unsupported architecture, or ``num_hidden_layers`` not an integer in
+            1..:data:`MAX_HIDDEN_LAYERS` (a config claiming 10**12 layers made this a 10**12-entry tuple: a web
+            process registering it hung and grew until the machine ran out of memory).
     """
+    if not isinstance(num_hidden_layers, int) or isinstance(num_hidden_layers, bool) \
+            or not 1 <= num_hidden_layers <= MAX_HIDDEN_LAYERS:
+        raise ValueError(f"num_hidden_layers must be an integer in 1..{MAX_HIDDEN_LAYERS}, got {num_hidden_layers!r}")
     if architecture == "gemma3":
         if sliding_window is None:
             return (FULL_ATTENTION,) * num_hidden_layers

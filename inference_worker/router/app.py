@@ -44,7 +44,6 @@ import json
 import logging
 import os
 import time
-import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -240,7 +239,7 @@ class Router:
         return key
 
     async def completions(self, request: Request) -> Response:
-        timeline = Timeline("router", request.headers.get("x-request-id") or uuid.uuid4().hex)
+        timeline = Timeline("router", tracing.request_id(request.headers))
         span = RequestSpan("router.request", request.headers, timeline.start_ns)
         response = await self._seated(request, timeline, span)
         self.metrics.requests.labels(status=str(response.status_code)).inc()
@@ -249,13 +248,17 @@ class Router:
         return response
 
     def _finish(self, timeline: Timeline, span: RequestSpan, status: int) -> None:
-        """End ``timeline`` (and its span), keep it in the slow-request ring."""
+        """End ``timeline`` (and its span); keep it in the slow-request ring when the request was admitted (it has
+        phases: past the key check, the seat and the body checks). Refusals (401, 429, 413, a malformed body) are
+        not kept: the endpoint is open, and anyone without a key could otherwise push every admitted request's
+        timeline out of the ring."""
         timeline.finish()
         timeline.attributes["status"] = status
         if timeline.phases and timeline.phases[-1].name == "router.relay":
             timeline.phases[-1].end_ns = timeline.end_ns
         span.end_soon(timeline, error=None if status < 500 else f"status {status}")
-        self.slow.record(timeline)
+        if timeline.phases:
+            self.slow.record(timeline)
 
     async def _seated(self, request: Request, timeline: Timeline, span: RequestSpan) -> Response:
         """Key, then an in-flight seat held until the answer is sent (:mod:`.admission`), then the request."""

@@ -207,7 +207,7 @@ async def _traced(state: ServerState, request: Request, *, chat: bool) -> Respon
     """:func:`_serve` with the request's timeline and span (ended when the answer is complete, or a stream's
     last byte is sent)."""
     role = state.pd.settings.role if state.pd is not None else "colocated"
-    timeline = Timeline(role, request.headers.get("x-request-id") or uuid.uuid4().hex)
+    timeline = Timeline(role, tracing.request_id(request.headers))
     span = RequestSpan("worker.request", request.headers, timeline.start_ns)
     status = 500
     try:

@@ -5,7 +5,9 @@ workers through their environment and to routers in the routing table). A worker
 ``FERRY_WORKER_TOKEN`` set refuses, with a 401 OpenAI error (``code: invalid_worker_token``) and a
 ``WWW-Authenticate: Bearer`` header, any request without that token, except:
 
-* ``GET /health``, ``/ready`` and ``/metrics`` (:data:`OPEN_PATHS`): probes and Prometheus scrapes;
+* ``GET /health``, ``/ready``, ``/metrics`` and ``/debug/slow-requests`` (:data:`OPEN_PATHS`): probes,
+  Prometheus scrapes and the telemetry poller's read of the slow-request timeline (timings, ids and counts,
+  never prompt text; the poller sends no worker token);
 * ``POST /internal/prefill``: a decode worker's hand-off, authenticated by its HMAC-SHA256 body signature
   under the KV link secret (:mod:`.signing`), which every worker of a prefill/decode link holds.
 
@@ -29,11 +31,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from inference_worker.server.errors import OpenAIError
+from inference_worker.tracing import SLOW_REQUESTS_PATH
 
 TOKEN_ENV = "FERRY_WORKER_TOKEN"
 PREVIOUS_TOKEN_ENV = "FERRY_WORKER_TOKEN_PREVIOUS"
-OPEN_PATHS = frozenset({"/health", "/ready", "/metrics"})
-"""Routes any client may call: liveness and readiness probes, Prometheus scrapes."""
+OPEN_PATHS = frozenset({"/health", "/ready", "/metrics", SLOW_REQUESTS_PATH})
+"""Routes any client may call: liveness and readiness probes, Prometheus scrapes, the slow-request timeline."""
 SIGNED_PATHS = frozenset({"/internal/prefill"})
 """Routes with their own authentication (the KV link secret's body signature), exempt from the bearer check."""
 MIN_TOKEN_CHARS = 16

@@ -133,6 +133,9 @@ def test_multimodal_gemma3_config_uses_text_config():
         ({"num_key_value_heads": 0}, "num_key_value_heads"),
         ({"torch_dtype": "int8"}, "dtype must be one of"),
         ({"rope_scaling": {"rope_type": "yarn", "factor": 4}, "rope_theta": 1e6}, "unsupported rope_type 'yarn'"),
+        # before: a 10**12-entry layer_types tuple (a registration hung and ran the machine out of memory)
+        ({"num_hidden_layers": 10**12}, r"num_hidden_layers must be an integer in 1\.\.4096, got 1000000000000"),
+        ({"num_hidden_layers": 0}, r"num_hidden_layers must be an integer in 1\.\.4096, got 0"),
     ],
 )
 def test_invalid_configs_raise_value_error(change, message):

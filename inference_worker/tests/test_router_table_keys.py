@@ -136,3 +136,17 @@ def test_a_rotated_key_in_its_grace_period_has_two_secrets_sharing_one_bucket():
 def test_a_malformed_client_keys_entry_is_a_table_error(bad, message):
     with pytest.raises(RoutingTableError, match=message):
         RoutingTable.from_dict({**table(1, None), **bad})
+
+
+def test_refused_clients_do_not_push_admitted_requests_out_of_the_slow_request_ring(router):
+    """``/debug/slow-requests`` is open and the ring keeps the last 512 requests: a client without a key (401),
+    over its rate (429) or with a body the router refuses must not evict the admitted requests' timelines (before:
+    600 unauthenticated requests left only 401 records)."""
+    client, r, _ = router
+    assert post(client, "team-a", model="gemma-3-270m").status_code == 503  # admitted, then no replica
+    for _ in range(r.slow.capacity + 10):
+        assert post(client).status_code == 401
+    assert [post(client, "team-b").status_code for _ in range(3)] == [503, 503, 429]
+    records = client.get("/debug/slow-requests?limit=200").json()["requests"]
+    assert sorted(rec["attributes"]["status"] for rec in records) == [503, 503, 503]
+

@@ -74,6 +74,15 @@ def test_health_ready_and_metrics_stay_open(client):
     assert metrics.status_code == 200 and "ferry_worker" in metrics.text
 
 
+def test_the_slow_request_timeline_stays_open_for_the_poller():
+    """The telemetry poller reads ``/debug/slow-requests`` without a worker token (like a /metrics scrape): with
+    it behind the token, a pool with worker tokens had no worker phases on its page (every read a 401)."""
+    with make_client(WorkerTokens(TOKEN)) as client:
+        response = client.get("/debug/slow-requests?limit=5")
+        assert (response.status_code, response.json()) == (200, {"role": "colocated", "capacity": 512, "requests": []})
+        assert client.get("/debug/slow-requests?limit=0").status_code == 400  # its own checks still apply
+
+
 def test_without_a_token_the_worker_stays_open():
     with make_client(None) as open_client:
         response = open_client.post("/v1/completions", json={"model": "m", "prompt": "hi"})

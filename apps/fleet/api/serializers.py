@@ -101,7 +101,7 @@ class PoolScaleSerializer(serializers.Serializer):
     replicas = serializers.IntegerField(min_value=0, max_value=MAX_REPLICAS, help_text="New total desired replicas.")
 
 
-class PoolWorkerTokenRotateSerializer(serializers.Serializer):
+class PoolWorkerTokenRotateSerializer(StrictFieldsMixin, serializers.Serializer):
     keep_previous = serializers.BooleanField(
         default=True, help_text="Keep accepting the old token until the next rotation, so nothing fails while the "
                                 "replicas roll (false: the old token leaked; replicas not yet rolled refuse calls).")

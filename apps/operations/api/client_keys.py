@@ -19,13 +19,14 @@ from apps.accounts.models import ClientApiKey
 from apps.accounts.roles import ADMIN
 from apps.accounts.selectors import client_key_list
 from apps.core.filters import FilterSet
+from apps.core.serializers import StrictFieldsMixin, StrictFloatField
 from apps.operations import client_keys
 from apps.operations.client_keys import MAX_GRACE_S
 
 
-class ClientApiKeySerializer(serializers.ModelSerializer):
+class ClientApiKeySerializer(StrictFieldsMixin, serializers.ModelSerializer):
     active = serializers.BooleanField(read_only=True, help_text="False once revoked.")
-    rate_per_s = serializers.FloatField(required=False, allow_null=True, min_value=1e-9,
+    rate_per_s = StrictFloatField(required=False, allow_null=True, min_value=1e-9,
                                         help_text="Requests per second (token bucket); null: unlimited.")
     allowed_models = serializers.ListField(child=serializers.CharField(max_length=200), required=False,
                                            max_length=64, help_text="Model names the key may use; []: every model.")
@@ -40,6 +41,8 @@ class ClientApiKeySerializer(serializers.ModelSerializer):
 
 
 class ClientApiKeyUpdateSerializer(ClientApiKeySerializer):
+    how_to_change = {"name": "A key's name cannot change: create a key with the new name, then revoke this one.",
+                     "prefix": "The prefix follows the secret: POST .../rotate/ for a new secret."}
     class Meta(ClientApiKeySerializer.Meta):
         read_only_fields = [*ClientApiKeySerializer.Meta.read_only_fields, "name"]
 
@@ -51,8 +54,8 @@ class IssuedKeySerializer(ClientApiKeySerializer):
         fields = [*ClientApiKeySerializer.Meta.fields, "key"]
 
 
-class RotateSerializer(serializers.Serializer):
-    grace_s = serializers.FloatField(required=False, default=0, min_value=0, max_value=MAX_GRACE_S,
+class RotateSerializer(StrictFieldsMixin, serializers.Serializer):
+    grace_s = StrictFloatField(required=False, default=0, min_value=0, max_value=MAX_GRACE_S,
                                      help_text="Seconds the old secret stays valid (0: refused at once).")
 
 

@@ -154,6 +154,8 @@ def test_revoke_removes_exactly_that_keys_hash_bumps_the_version_and_a_second_re
 def test_patch_changes_limits_only_and_publishes(admin_api):
     pk = create(admin_api, rate_per_s=1).json()["id"]
     r = admin_api.patch(f"{URL}{pk}/", {"rate_per_s": 2, "burst": 4, "name": "other"}, format="json")
+    assert (r.status_code, list(r.json())) == (400, ["name"])  # a rename is refused, not ignored (strict fields)
+    r = admin_api.patch(f"{URL}{pk}/", {"rate_per_s": 2, "burst": 4}, format="json")
     assert (r.status_code, r.json()["name"], r.json()["rate_per_s"], r.json()["burst"]) == (200, "team-a", 2.0, 4)
     assert (routed()[0]["rate_per_s"], routed()[0]["burst"]) == (2.0, 4)
     assert Action.objects.filter(kind="client_key.update").get().params["changes"] == ["burst", "rate_per_s"]

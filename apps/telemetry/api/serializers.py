@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
+from apps.core.serializers import StrictFieldsMixin
 from apps.telemetry.models import Alert, AlertRule
 from apps.telemetry.services import MAX_SILENCE_S, MIN_SILENCE_S
 
@@ -31,7 +32,7 @@ class AlertSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class AlertSilenceRequestSerializer(serializers.Serializer):
+class AlertSilenceRequestSerializer(StrictFieldsMixin, serializers.Serializer):
     """``POST /api/v1/alerts/{id}/silence/``: how long to silence the alert's rule on its pool."""
 
     duration_s = serializers.IntegerField(min_value=MIN_SILENCE_S, max_value=MAX_SILENCE_S,

@@ -74,3 +74,24 @@ def test_collect_reads_routers_and_replicas_keeps_decode_rows_and_skips_failures
     assert list(rows) == ["7"]
     assert [(r["request_id"], r["replica"], r["duration_ms"], len(r["phases"])) for r in rows["7"]] == [
         ("req-1", "d0", 100.0, 8)]
+
+
+def test_an_endpoint_answering_something_else_is_skipped_and_never_stops_the_collection():
+    """Before: a list body raised AttributeError, a record without ``request_id`` KeyError, out of the poller's
+    loop (which catches database and Redis errors only), so one odd endpoint stopped telemetry altogether."""
+    good = ring_records(decode_timeline())
+    pages = {"http://r1:9100/debug/slow-requests": [1, 2],
+             "http://r2:9100/debug/slow-requests": {"requests": "abc"},
+             "http://d0:8000/debug/slow-requests": {"requests": [{"id": "x"}, None, *good["requests"],
+                                                                 {**good["requests"][0], "phases": [7]}]},
+             "http://d1:8000/debug/slow-requests": {"requests": [{"request_id": 5, "start_s": 1, "duration_ms": 1}]}}
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json=pages[str(request.url.copy_with(query=None))])
+
+    endpoints = [ReplicaEndpoint("7", "stable", "d0", "http://d0:8000"),
+                 ReplicaEndpoint("7", "stable", "d1", "http://d1:8000")]
+    routers = [RouterEndpoint("http://r1:9100/metrics"), RouterEndpoint("http://r2:9100/metrics")]
+    with httpx.Client(transport=httpx.MockTransport(answer)) as client:
+        rows = collect_slow_requests(endpoints, routers, client=client)
+    assert [(r["request_id"], r["replica"]) for r in rows["7"]] == [("req-1", "d0")]
