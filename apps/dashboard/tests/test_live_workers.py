@@ -61,12 +61,13 @@ class Load(threading.Thread):
     """Multi-turn sessions against one worker, one request at a time, over and over until stopped (gives the
     charts traffic; every turn's prompt extends the previous turn's prompt and answer, so the cache hits)."""
 
-    def __init__(self, url: str):
+    def __init__(self, url: str, worker_token: str):
         super().__init__(name="load", daemon=True)
         self.url, self.stop_event, self.done = url, threading.Event(), 0
+        self.headers = {"Authorization": f"Bearer {worker_token}"}  # the worker requires its pool's token
 
     def run(self) -> None:
-        with httpx.Client(timeout=60) as client:
+        with httpx.Client(timeout=60, headers=self.headers) as client:
             while not self.stop_event.is_set():
                 for session in SESSIONS.sessions:
                     answers: list[list[int]] = []
@@ -136,7 +137,8 @@ def test_operator_watches_live_charts_scales_the_pool_and_starts_a_canary(
     assert AlertRule.objects.get(pool=pool, name="ttft-p99-high").threshold == 10.0
     pool_scale(pool=pool, replicas=1)
     assert wait_for(lambda: ready_replicas(pool.pk) == 1, READY_TIMEOUT_S), stack["celery"].log()[-3000:]
-    load = Load(Replica.objects.get(pool=pool).endpoint)
+    pool.refresh_from_db()
+    load = Load(Replica.objects.get(pool=pool).endpoint, pool.worker_token)
     load.start()
     try:
         context, page, guard = signed_in(browser, server, "olga")

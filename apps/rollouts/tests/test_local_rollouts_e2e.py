@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from collections import Counter
 
@@ -249,8 +250,12 @@ def _canary_under_load(stack, operator_api, load, pool, v2) -> None:  # noqa: AN
     assert at_100 - at_25 >= 18.0
     during_25 = decisions_100 - decisions_25
     tracks_25 = Counter(r[2] for r in load.between(at_25, at_100))
-    assert during_25["stable"] > during_25["canary"] > 0, during_25  # both tracks served, stable most
-    assert tracks_25["stable"] > tracks_25["canary"] > 0, tracks_25
+    # both tracks served, and the canary's share consistent with 25% (within 3 standard deviations of a binomial:
+    # on a loaded machine the 20 s pause may hold only a handful of requests, where 2 of 4 is likely enough)
+    for split in (during_25, tracks_25):
+        served = split["stable"] + split["canary"]
+        assert split["stable"] > 0 and split["canary"] > 0, split
+        assert split["canary"] <= 0.25 * served + 3 * math.sqrt(served * 0.25 * 0.75) + 1, split
     # 100%: once the router applied that table every request goes to the canary until stable runs v2
     plan = wait_plan(plan_id, lambda p: p.progress.get("applied_weight") == 100, 60, stack)
     assert wait_for(lambda: router_applied(stack, plan.progress["await_version"]), 30)
