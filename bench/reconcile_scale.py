@@ -119,24 +119,17 @@ def fill_history(args: argparse.Namespace, pools: list, history) -> int:
     now = time.time()
     count = max(1, int(args.history_s // args.record_interval_s))
     n = args.replicas_per_pool
-    pipe = history.client.pipeline(transaction=False)
-    key = history._key
-    written = 0
+    records = []
     for pool in pools:
         ejections = {f"{pool.name}-stable-0": 1.0}  # ejected once long ago: a counter that no longer moves
         for k in range(count):
             at = now - (count - 1 - k) * args.record_interval_s
             signals = {"num_requests_waiting": 4.0 * n, "ready_replicas": n, "request_rate_per_s": 2.0 * n,
                        "kv_cache_usage": 0.4, "engine_busy_ratio": 0.5, "ttft_p99_s": 0.2, "tpot_p99_s": 0.03}
-            record = {"pool_id": pool.pk, "at": at, "window_s": 30.0, "source": "scrape", "seq": k + 1,
-                      "signals": signals, "tracks": {"stable": signals}, "ejections": ejections}
-            pipe.zadd(key("history", f"pool:{pool.pk}"),
-                      {json.dumps(record, sort_keys=True, separators=(",", ":")): at})
-            written += 1
-        if written % 5000 < count:
-            pipe.execute()
-    pipe.execute()
-    return written
+            records.append((f"pool:{pool.pk}", at, {
+                "pool_id": pool.pk, "at": at, "window_s": 30.0, "source": "scrape", "seq": k + 1,
+                "signals": signals, "tracks": {"stable": signals}, "ejections": ejections}))
+    return history.append_many(records)
 
 
 def measure(fn) -> dict:

@@ -45,6 +45,19 @@ class SignalHistory:
     def _key(self, kind: str, name: str) -> str:
         return f"{self.prefix}{kind}:{name}"
 
+    def append_many(self, records: Iterable[tuple[str, float, dict]]) -> int:
+        """Store many ``(scope, at_s, record)`` in pipelined batches (no trimming: a bulk load, e.g. a bench filling
+        the history a poller would have written). Returns the number stored."""
+        pipe = self.client.pipeline(transaction=False)
+        stored = 0
+        for scope, at_s, record in records:
+            pipe.zadd(self._key("history", scope), {json.dumps(record, sort_keys=True, separators=(",", ":")): at_s})
+            stored += 1
+            if stored % 5000 == 0:
+                pipe.execute()
+        pipe.execute()
+        return stored
+
     def next_seq(self, group: str) -> int:
         """The next sequence number of ``group`` (1, 2, ...; survives restarts)."""
         return int(self.client.incr(self._key("seq", group)))
