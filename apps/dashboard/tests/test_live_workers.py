@@ -196,6 +196,7 @@ def test_operator_watches_live_charts_scales_the_pool_and_starts_a_canary(
     page.fill("#rc-name", "gemma-v2-canary")
     page.select_option("#rc-pools", [str(pool.pk)])
     page.select_option("#rc-target", label="gemma-3-270m:v2")
+    page.click("#rc-mode-json")  # the steps as JSON: the editor's "Advanced (JSON)" view
     page.fill("#rc-steps", '[{"set_weight": 50}, {"pause": {}}]')
     page.click("#rc-submit")
     page.wait_for_url(re.compile(r".*/rollouts/[0-9]+/$"))
