@@ -39,8 +39,8 @@ def test_demo_fleet_has_two_datacenters_linked_at_10_gbps_and_two_model_artifact
         ("dc-decode", "dc-prefill", 10.0, 2.0), ("dc-prefill", "dc-decode", 10.0, 2.0)]
     pools = {p.name: p for p in Pool.objects.select_related("cluster", "model_version")}
     assert {n: (p.cluster.name, p.role, p.model_version.version, p.replicas, p.drain_timeout_s)
-            for n, p in pools.items()} == {"prefill": ("dc-prefill", "prefill", "v1", 1, 10),
-                                           "decode": ("dc-decode", "decode", "v1", 1, 10)}
+            for n, p in pools.items()} == {"prefill": ("dc-prefill", "prefill", "v1", 1, 60),
+                                           "decode": ("dc-decode", "decode", "v1", 1, 60)}
     ttft = AlertRule.objects.get(pool=pools["decode"], name="ttft-p99-high")
     assert (ttft.threshold, ttft.enabled) == (10.0, True)
     assert AlertRule.objects.get(pool=pools["prefill"], name="gpu-utilization-low").enabled is False
