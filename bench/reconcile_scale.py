@@ -72,19 +72,9 @@ def main() -> int:
         print("reconcile_scale needs REDIS_URL (a Redis db of your own)")
         return 2
 
-    import django
+    from bench.throwaway_db import in_throwaway_database
 
-    django.setup()
-    from django.db import connection
-    from django.test.utils import setup_test_environment
-
-    setup_test_environment()
-    old_name = connection.settings_dict["NAME"]
-    connection.creation.create_test_db(verbosity=0, autoclobber=True)
-    try:
-        return run(args)
-    finally:
-        connection.creation.destroy_test_db(old_name, verbosity=0)
+    return in_throwaway_database(lambda: run(args))
 
 
 def build_fleet(args: argparse.Namespace, backend) -> list:

@@ -76,19 +76,9 @@ def main() -> int:
         print("scale_latency needs DATABASE_URL=postgres://... (a Celery worker process shares the database)")
         return 2
 
-    import django
+    from bench.throwaway_db import in_throwaway_database
 
-    django.setup()
-    from django.db import connection
-    from django.test.utils import setup_test_environment
-
-    setup_test_environment()
-    old_name = connection.settings_dict["NAME"]
-    connection.creation.create_test_db(verbosity=0, autoclobber=True)
-    try:
-        return run(args.runs)
-    finally:
-        connection.creation.destroy_test_db(old_name, verbosity=0)
+    return in_throwaway_database(lambda: run(args.runs))
 
 
 def run(runs: int) -> int:
