@@ -125,9 +125,12 @@ def extract(headers: Mapping[str, str]) -> otel_context.Context:
 
 
 def inject(headers: dict[str, str], span: trace.Span) -> None:
-    """Add ``span``'s ``traceparent`` (and ``tracestate``) to outgoing ``headers``; nothing for a non-recording
-    span (an unsampled request propagates nothing, so its callees start no trace either)."""
-    if span.is_recording():
+    """Add ``span``'s ``traceparent`` (and ``tracestate``) to outgoing ``headers`` whenever its context is valid,
+    sampled or not: an unsampled request carries trace flags ``00`` (W3C Trace Context), so a callee's
+    ``ParentBased`` sampler records nothing for it either, whatever that callee's own ratio (otherwise a router
+    sampling 10% in front of workers at 100% would leave 90% of requests as worker-only traces). Nothing when
+    tracing is off in this process (the API's invalid span)."""
+    if span.get_span_context().is_valid:
         _propagator.inject(headers, context=trace.set_span_in_context(span))
 
 

@@ -223,3 +223,36 @@ def test_a_remote_prefill_completion_through_the_router_is_one_trace(traced_stac
     assert [p["name"] for p in record["phases"]] == ["worker.parse", "kv.handoff", "kv.transfer", "prefill.compute",
                                                      "prefill.queue", "decode.queue", "decode"]
     assert httpx.get(router.url + "/debug/slow-requests?limit=0").status_code == 400
+
+
+@pytest.mark.slow
+def test_an_unsampled_request_is_traced_by_no_process_even_where_the_ratio_is_one(traced_stack):
+    """The caller's sampling decision holds across hops: a ``traceparent`` with flags ``00`` reaches the router,
+    which passes it on (not nothing), so neither worker starts a trace of its own for that request."""
+    router, decode, prefill, spans = traced_stack
+    text = " ".join(f"Lane {i} of the pier waits for the {i + 2} o'clock ferry to the north harbour." for i in range(9))
+    trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
+    body = {"model": "gemma-3-270m", "prompt": text, "max_tokens": 2, "temperature": 0.0, "ignore_eos": True}
+    headers = {"x-request-id": "unsampled-1", "traceparent": f"00-{trace_id}-00f067aa0ba902b7-00"}
+    with httpx.Client(timeout=600) as client:
+        response = client.post(router.url + "/v1/completions", json=body, headers=headers)
+        assert response.status_code == 200, response.text
+        assert response.headers[http_headers.DECISION] == "remote_prefill"
+        # a sampled request after it: once its spans are in, the unsampled one's would be too (same exporters)
+        marker = client.post(router.url + "/v1/completions", json={**body, "prompt": "Then " + text},
+                             headers={"x-request-id": "sampled-after"})
+        assert marker.status_code == 200, marker.text
+    deadline = time.monotonic() + 20
+    seen: set = set()
+    while time.monotonic() < deadline:
+        roots = [s["trace_id"] for s in spans if s["name"] == "router.request"
+                 and s["attrs"].get("ferry.request_id") == "sampled-after"]
+        seen = {(s["service"], s["name"]) for s in spans if s["trace_id"] in roots}
+        if {("ferry-router", "router.request"), ("ferry-worker-decode", "worker.request"),
+                ("ferry-worker-prefill", "prefill.request")} <= seen:
+            break
+        time.sleep(0.2)
+    else:
+        raise AssertionError(f"the sampled marker request's spans never all arrived: {sorted(seen)}")
+    assert [s for s in spans if s["trace_id"] == trace_id] == []
+    assert [(s["service"], s["name"]) for s in spans if s["attrs"].get("ferry.request_id") == "unsampled-1"] == []
