@@ -16,14 +16,18 @@ times what one remote-prefill request does in the three processes (router, decod
 request spans with ``traceparent`` extraction and injection, 15 phases, the slow-request rings) and prints the
 CPU microseconds per request (``time.process_time``, best of 3 passes).
 
-Seen (2026-12-01, the shared 2-core host at load average 23-28, every request about 30 s end to end): the
-serving runs' spread between runs of the *same* stack was about ±30% (traced 0.076-0.134 req/s, off
-0.082-0.104 req/s): median throughput traced/off 1.27, e2e p50 traced - off -5.8 s, i.e. host noise, which
-cannot confirm or refute a 5% / 2 ms bound there. A second run at load 12-18 (``--runs 3 --num-prompts 8
---concurrency 4 --input-words 40:80 --output-tokens 4:8``): traced 0.243/0.132/0.129 req/s, off
-0.197/0.146/0.295 req/s, ratio of medians 0.67, p50 +6.0 s: the other sign, same noise. See ``--micro`` for
-the tracing's own cost. ``--micro
---iterations 2000`` the same day: off 20.6 us, 100% 755.8 us CPU per remote-prefill request over the three
+Every worker runs with ``--no-prefix-caching``: the runs repeat their prompts, and a cached prompt would make
+later runs (and the paired arms sharing the traced stack) cheaper than earlier ones. Warm-up: the whole workload
+once per stack, not recorded. ``--paired N``: unloaded latency, N prompts one at a time through three arms (see
+:func:`paired_latency`): the p50 bound is about a single request's latency, which queueing at ``--concurrency``
+hides under tens of milliseconds of run-to-run spread.
+
+Seen (2026-12-01 21:37, quiet host, load average 0.4-1.7; ``--runs 6 --num-prompts 16 --concurrency 4 --paired
+90``): throughput traced 1.616, off 1.644 req/s (medians of 6), ratio **0.983**; e2e p50 at concurrency 4 +24 ms of
+~2.4 s (run-to-run spread +-100 ms). Paired, 90 prompts: e2e p50 traced 698.7, unsampled 693.7, off 691.4 ms;
+median paired traced - off **+4.48 ms** (95% +1.27..+9.46), traced - unsampled +2.95 (-3.85..+10.76), unsampled -
+off +3.44 (-1.93..+9.68). Earlier the same day at load 12-28 the serving runs spread +-30% (see git history).
+``--micro --iterations 2000``: off 20.6 us, 100% 755.8 us CPU per remote-prefill request over the three
 processes (+735 us, about a quarter of it in each process's request path; the export runs on the SDK's thread).
 
 Example::
@@ -75,7 +79,10 @@ def start_stack(name: str, ratio: float, sink_url: str, tmp: Path, threshold_tok
 
     env = {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": sink_url + "/v1/traces"}
     common = ("--kv-link-secret", SECRET, "--kv-cache-memory", "256MiB", "--max-num-seqs", "8", "--model-version",
-              "v1", "--trace-ratio", str(ratio), "--log-level", "warning")
+              "v1", "--trace-ratio", str(ratio), "--log-level", "warning",
+              # every request computes its whole prompt: with prefix caching on, a prompt repeated across runs
+              # (and the paired arms that share the traced stack) would be served from cache
+              "--no-prefix-caching")
     prefill = WorkerProcess("--role", "prefill", *common, env=env)
     decode = WorkerProcess("--role", "decode", "--kv-timeout", "120", *common, env=env)
     start_together(prefill, decode)
@@ -111,6 +118,53 @@ async def one_run(url: str, args: argparse.Namespace) -> dict:
     row = summarize(results, duration, slo_ttft_s=10.0, slo_tpot_s=1.0)
     return {k: row[k] for k in ("num_completed", "num_failed", "request_throughput_rps", "output_throughput_tok_s",
                                 "e2e_ms_p50", "e2e_ms_p99", "ttft_ms_p50")}
+
+
+async def paired_latency(urls: dict[str, str], args: argparse.Namespace) -> dict:
+    """Unloaded latency, paired: ``--paired`` prompts, each sent once to three arms, one request at a time.
+
+    Arms: ``traced`` (the traced stack, sampled: every process records and exports), ``unsampled`` (the same
+    traced stack and processes, the client's ``traceparent`` with flags ``00``: the SDK is installed but
+    nothing is recorded) and ``off`` (the other stack, no SDK). ``traced - unsampled`` is the cost of recording
+    and exporting on identical processes; ``unsampled - off`` is the idle SDK plus whatever differs between two
+    stacks. The arms' order rotates every prompt, so drift lands on all alike; reported: each arm's e2e p50 and
+    the median of the per-prompt differences (milliseconds) with a 95% bootstrap interval (2,000 resamples).
+
+    Raises:
+        RuntimeError: a request failed.
+    """
+    import random
+
+    import httpx
+
+    from bench.serve_load import auth_headers, one_request
+
+    workload = word_prompts(args.paired, args.seed + 1, parse_range(args.input_words),
+                            parse_range(args.paired_output_tokens))
+    arms = {"traced": (urls["traced"], {}), "off": (urls["off"], {}),
+            "unsampled": (urls["traced"], {"traceparent": f"00-{random.Random(0).getrandbits(128):032x}-"
+                                                          f"{random.Random(1).getrandbits(64):016x}-00"})}
+    names = list(arms)
+    e2e_ms: dict[str, list[float]] = {name: [] for name in names}
+    async with httpx.AsyncClient(timeout=600.0, headers=auth_headers()) as client:
+        for i, request in enumerate(workload):
+            for name in names[i % 3:] + names[:i % 3]:
+                url, headers = arms[name]
+                result = await one_request(client, url + "/v1/completions", MODEL, request.prompt,
+                                           request.max_tokens, False, headers=headers)
+                if not result.ok:
+                    raise RuntimeError(f"paired request {i} on {name} failed: {result.error}")
+                e2e_ms[name].append(result.e2e_s * 1000.0)
+    rng = random.Random(args.seed)
+
+    def paired(a: str, b: str) -> dict:
+        diffs = [x - y for x, y in zip(e2e_ms[a], e2e_ms[b], strict=True)]
+        boot = sorted(statistics.median(rng.choices(diffs, k=len(diffs))) for _ in range(2000))
+        return {"median_ms": statistics.median(diffs), "ci95_ms": [boot[50], boot[1949]]}
+
+    return {"num_prompts": len(workload), "e2e_ms_p50": {name: statistics.median(v) for name, v in e2e_ms.items()},
+            "traced_minus_off": paired("traced", "off"), "traced_minus_unsampled": paired("traced", "unsampled"),
+            "unsampled_minus_off": paired("unsampled", "off"), "e2e_ms": e2e_ms}
 
 
 def micro_child(mode: str, iterations: int) -> float:
@@ -182,6 +236,9 @@ def main() -> None:
     parser.add_argument("--output-tokens", default="8:16")
     parser.add_argument("--threshold-tokens", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--paired", type=int, default=0,
+                        help="also measure unloaded latency: this many prompts, one request at a time, alternating")
+    parser.add_argument("--paired-output-tokens", default="4:8")
     parser.add_argument("--out", default="bench/results/trace_overhead.json")
     args = parser.parse_args()
     if args.micro_child:
@@ -199,12 +256,13 @@ def main() -> None:
     sink_url = f"http://127.0.0.1:{sink.server_port}"
     load_before = uptime()
     runs: dict[str, list[dict]] = {"traced": [], "off": []}
+    paired: dict | None = None
     with tempfile.TemporaryDirectory() as tmp:
         stacks = {"traced": start_stack("traced", 1.0, sink_url, Path(tmp), args.threshold_tokens),
                   "off": start_stack("off", 0.0, sink_url, Path(tmp), args.threshold_tokens)}
         try:
-            for router, _ in stacks.values():  # warm-up, not recorded
-                asyncio.run(one_run(router.url, argparse.Namespace(**{**vars(args), "num_prompts": 4})))
+            for router, _ in stacks.values():  # warm-up, not recorded: the whole workload once (each new prompt
+                asyncio.run(one_run(router.url, args))  # length costs the workers a first, slower pass)
             for i in range(args.runs):
                 order = ("traced", "off") if i % 2 == 0 else ("off", "traced")
                 for name in order:
@@ -212,6 +270,15 @@ def main() -> None:
                     runs[name].append(row)
                     print(f"run {i + 1} {name:>6}: {row['request_throughput_rps']:.3f} req/s, "
                           f"e2e p50 {row['e2e_ms_p50']:.1f} ms, failed {row['num_failed']}", flush=True)
+            if args.paired:
+                paired = asyncio.run(paired_latency({name: stack[0].url for name, stack in stacks.items()}, args))
+                p50 = paired["e2e_ms_p50"]
+                print(f"paired ({paired['num_prompts']} prompts, one at a time): e2e p50 traced {p50['traced']:.1f} "
+                      f"ms, unsampled {p50['unsampled']:.1f} ms, off {p50['off']:.1f} ms", flush=True)
+                for key in ("traced_minus_off", "traced_minus_unsampled", "unsampled_minus_off"):
+                    d = paired[key]
+                    print(f"  median paired {key}: {d['median_ms']:+.2f} ms (95% {d['ci95_ms'][0]:+.2f}.."
+                          f"{d['ci95_ms'][1]:+.2f})", flush=True)
         finally:
             for router, workers in stacks.values():
                 router.stop()
@@ -224,8 +291,10 @@ def main() -> None:
     p50_delta = median["traced"]["e2e_ms_p50"] - median["off"]["e2e_ms_p50"]
     report = {"args": vars(args), "uptime_before": load_before, "uptime_after": load_after, "runs": runs,
               "median": median, "throughput_ratio_traced_over_off": ratio, "e2e_p50_traced_minus_off_ms": p50_delta,
-              "span_bytes_exported": _Sink.received_bytes,
-              "acceptance": {"throughput_within_5pct": abs(ratio - 1) <= 0.05, "p50_within_2ms": p50_delta <= 2.0}}
+              "span_bytes_exported": _Sink.received_bytes, "paired": paired,
+              "acceptance": {"throughput_within_5pct": abs(ratio - 1) <= 0.05, "p50_within_2ms": p50_delta <= 2.0,
+                             "paired_p50_within_2ms": None if paired is None else
+                             paired["e2e_ms_p50"]["traced"] - paired["e2e_ms_p50"]["off"] <= 2.0}}
     print(f"uptime before: {load_before}\nuptime after:  {load_after}")
     for name in ("traced", "off"):
         print(f"{name:>6}: median {median[name]['request_throughput_rps']:.3f} req/s, "
