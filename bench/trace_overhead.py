@@ -2,8 +2,8 @@
 
 Two identical stacks run side by side on this host, each a real router, a prefill worker and a decode worker
 (Gemma 3 270M on CPU, remote prefill for prompts over ``--threshold-tokens``): one with ``--trace-ratio 1``
-(every request traced, spans exported over OTLP/HTTP to a sink in this process that decodes nothing and
-answers 200), one with tracing off (no SDK provider installed). ``bench/serve_load.py``'s load
+(every request traced, spans exported over OTLP/HTTP to a sink that decodes nothing and answers 200, in a
+process of its own: in this one, its thread would take the GIL from the load client's timing at every export), one with tracing off (no SDK provider installed). ``bench/serve_load.py``'s load
 (:func:`bench.serve_load.run_level`, its ``word_prompts``: ``--input-words`` words, ``--output-tokens``) runs
 against each router in turn, ``--runs`` times each, alternating and flipping the order every round, so host
 noise hits both alike. Reported per stack: request throughput and e2e p50 of every run, their medians, the
@@ -44,7 +44,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -58,18 +57,45 @@ SECRET = "ferry-bench-link-secret-0123456789"
 
 
 class _Sink(BaseHTTPRequestHandler):
-    """An OTLP/HTTP endpoint that reads and drops every export (counts the bytes)."""
+    """An OTLP/HTTP endpoint that reads and drops every export (counts the bytes in ``received``, a shared
+    ``multiprocessing.Value``)."""
 
-    received_bytes = 0
+    received = None
 
     def do_POST(self):  # noqa: N802 - http.server's naming
-        _Sink.received_bytes += len(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+        size = len(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+        with _Sink.received.get_lock():
+            _Sink.received.value += size
         self.send_response(200)
         self.send_header("Content-Length", "0")
         self.end_headers()
 
     def log_message(self, *args):
         pass
+
+
+def _serve_sink(port, received) -> None:
+    """Child process: serve :class:`_Sink` on a free loopback port, published through ``port``."""
+    _Sink.received = received
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Sink)
+    port.value = server.server_port
+    server.serve_forever()
+
+
+def start_sink() -> tuple[str, object, object]:
+    """``(url, process, received_bytes)`` of a span sink running in a child process."""
+    import multiprocessing
+    import time
+
+    port, received = multiprocessing.Value("i", 0), multiprocessing.Value("q", 0)
+    process = multiprocessing.Process(target=_serve_sink, args=(port, received), daemon=True)
+    process.start()
+    deadline = time.monotonic() + 30
+    while not port.value:
+        if time.monotonic() > deadline or not process.is_alive():
+            raise RuntimeError("the span sink process did not start")
+        time.sleep(0.01)
+    return f"http://127.0.0.1:{port.value}", process, received
 
 
 def start_stack(name: str, ratio: float, sink_url: str, tmp: Path, threshold_tokens: int):
@@ -251,9 +277,7 @@ def main() -> None:
               f"off {cost['off']:.1f} us, 100% {cost['on']:.1f} us, added {cost['on'] - cost['off']:.1f} us")
         return
 
-    sink = ThreadingHTTPServer(("127.0.0.1", 0), _Sink)
-    threading.Thread(target=sink.serve_forever, daemon=True).start()
-    sink_url = f"http://127.0.0.1:{sink.server_port}"
+    sink_url, sink, received = start_sink()
     load_before = uptime()
     runs: dict[str, list[dict]] = {"traced": [], "off": []}
     paired: dict | None = None
@@ -291,7 +315,7 @@ def main() -> None:
     p50_delta = median["traced"]["e2e_ms_p50"] - median["off"]["e2e_ms_p50"]
     report = {"args": vars(args), "uptime_before": load_before, "uptime_after": load_after, "runs": runs,
               "median": median, "throughput_ratio_traced_over_off": ratio, "e2e_p50_traced_minus_off_ms": p50_delta,
-              "span_bytes_exported": _Sink.received_bytes, "paired": paired,
+              "span_bytes_exported": received.value, "paired": paired,
               "acceptance": {"throughput_within_5pct": abs(ratio - 1) <= 0.05, "p50_within_2ms": p50_delta <= 2.0,
                              "paired_p50_within_2ms": None if paired is None else
                              paired["e2e_ms_p50"]["traced"] - paired["e2e_ms_p50"]["off"] <= 2.0}}
@@ -300,10 +324,10 @@ def main() -> None:
         print(f"{name:>6}: median {median[name]['request_throughput_rps']:.3f} req/s, "
               f"e2e p50 {median[name]['e2e_ms_p50']:.1f} ms")
     print(f"throughput traced/off {ratio:.3f}; e2e p50 traced - off {p50_delta:+.1f} ms; "
-          f"{_Sink.received_bytes} bytes of spans exported")
+          f"{received.value} bytes of spans exported")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2))
-    sink.shutdown()
+    sink.terminate()
 
 
 if __name__ == "__main__":
