@@ -165,7 +165,7 @@ async def paired_latency(urls: dict[str, str], args: argparse.Namespace) -> dict
 
     from bench.serve_load import auth_headers, one_request
 
-    workload = word_prompts(args.paired, args.seed + 1, parse_range(args.input_words),
+    workload = word_prompts(args.paired, args.seed + 1, parse_range(args.paired_input_words or args.input_words),
                             parse_range(args.paired_output_tokens))
     arms = {"traced": (urls["traced"], {}), "off": (urls["off"], {}),
             "unsampled": (urls["traced"], {"traceparent": f"00-{random.Random(0).getrandbits(128):032x}-"
@@ -265,6 +265,9 @@ def main() -> None:
     parser.add_argument("--paired", type=int, default=0,
                         help="also measure unloaded latency: this many prompts, one request at a time, alternating")
     parser.add_argument("--paired-output-tokens", default="4:8")
+    parser.add_argument("--paired-input-words", default="",
+                        help="prompt words MIN:MAX of the paired prompts (default: --input-words); short requests "
+                             "measure a per-request cost with less noise")
     parser.add_argument("--out", default="bench/results/trace_overhead.json")
     args = parser.parse_args()
     if args.micro_child:
