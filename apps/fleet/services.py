@@ -31,12 +31,17 @@ from apps.fleet.routing_table import content_digest, routing_table_content
 from apps.fleet.routing_table_cache import routing_table_cache_store
 
 
-def _save(instance: Any, changes: dict[str, Any]) -> Any:
+def _save(instance: Any, changes: dict[str, Any], *, publish: bool = False) -> Any:
+    """Validate and save; with ``publish`` the routing table is republished in the same transaction (for rows
+    the table is built from: a router then sees the change within its poll interval, not at the next reconcile
+    tick)."""
     for field, value in changes.items():
         setattr(instance, field, value)
     instance.full_clean()
     with transaction.atomic():
         instance.save()
+        if publish:
+            routing_table_publish()
     return instance
 
 
@@ -46,14 +51,17 @@ def cluster_create(**fields: Any) -> Cluster:
 
 
 def cluster_update(*, cluster: Cluster, **changes: Any) -> Cluster:
-    """Change a cluster's fields. Raises ValidationError."""
-    return _save(cluster, changes)
+    """Change a cluster's fields (the routing table is republished: it carries pools' datacenters). Raises
+    ValidationError."""
+    return _save(cluster, changes, publish=True)
 
 
 def cluster_delete(*, cluster: Cluster) -> None:
-    """Delete a cluster and its links. Raises ProtectedError (409) while it has pools."""
+    """Delete a cluster and its links (the routing table is republished). Raises ProtectedError (409) while it has
+    pools."""
     with transaction.atomic():
         cluster.delete()
+        routing_table_publish()
 
 
 def router_create(**fields: Any) -> Router:
@@ -73,19 +81,21 @@ def router_delete(*, router: Router) -> None:
 
 
 def cluster_link_create(**fields: Any) -> ClusterLink:
-    """Create a link. Raises ValidationError (same cluster twice, bandwidth <= 0, rtt < 0, duplicate pair)."""
-    return _save(ClusterLink(), fields)
+    """Create a link and republish the routing table (it carries the links). Raises ValidationError (same
+    cluster twice, bandwidth <= 0, rtt < 0, duplicate pair)."""
+    return _save(ClusterLink(), fields, publish=True)
 
 
 def cluster_link_update(*, link: ClusterLink, **changes: Any) -> ClusterLink:
-    """Change a link. Raises ValidationError."""
-    return _save(link, changes)
+    """Change a link and republish the routing table. Raises ValidationError."""
+    return _save(link, changes, publish=True)
 
 
 def cluster_link_delete(*, link: ClusterLink) -> None:
-    """Delete a link."""
+    """Delete a link and republish the routing table."""
     with transaction.atomic():
         link.delete()
+        routing_table_publish()
 
 
 def pool_create(*, replicas: int, model_version: ModelVersion, **fields: Any) -> Pool:

@@ -219,3 +219,27 @@ def test_a_vllm_or_sglang_pool_is_a_colocated_pool_on_kubernetes(admin_api, clus
     switch = admin_api.patch(f"/api/v1/pools/{ok.json()['id']}/", {"role": "decode"}, format="json")
     assert switch.status_code == 400 and "colocated pools only" in switch.json()["engine"][0]
     assert Pool.objects.get(pk=ok.json()["id"]).role == "colocated"
+
+
+def test_link_and_cluster_writes_publish_the_routing_table_at_once(admin_api, make_cluster):
+    """Routers see a link or datacenter change at their next poll: the write republishes the table (before, only
+    the next reconcile tick did, seconds later)."""
+    from apps.fleet.models import RoutingTable
+
+    a, b = make_cluster("dc-a"), make_cluster("dc-b")
+
+    def table() -> tuple[int, list]:
+        row = RoutingTable.objects.get(pk=1)
+        return row.version, row.content["links"]
+
+    r = admin_api.post("/api/v1/cluster-links/", {"source": a.pk, "destination": b.pk, "bandwidth_gbps": 10.0,
+                                                  "rtt_ms": 35.5}, format="json")
+    assert r.status_code == 201, r.json()
+    version, links = table()
+    assert [(link["bandwidth_gbps"], link["rtt_ms"]) for link in links] == [(10.0, 35.5)]
+    assert admin_api.patch(f"/api/v1/cluster-links/{r.json()['id']}/", {"rtt_ms": 80}, format="json").status_code == 200
+    assert table() == (version + 1, [{**links[0], "rtt_ms": 80.0}])
+    assert admin_api.patch(f"/api/v1/clusters/{a.pk}/", {"datacenter": "eu-west"}, format="json").status_code == 200
+    assert table() == (version + 2, [{**links[0], "rtt_ms": 80.0, "source": "eu-west"}])
+    assert admin_api.delete(f"/api/v1/cluster-links/{r.json()['id']}/").status_code == 204
+    assert table() == (version + 3, [])
