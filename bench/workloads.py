@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import random
+import statistics
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -360,6 +361,40 @@ def session_moves(records: list[dict]) -> dict[str, int]:
             moved += cur["replica"] != prev["replica"]
     remote = sum(r["decision"] == "remote_prefill" for r in records)
     return {"later_turns": later, "moved": moved, "remote": remote}
+
+
+def ttft_by_computed_tokens(records: list[dict], bin_tokens: int = 50) -> dict:
+    """Client TTFT against the prompt tokens each request computed (``num_computed_tokens``: prompt minus hit).
+
+    Why: a turn of a multi-turn session always computes its new user tokens, the previous answer and the part of
+    the history's last block that was not full, whatever the cache holds, and a prefill's time grows with the
+    tokens it computes; so the TTFT of a policy follows its *median* computed tokens, not its total prefill tokens
+    (which the tail of turns that moved dominates).
+
+    Returns:
+        ``computed_tokens_p50`` / ``computed_tokens_p90`` (tokens; linear interpolation, as numpy's default),
+        ``fit``: the least-squares line ``ttft_ms = intercept_ms + ms_per_token * computed``
+        (:func:`statistics.linear_regression`; None for fewer than two distinct token counts), and
+        ``median_ttft_ms_by_bin``: ``"lo-hi"`` (computed tokens, ``bin_tokens`` wide) -> (median TTFT ms, requests).
+
+    Raises:
+        ValueError: no records, or ``bin_tokens`` < 1.
+    """
+    if not records or bin_tokens < 1:
+        raise ValueError("need at least one record and bin_tokens >= 1")
+    computed = [r["num_computed_tokens"] for r in records]
+    ttft_ms = [r["ttft_s"] * 1e3 for r in records]
+    fit = None
+    if len(set(computed)) > 1:
+        slope, intercept = statistics.linear_regression(computed, ttft_ms)
+        fit = {"intercept_ms": intercept, "ms_per_token": slope}
+    bins: dict[int, list[float]] = {}
+    for tokens, ms in zip(computed, ttft_ms, strict=True):
+        bins.setdefault(tokens // bin_tokens, []).append(ms)
+    by_bin = {f"{k * bin_tokens}-{(k + 1) * bin_tokens - 1}": (statistics.median(v), len(v)) for k, v in sorted(bins.items())}
+    deciles = statistics.quantiles(computed, n=10, method="inclusive") if len(computed) > 1 else [computed[0]] * 9
+    p50, p90 = deciles[4], deciles[8]
+    return {"computed_tokens_p50": p50, "computed_tokens_p90": p90, "fit": fit, "median_ttft_ms_by_bin": by_bin}
 
 
 def placement_bounds(workload: MultiTurnWorkload, block_size: int, num_replicas: int = 2, seed: int = 0) -> dict:
