@@ -144,6 +144,7 @@ from inference_worker.tokenization import load_tokenizer  # noqa: E402
 
 SECRET = "bench-routing-link-secret-0123456789"
 POLICIES = ("least_loaded", "cache_aware", "round_robin")
+POLICY_RUNS = (*POLICIES, "single")
 WORKER_METRIC = re.compile(r"^(ferry_prompt_tokens_total|ferry_prefix_cache_hits_total|ferry_prefix_cache_evictions_total)(\{[^}]*\})? ([0-9.eE+-]+)$")
 ROUTER_METRIC = re.compile(r'^ferry_router_(decisions_total|predicted_cached_tokens_total|reported_cached_tokens_total)'
                            r'\{([^}]*)\} ([0-9.eE+-]+)$')
@@ -208,7 +209,8 @@ def run_policy(name: str, policy: str, table: dict, args: argparse.Namespace, wo
     reset_caches(workers)
     path = tmp / f"table-{name}.json"
     path.write_text(json.dumps(table))
-    router = RouterProcess(path, "--policy", policy, "--scrape-interval", "0.5")
+    router = RouterProcess(path, "--policy", policy, "--scrape-interval", "0.5",
+                           port=None if args.port_base is None else args.port_base + 10 + POLICY_RUNS.index(name))
     url = router.url
     try:
         time.sleep(1.0)  # the index subscribes to every replica's KV events (snapshots of the empty caches)
@@ -265,9 +267,11 @@ def main() -> None:
     parser.add_argument("--decode-prefill-tokens-per-s", type=float, default=1000.0)
     parser.add_argument("--prefill-tokens-per-s", type=float, default=1000.0,
                         help="the prefill pool's speed (same hardware as decode here); 0: not charged")
-    parser.add_argument("--policies", default=",".join((*POLICIES, "single")),
+    parser.add_argument("--policies", default=",".join(POLICY_RUNS),
                         help="comma-separated runs, in this order (least_loaded and cache_aware give the ratios)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--port-base", type=int, default=None,
+                        help="use ports base..base+13 (workers, KV receivers, routers) instead of free ones")
     parser.add_argument("--timeout-s", type=float, default=600.0)
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "routing.json")
     args = parser.parse_args()
@@ -277,8 +281,12 @@ def main() -> None:
     workload = MultiTurnWorkload.from_config(config)
     common = ["--kv-link-secret", SECRET, "--block-size", str(args.block_size), "--kv-cache-memory", args.kv_cache_memory,
               "--max-num-seqs", "4"]
-    prefill = WorkerProcess("--role", "prefill", *common, "--replica", "prefill-0", model=args.model)
-    decode = [WorkerProcess("--role", "decode", *common, "--replica", f"decode-{i}", model=args.model) for i in range(2)]
+    base = args.port_base  # a host's assigned range: workers base..base+2, KV receivers +3.., routers +10..
+    prefill = WorkerProcess("--role", "prefill", *common, "--replica", "prefill-0", model=args.model,
+                            port=None if base is None else base)
+    decode = [WorkerProcess("--role", "decode", *common, "--replica", f"decode-{i}",
+                            *([] if base is None else ["--kv-port", str(base + 3 + i)]),
+                            model=args.model, port=None if base is None else base + 1 + i) for i in range(2)]
     started = time.perf_counter()
     tmp = ROOT / "var" / "bench-routing"
     tmp.mkdir(parents=True, exist_ok=True)
