@@ -152,7 +152,8 @@ def test_routing_placement_counts_later_turns_served_elsewhere_and_bounds_are_ex
     bounds = placement_bounds(workload, block_size=2, num_replicas=1)
     # sticky = random with one replica: 6 computed, then 10 - 6 cached (3 blocks of prompt; the answer's
     # last token never fed back, so its block [answer0, answer1] is not stored) = 4
-    assert bounds == {"sticky_prefill_tokens": 10, "random_prefill_tokens": 10, "random_over_sticky": 1.0}
+    assert bounds == {"sticky_prefill_tokens": 10, "random_prefill_tokens": 10, "random_over_sticky": 1.0,
+                      "sticky_computed_p50": 5.0, "random_computed_p50": 5.0, "random_over_sticky_p50": 1.0}
 
 
 def test_a_stream_cut_before_done_or_ending_in_an_error_event_is_a_failed_request():
