@@ -88,8 +88,8 @@ least-loaded 592 ms, cache-aware 535 ms; prefill tokens 23163 vs 13771). Each ru
   (0..15), whatever the cache holds; the smallest bin of the lead's table ("0-99 uncached tokens") held 50-99.
   One ``gemma-3-270m`` worker, a 600-token prompt P, then P + 8 answer + 80 tokens: 608 cached, 80 computed, TTFT
   within 0-20% of an uncached 88-token prompt's (the attention over the cached context; in-process and through the
-  server, whose phases were parse and queue a few ms of it, ``prefill`` the rest). Engine step costs (thread CPU time, 1 torch thread, fp32, on the shared
-  host at load 40): a decode step 99 ms, of which the 262144-token head 48 ms (it streams 671 MB of weights); 8
+  server, whose phases were parse and queue a few ms of it, ``prefill`` the rest). Engine step costs (thread CPU
+  time, 1 torch thread, fp32, on the shared host at load 40): a decode step 99 ms, of which the 262144-token head 48 ms (it streams 671 MB of weights); 8
   new tokens after 592 cached 136 ms; 88 new after 600 cached 446 ms, 136 new 598 ms; 88 uncached 371 ms, 136
   uncached 468 ms. So about 2 ms per computed token, +1.2 ms per token for attention over a 600-token cached
   context (SDPA's flash kernel; an explicit-matmul variant is no faster), plus one step's fixed ~100 ms.
