@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import random
+import statistics
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -362,23 +363,63 @@ def session_moves(records: list[dict]) -> dict[str, int]:
     return {"later_turns": later, "moved": moved, "remote": remote}
 
 
+def ttft_by_computed_tokens(records: list[dict], bin_tokens: int = 50) -> dict:
+    """Client TTFT against the prompt tokens each request computed (``num_computed_tokens``: prompt minus hit).
+
+    Why: a turn of a multi-turn session always computes its new user tokens, the previous answer and the part of
+    the history's last block that was not full, whatever the cache holds, and a prefill's time grows with the
+    tokens it computes; so the TTFT of a policy follows its *median* computed tokens, not its total prefill tokens
+    (which the tail of turns that moved dominates).
+
+    Returns:
+        ``computed_tokens_p50`` / ``computed_tokens_p90`` (tokens; linear interpolation, as numpy's default),
+        ``fit``: the least-squares line ``ttft_ms = intercept_ms + ms_per_token * computed``
+        (:func:`statistics.linear_regression`; None for fewer than two distinct token counts), and
+        ``median_ttft_ms_by_bin``: ``"lo-hi"`` (computed tokens, ``bin_tokens`` wide) -> (median TTFT ms, requests).
+
+    Raises:
+        ValueError: no records, or ``bin_tokens`` < 1.
+    """
+    if not records or bin_tokens < 1:
+        raise ValueError("need at least one record and bin_tokens >= 1")
+    computed = [r["num_computed_tokens"] for r in records]
+    ttft_ms = [r["ttft_s"] * 1e3 for r in records]
+    fit = None
+    if len(set(computed)) > 1:
+        slope, intercept = statistics.linear_regression(computed, ttft_ms)
+        fit = {"intercept_ms": intercept, "ms_per_token": slope}
+    bins: dict[int, list[float]] = {}
+    for tokens, ms in zip(computed, ttft_ms, strict=True):
+        bins.setdefault(tokens // bin_tokens, []).append(ms)
+    by_bin = {f"{k * bin_tokens}-{(k + 1) * bin_tokens - 1}": (statistics.median(v), len(v)) for k, v in sorted(bins.items())}
+    deciles = statistics.quantiles(computed, n=10, method="inclusive") if len(computed) > 1 else [computed[0]] * 9
+    p50, p90 = deciles[4], deciles[8]
+    return {"computed_tokens_p50": p50, "computed_tokens_p90": p90, "fit": fit, "median_ttft_ms_by_bin": by_bin}
+
+
 def placement_bounds(workload: MultiTurnWorkload, block_size: int, num_replicas: int = 2, seed: int = 0) -> dict:
     """Prefill tokens of the workload on ``num_replicas`` unlimited caches (:class:`IdealPrefixCache`
     each, requests in :meth:`MultiTurnWorkload.planned_requests` order) for two placements:
     ``sticky`` (every turn of a session on the replica of its first turn, sessions dealt round-robin) and ``random``
     (each turn on a replica drawn uniformly: what a load-only policy does to a session among equally loaded
     replicas). Host-independent: ``random / sticky`` is about the most prefill tokens cache affinity can save on
-    this workload, since a moved turn still hits its history up to its last visit to that replica."""
+    this workload, since a moved turn still hits its history up to its last visit to that replica.
+
+    ``{placement}_computed_p50``: the median request's computed tokens (prompt minus hit). A request's TTFT grows
+    with them, so ``random_over_sticky_p50`` is about the most cache affinity can lower TTFT p50 (less with any
+    fixed cost per request): most turns of a randomly placed session still find most of their history."""
     rng = random.Random(seed)
-    out = {}
+    out: dict = {}
     for placement in ("sticky", "random"):
         caches = [IdealPrefixCache(block_size) for _ in range(num_replicas)]
         home = {s.session_id: i % num_replicas for i, s in enumerate(workload.sessions)}
-        computed = 0
+        computed = []
         for session, _, prompt, answer in workload.planned_requests():
             cache = caches[home[session.session_id] if placement == "sticky" else rng.randrange(num_replicas)]
-            computed += len(prompt) - cache.num_cached_tokens(prompt)
+            computed.append(len(prompt) - cache.num_cached_tokens(prompt))
             cache.store(prompt + answer[:-1])
-        out[f"{placement}_prefill_tokens"] = computed
+        out[f"{placement}_prefill_tokens"] = sum(computed)
+        out[f"{placement}_computed_p50"] = statistics.median(computed)
     out["random_over_sticky"] = out["random_prefill_tokens"] / max(out["sticky_prefill_tokens"], 1)
+    out["random_over_sticky_p50"] = out["random_computed_p50"] / max(out["sticky_computed_p50"], 1)
     return out

@@ -10,6 +10,7 @@ import json
 import math
 
 import httpx
+import pytest
 
 from bench.serve_load import one_request, run_sessions
 from bench.workloads import SESSION_HEADER, MultiTurnConfig, MultiTurnWorkload
@@ -151,7 +152,8 @@ def test_routing_placement_counts_later_turns_served_elsewhere_and_bounds_are_ex
     bounds = placement_bounds(workload, block_size=2, num_replicas=1)
     # sticky = random with one replica: 6 computed, then 10 - 6 cached (3 blocks of prompt; the answer's
     # last token never fed back, so its block [answer0, answer1] is not stored) = 4
-    assert bounds == {"sticky_prefill_tokens": 10, "random_prefill_tokens": 10, "random_over_sticky": 1.0}
+    assert bounds == {"sticky_prefill_tokens": 10, "random_prefill_tokens": 10, "random_over_sticky": 1.0,
+                      "sticky_computed_p50": 5.0, "random_computed_p50": 5.0, "random_over_sticky_p50": 1.0}
 
 
 def test_a_stream_cut_before_done_or_ending_in_an_error_event_is_a_failed_request():
@@ -167,3 +169,22 @@ def test_a_stream_cut_before_done_or_ending_in_an_error_event_is_a_failed_reques
     cut, broken = asyncio.run(go(token * 2)), asyncio.run(go(token + error + b"data: [DONE]\n\n"))
     assert (cut.ok, cut.error, cut.text) == (False, "stream ended without [DONE] after 2 chunks", "aa")
     assert (broken.ok, broken.error) == (False, "broke off")
+
+
+def test_ttft_by_computed_tokens_fits_the_line_bins_and_deciles_exactly():
+    from bench.workloads import ttft_by_computed_tokens
+
+    # TTFT = 100 ms + 3 ms per computed token, exactly: the fit recovers it; bins of 50 tokens hold their medians
+    computed = [60, 80, 100, 120, 140, 400]
+    records = [{"num_computed_tokens": n, "ttft_s": (100 + 3 * n) / 1e3} for n in computed]
+    out = ttft_by_computed_tokens(records)
+    assert out["fit"]["intercept_ms"] == pytest.approx(100.0, abs=1e-9)
+    assert out["fit"]["ms_per_token"] == pytest.approx(3.0, abs=1e-12)
+    # numpy-style linear interpolation: p50 between 100 and 120; p90 at rank 4.5 between 140 and 400
+    assert (out["computed_tokens_p50"], out["computed_tokens_p90"]) == (110.0, 270.0)
+    assert out["median_ttft_ms_by_bin"] == {"50-99": (pytest.approx(310.0), 2), "100-149": (pytest.approx(460.0), 3),
+                                            "400-449": (pytest.approx(1300.0), 1)}
+    one = ttft_by_computed_tokens([{"num_computed_tokens": 90, "ttft_s": 0.5}])
+    assert (one["fit"], one["computed_tokens_p50"], one["computed_tokens_p90"]) == (None, 90, 90)
+    with pytest.raises(ValueError):
+        ttft_by_computed_tokens([])

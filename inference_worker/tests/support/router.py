@@ -27,6 +27,7 @@ class RouterProcess:
         *args: further router options (``--policy``, ``--service-token``, ``--table-interval`` ...).
         log_path: file for the router's output (stdout and stderr); None: inherited.
         ready_timeout_s: seconds to wait for ``/ready`` to report a routing table.
+        port: the router's port (None: a free one).
 
     Raises:
         RuntimeError: the router did not report a routing table within ``ready_timeout_s`` (the message
@@ -34,8 +35,8 @@ class RouterProcess:
     """
 
     def __init__(self, routing_table: str | Path, *args: str, log_path: Path | None = None,
-                 ready_timeout_s: float = 60.0) -> None:
-        self.port = free_port()
+                 ready_timeout_s: float = 60.0, port: int | None = None) -> None:
+        self.port = free_port() if port is None else port
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         command = [sys.executable, "-m", "inference_worker", "router", "--port", str(self.port),

@@ -52,14 +52,15 @@ class WorkerProcess:
         model: the ``--model`` value.
         ready_timeout_s: how long :meth:`start` waits for ``/ready``.
         env: extra environment variables of the process (e.g. a test hook's switch).
+        port: the HTTP port (None: a free one).
 
     Raises:
         RuntimeError: from :meth:`start` when the process exits or is not ready in time.
     """
 
     def __init__(self, *args: str, model: str = "gemma-3-270m", ready_timeout_s: float = 300.0,
-                 env: dict[str, str] | None = None):
-        self.port = free_port()
+                 env: dict[str, str] | None = None, port: int | None = None):
+        self.port = free_port() if port is None else port
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.args = [sys.executable, "-m", "inference_worker", "serve", "--model", model, "--host", "127.0.0.1",
                      "--port", str(self.port), *args]
