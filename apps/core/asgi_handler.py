@@ -3,11 +3,13 @@
 Django's :class:`~django.core.handlers.asgi.ASGIHandler` builds its middleware chain in async mode. Every view
 here is sync and so is most middleware, so each request crossed between the event loop and its worker thread
 once per sync step: ``process_request``/``process_response`` of each ``MiddlewareMixin`` middleware, an
-``async_to_sync`` back to the loop below WhiteNoise (sync only), ``process_view`` and the view itself — 15
+``async_to_sync`` back to the loop below WhiteNoise (sync only), ``process_view`` and the view itself — 16
 ``sync_to_async`` calls for ``GET /api/v1/pools/`` (issue 21: per-request cost). :class:`SyncChainASGIHandler`
 builds the chain in sync mode (as Django's WSGI handler does) and runs it, view included, in one
 ``sync_to_async`` call; with the ``request_started`` signal and ``response.close()`` (``request_finished``) that
-makes 3 per request, whatever middleware is added.
+makes 3 per request, whatever middleware is added. Measured in-process (``bench/api_profile.py --asgi``; a
+request that stops in DRF's authentication, 401, no query): 2.5 ms of CPU with Django's handler, 1.3 ms with this
+one.
 
 Everything else is Django's ASGI handler unchanged: the request is an ``ASGIRequest`` (``request.scope``), each
 request gets its own worker thread (``ThreadSensitiveContext``: a slow view does not hold up the others, and the
