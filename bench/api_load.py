@@ -63,8 +63,13 @@ async def run_step(session: aiohttp.ClientSession, url: str, *, rate: float, dur
 
     With ``server_pids`` the step also reports the server's CPU use (``server_cpu_percent_of_machine``: CPU
     seconds of those processes and their children over the step, divided by the step's wall time and the
-    machine's cores)."""
+    machine's cores; ``server_cpu_ms_per_request``: those CPU milliseconds per answered request). Every step
+    reports this load generator's own CPU (``client_cpu_percent_of_machine``) and the whole machine's busy share
+    (``machine_busy_percent``: 100 minus idle and iowait, every process, the database's included)."""
     cpu_start = server_cpu_s(server_pids)
+    client = psutil.Process()
+    client_start = sum(client.cpu_times()[:2])
+    machine_start = psutil.cpu_times()
     num_requests = max(1, round(rate * duration_s))
     latencies_ms: list[float] = []
     statuses: Counter = Counter()
@@ -95,12 +100,21 @@ async def run_step(session: aiohttp.ClientSession, url: str, *, rate: float, dur
     await asyncio.gather(*tasks)
     elapsed_s = time.perf_counter() - loop_start
     cpu_s = server_cpu_s(server_pids) - cpu_start
+    client_s = sum(client.cpu_times()[:2]) - client_start
+    machine_end = psutil.cpu_times()
+    machine_total = sum(machine_end) - sum(machine_start)
+    machine_idle = (machine_end.idle - machine_start.idle) + (getattr(machine_end, "iowait", 0.0)
+                                                               - getattr(machine_start, "iowait", 0.0))
     latencies_ms.sort()
+    answered = sum(statuses.values())
     return {
         "server_cpu_percent_of_machine": round(100 * cpu_s / elapsed_s / (os.cpu_count() or 1), 1)
         if server_pids else None,
+        "server_cpu_ms_per_request": round(1000 * cpu_s / answered, 2) if server_pids and answered else None,
+        "client_cpu_percent_of_machine": round(100 * client_s / elapsed_s / (os.cpu_count() or 1), 1),
+        "machine_busy_percent": round(100 * (1 - machine_idle / machine_total), 1) if machine_total > 0 else None,
         "offered_rate": rate, "num_requests": num_requests, "duration_s": round(elapsed_s, 3),
-        "achieved_rate": round(sum(statuses.values()) / elapsed_s, 2),
+        "achieved_rate": round(answered / elapsed_s, 2),
         "statuses": {str(k): v for k, v in sorted(statuses.items())},
         "errors": dict(errors), "num_errors": sum(errors.values()),
         "latency_ms": {f"p{q}": round(percentile(latencies_ms, q), 2) for q in (50, 90, 99)}
@@ -151,8 +165,11 @@ def print_step(path: str, step: dict) -> None:
     print(f"{path:32s} offered {step['offered_rate']:7.1f}/s achieved {step['achieved_rate']:7.1f}/s "
           f"p50 {lat['p50']:8.1f} p90 {lat['p90']:8.1f} p99 {lat['p99']:8.1f} max {lat['max']:8.1f} ms "
           f"errors {step['num_errors']} {'held' if step.get('held') else ''}"
-          + (f" server CPU {step['server_cpu_percent_of_machine']}% of machine"
-             if step.get("server_cpu_percent_of_machine") is not None else ""), flush=True)
+          + (f" server CPU {step['server_cpu_percent_of_machine']}% of machine "
+             f"({step['server_cpu_ms_per_request']} ms/request)"
+             if step.get("server_cpu_percent_of_machine") is not None else "")
+          + f" client CPU {step['client_cpu_percent_of_machine']}% machine busy {step['machine_busy_percent']}%",
+          flush=True)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -5,7 +5,9 @@ Why uvicorn with processes: under ASGI Django runs sync views in asgiref threads
 one GIL, so one daphne process uses at most one core.
 uvicorn's supervisor forks ``--workers`` processes that share the listening socket; each is a full ASGI
 server, so WebSockets (the ``websockets`` library) and HTTP stay on one port and one origin (no proxy needed
-under ``make run``). Measured in ``bench/api_load.py`` (README, "Architecture").
+under ``make run``). Measured in ``bench/api_load.py`` (README, "Architecture"). Each worker runs uvloop's
+event loop and httptools' HTTP parser (C; uvicorn's defaults without them are asyncio's loop and h11, pure Python),
+and Django's middleware chain in one worker-thread hop per request (:mod:`apps.core.asgi_handler`).
 
 Worker count: ``--workers`` if given, else ``FERRY_WEB_WORKERS``, else :func:`default_web_workers` of the cores
 this process may run on (``os.sched_getaffinity``: a container's cpuset, not the host's cores). The access
@@ -94,7 +96,9 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("DATABASE_POOL_MAX_SIZE", str(DATABASE_POOL_MAX_SIZE))
     if args.access_log:
         os.makedirs(os.path.dirname(os.path.abspath(args.access_log)), exist_ok=True)
+    # uvloop and httptools (C) instead of asyncio's loop and h11 (pure Python): less CPU per request
     uvicorn.run(APP, host=args.host, port=args.port, workers=workers, lifespan="off", ws="websockets-sansio",
+                loop="uvloop", http="httptools",
                 log_config=log_config(args.access_log), access_log=bool(args.access_log),
                 log_level=args.log_level, timeout_graceful_shutdown=10, proxy_headers=False)
 

@@ -60,7 +60,8 @@ def run(args: argparse.Namespace) -> int:
     manager = ProcessManager(args.state_dir, ready_poll_s=args.ready_poll)
     app = create_app(manager, token, stop_workers_on_exit=not args.detach_on_exit)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
-                            timeout_graceful_shutdown=5)
+                            timeout_graceful_shutdown=5,
+                            loop="asyncio", http="h11")  # as before httptools/uvloop were installed (web's)
     uvicorn.Server(config).run()
     return 0
 

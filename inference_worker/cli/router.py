@@ -148,7 +148,9 @@ def run(args: argparse.Namespace) -> int:
                       else tracing.check_ratio(args.trace_ratio))
     router = Router(config)
     try:
-        uvicorn.run(router.app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=30)
+        # asyncio and h11, as before httptools/uvloop were installed for the control plane's web process
+        uvicorn.run(router.app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=30,
+                    loop="asyncio", http="h11")
     finally:
         tracing.shutdown()
     return 0

@@ -162,7 +162,8 @@ def run_server(state: ServerState, loader: Callable[[], ServedModel], *, host: s
         OSError: the port cannot be bound.
     """
     config = uvicorn.Config(create_app(state), host=host, port=port, log_level=log_level,
-                            timeout_graceful_shutdown=5, lifespan="off", access_log=False)
+                            timeout_graceful_shutdown=5, lifespan="off", access_log=False,
+                            loop="asyncio", http="h11")  # as before httptools/uvloop were installed (web's)
     server = DrainingServer(config, state)
     state.metrics.set_ready(False)
 

@@ -78,6 +78,8 @@ class PoolViewSet(viewsets.ModelViewSet):
     action_roles = {"scale": OPERATOR, "flush_kv_cache": OPERATOR}
 
     def get_queryset(self):
+        if self.action in ("list", "retrieve"):  # reads: ids only, no joined cluster and model version
+            return fleet_selectors.pool_list_serialized()
         return fleet_selectors.pool_list()
 
     def perform_create(self, serializer) -> None:  # noqa: ANN001 - DRF signature

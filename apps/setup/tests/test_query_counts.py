@@ -80,3 +80,32 @@ def test_a_list_on_its_first_page_is_counted_without_count_and_longer_lists_page
     assert get("/api/v1/clusters/?page_size=2&page=2") == (3, ["dc-2"], False, True)
     assert get("/api/v1/clusters/?kind=kubernetes") == (0, [], False, False)
     assert viewer_api.get("/api/v1/clusters/?page_size=2&page=3").status_code == 404
+
+
+def test_list_endpoints_without_query_parameters_skip_the_filterset_and_answer_as_with_it(viewer_api,
+                                                                                         make_model_version,
+                                                                                         monkeypatch):
+    """apps.core.filters.FilterBackend: no parameters, no filterset built; the body is the one django-filter's
+    path gives (``?page=1`` has a parameter, so it goes through the filterset with every filter empty)."""
+    import django_filters
+
+    v1, v2 = make_model_version("v1"), make_model_version("v2")
+    base = cluster_create(name="hub", kind="local", agent_url="http://127.0.0.1:9300")
+    for i in range(2):
+        _add_rows(i, v1, v2, base)
+    built = []
+    original = django_filters.FilterSet.__init__
+
+    def counted(self, *args, **kwargs):
+        built.append(type(self).__name__)
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(django_filters.FilterSet, "__init__", counted)
+    for url in ENDPOINTS:
+        built.clear()
+        plain = viewer_api.get(url)
+        assert (plain.status_code, built) == (200, []), url
+        through_filterset = viewer_api.get(f"{url}?page=1")
+        assert (through_filterset.status_code, len(built)) == (200, 1), url
+        assert plain.json() == through_filterset.json(), url
+        assert plain.json()["count"] >= 2, url
