@@ -10,7 +10,8 @@ For a batch of prompts the longest one decides.
 :class:`PromptHasher` keeps one tokenizer per model version (the routing table's tokenizer reference)
 and turns a request into a :class:`~.pipeline.PromptInfo`: token count and block digests salted like
 the workers' (``block_hash.prefix_root`` of the version's weights sha256, KV dtype and block size). It
-is called through ``asyncio.to_thread``: tokenizing and hashing never run on the event loop. Texts are
+is called on the router's prompt thread pool (on the event loop itself only for short bodies, whose tokenizing and
+hashing cost less than the hand-off: ``app.INLINE_BODY_BYTES``). Texts are
 encoded with ``Tokenizer.encode_batch``, which releases the GIL while it works (``encode`` holds it for the
 whole call, so a thread running it still froze the loop: about 3 s for a 1 MB prompt on this machine).
 """
@@ -141,6 +142,11 @@ class PromptHasher:
                                     exc)
                 self._counters[key] = counter
             return self._counters[key]
+
+    def loaded(self, version: str, info: ModelInfo) -> bool:
+        """Whether :meth:`counter_for` has already tried to load the version's tokenizer (loaded or not: the next
+        call does no file or tokenizer work)."""
+        return (version, info.tokenizer) in self._counters
 
     def info(self, version: str, info: ModelInfo, path: str, body: dict, *, hashing: bool = True) -> PromptInfo:
         """Token count and block digests of the request for ``version`` (cache state per ``pipeline.CACHE_STATES``)."""
