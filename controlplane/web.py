@@ -94,7 +94,9 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("DATABASE_POOL_MAX_SIZE", str(DATABASE_POOL_MAX_SIZE))
     if args.access_log:
         os.makedirs(os.path.dirname(os.path.abspath(args.access_log)), exist_ok=True)
+    # loop/http pinned: uvloop and httptools are installed for the router; this server keeps the stack it was tested on
     uvicorn.run(APP, host=args.host, port=args.port, workers=workers, lifespan="off", ws="websockets-sansio",
+                loop="asyncio", http="h11",
                 log_config=log_config(args.access_log), access_log=bool(args.access_log),
                 log_level=args.log_level, timeout_graceful_shutdown=10, proxy_headers=False)
 

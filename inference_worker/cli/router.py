@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.util
 import logging
 import os
 
@@ -87,6 +88,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "spans go to OTEL_EXPORTER_OTLP_ENDPOINT over OTLP/HTTP")
 
 
+def server_stack() -> tuple[str, str]:
+    """uvicorn's event loop and HTTP/1.1 parser for the router: ``("uvloop", "httptools")`` (libuv and llhttp, in C;
+    both in requirements.txt), else the pure-Python ``asyncio`` / ``h11`` they replace, with a warning: on h11 the
+    router spends several times the CPU per request (``bench/router_profile.py``)."""
+    loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
+    http = "httptools" if importlib.util.find_spec("httptools") else "h11"
+    if (loop, http) != ("uvloop", "httptools"):
+        log.warning("router on %s/%s: install uvloop and httptools (requirements.txt) for its CPU per request", loop,
+                    http)
+    return loop, http
+
+
 def client_keys(args: argparse.Namespace, environ) -> ApiKeys | None:  # noqa: ANN001 - a mapping
     """The router's own client keys: ``--api-keys`` FILE, else ``FERRY_ROUTER_API_KEY`` (one key, no rate limit),
     else None with ``--no-auth``, else none of its own (an empty set) when ``--routing-table`` is the control
@@ -147,8 +160,10 @@ def run(args: argparse.Namespace) -> int:
     tracing.configure("ferry-router", tracing.ratio_from_env() if args.trace_ratio is None
                       else tracing.check_ratio(args.trace_ratio))
     router = Router(config)
+    loop, http = server_stack()
     try:
-        uvicorn.run(router.app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=30)
+        uvicorn.run(router.app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=30,
+                    loop=loop, http=http)
     finally:
         tracing.shutdown()
     return 0
