@@ -83,7 +83,7 @@ def router_command(port: int, table: Path, args: argparse.Namespace, profile_pat
     if profile_path is not None:
         command += ["-m", "cProfile", "-o", str(profile_path)]
     command += ["-m", "inference_worker", "router", "--port", str(port), "--routing-table", str(table), "--no-auth",
-                "--log-level", "warning", "--policy", "cache_aware", "--max-in-flight", "4096",
+                "--log-level", args.log_level, "--policy", "cache_aware", "--max-in-flight", "4096",
                 "--max-in-flight-per-key", "4096", "--no-breaker"]
     if args.no_kv_index:
         command.append("--no-kv-index")
@@ -117,6 +117,7 @@ def main() -> None:
     parser.add_argument("--num-distinct", type=int, default=128, help="distinct prompts per case")
     parser.add_argument("--no-kv-index", action="store_true", help="the router without the prefix index")
     parser.add_argument("--profile", action="store_true", help="run the router under cProfile")
+    parser.add_argument("--log-level", default="warning", help="the router's (info: an access log line per request)")
     parser.add_argument("--top", type=int, default=30)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--ready-timeout-s", type=float, default=300.0)
@@ -185,7 +186,8 @@ def main() -> None:
                       "client_cpu_ms_per_request": cpu["client"],
                       "p50_ms": percentile(latencies, 50) * 1e3, "p99_ms": percentile(latencies, 99) * 1e3,
                       "prompt_tokens_min_mean_max": [min(lengths), sum(lengths) / len(lengths), max(lengths)],
-                      "load_avg_1m": os.getloadavg()[0], "profiled": args.profile}
+                      "load_avg_1m": os.getloadavg()[0], "profiled": args.profile, "log_level": args.log_level,
+                      "tokenizers_parallelism": os.environ.get("TOKENIZERS_PARALLELISM")}
             results.append(result)
             print(json.dumps(result), flush=True)
     finally:
