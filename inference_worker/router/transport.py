@@ -13,11 +13,15 @@ aiohttp                                        httpx                       route
 ``ConnectionTimeoutError`` (connect, pool)     ``ConnectTimeout``          timeout (504)
 ``SocketTimeoutError``, ``ServerTimeoutError``  ``ReadTimeout``             timeout (504)
 ``ClientConnectorError`` (refused, DNS)        ``ConnectError``            connect (502)
-``ServerDisconnectedError``,                   ``RemoteProtocolError``     connect (502), or a
-``ClientResponseError`` (bad response)                                     broken stream
-``ClientPayloadError``, ``ClientOSError``,     ``ReadError``               connect (502), or a
-other ``ClientError``                                                      broken stream
+``ServerDisconnectedError``, ``ClientPayload   ``RemoteProtocolError``     connect (502), or a
+Error`` (body cut short), ``ClientResponse                                 broken stream
+Error`` (malformed answer)
+``ClientOSError`` (reset), other               ``ReadError``               connect (502), or a
+``ClientError``                                                            broken stream
 =============================================  ==========================  ======================
+
+(httpcore raised the same classes for the same events: a body cut short is a ``RemoteProtocolError``, "peer
+closed connection without sending complete message body", which a broken stream's error event names.)
 
 Timeouts come from each request's httpx ``timeout`` extension: ``connect`` bounds the TCP connect
 (aiohttp ``sock_connect``), ``pool`` the wait for a pooled connection plus the connect (aiohttp
@@ -52,7 +56,7 @@ def _as_httpx_error(exc: aiohttp.ClientError, request: httpx.Request) -> httpx.T
         return httpx.ReadTimeout(message, request=request)
     if isinstance(exc, aiohttp.ClientConnectorError):
         return httpx.ConnectError(message, request=request)
-    if isinstance(exc, aiohttp.ServerDisconnectedError | aiohttp.ClientResponseError):
+    if isinstance(exc, aiohttp.ServerDisconnectedError | aiohttp.ClientPayloadError | aiohttp.ClientResponseError):
         return httpx.RemoteProtocolError(message, request=request)
     return httpx.ReadError(message, request=request)
 
