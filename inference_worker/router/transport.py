@@ -45,6 +45,8 @@ from yarl import URL
 
 # Hop-by-hop and framing headers aiohttp sets itself from the body it sends.
 _SKIP_HEADERS = frozenset({"transfer-encoding", "content-length", "connection", "keep-alive"})
+# Headers aiohttp would add when httpx did not send them (a body without a type would become application/octet-stream).
+_NO_AUTO_HEADERS = ("Content-Type", "User-Agent", "Accept", "Accept-Encoding")
 
 
 def _as_httpx_error(exc: aiohttp.ClientError, request: httpx.Request) -> httpx.TransportError:
@@ -113,7 +115,7 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         try:
             response = await self._get_session().request(
                 request.method, URL(str(request.url), encoded=True), headers=headers, data=data,
-                allow_redirects=False, compress=None, chunked=None,
+                allow_redirects=False, skip_auto_headers=_NO_AUTO_HEADERS,
                 timeout=aiohttp.ClientTimeout(total=None, connect=timeout.get("pool"),
                                               sock_connect=timeout.get("connect"), sock_read=timeout.get("read")))
         except aiohttp.ClientError as exc:

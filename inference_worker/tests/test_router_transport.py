@@ -62,7 +62,8 @@ def test_a_request_and_its_answer_pass_through_unchanged():
 
     async def client_code(client, url):
         r = await client.post(url + "/v1/completions?after=7", content=b'{"prompt": "hi"}',
-                              headers={"Authorization": "Bearer tok", "X-Request-Id": "rid-1"})
+                              headers={"Authorization": "Bearer tok", "X-Request-Id": "rid-1",
+                                       "Content-Type": "application/json"})
         return r.status_code, r.headers["x-ferry-cached-tokens"], r.headers.get_list("x-multi"), r.content
 
     assert run(handler, client_code) == (201, "32", ["1", "2"], b"\x1f\x8braw")
@@ -71,6 +72,23 @@ def test_a_request_and_its_answer_pass_through_unchanged():
     assert body == b'{"prompt": "hi"}' and headers["content-length"] == "16"
     assert (headers["authorization"], headers["x-request-id"]) == ("Bearer tok", "rid-1")
     assert headers["host"].startswith("127.0.0.1:") and "transfer-encoding" not in headers
+    assert headers["content-type"] == "application/json" and headers["user-agent"].startswith("python-httpx/")
+
+
+def test_a_body_without_a_content_type_is_sent_without_one():
+    seen = []
+
+    async def handler(reader, writer):
+        seen.append(await read_request(reader))
+        writer.write(response(200, b""))
+        await writer.drain()
+        writer.close()
+
+    async def client_code(client, url):
+        return (await client.post(url + "/reset", content=b"x")).status_code
+
+    assert run(handler, client_code) == 200
+    assert "content-type" not in seen[0][1] and seen[0][2] == b"x"
 
 
 def test_a_refused_connection_is_a_connect_error():
