@@ -138,6 +138,8 @@ def run(args: argparse.Namespace) -> int:
     if args.max_attempts < 1 or args.request_timeout <= 0 or args.connect_timeout <= 0 or args.table_interval <= 0:
         raise ValueError("--max-attempts, --request-timeout, --connect-timeout and --table-interval must be positive")
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.log_level != "debug":  # httpx logs every upstream call at INFO: a second line per request, and per scrape
+        logging.getLogger("httpx").setLevel(logging.WARNING)
     keys = client_keys(args, os.environ)
     if keys is None:
         log.warning("--no-auth: the router accepts every client (local tests only)")
