@@ -90,8 +90,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def server_stack() -> tuple[str, str]:
     """uvicorn's event loop and HTTP/1.1 parser for the router: ``("uvloop", "httptools")`` (libuv and llhttp, in C;
-    both in requirements.txt), else the pure-Python ``asyncio`` / ``h11`` they replace, with a warning: on h11 the
-    router spends several times the CPU per request (``bench/router_profile.py``)."""
+    both in requirements.txt), else the pure-Python ``asyncio`` / ``h11`` they replace, with a warning: those cost the
+    router more CPU per request (``bench/router_profile.py`` measures it)."""
     loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
     http = "httptools" if importlib.util.find_spec("httptools") else "h11"
     if (loop, http) != ("uvloop", "httptools"):
