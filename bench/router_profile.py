@@ -26,6 +26,7 @@ import asyncio
 import json
 import os
 import pstats
+import signal
 import subprocess
 import sys
 import time
@@ -193,7 +194,9 @@ def main() -> None:
             results.append(result)
             print(json.dumps(result), flush=True)
     finally:
-        router.terminate()
+        # uvicorn re-raises the signal it stopped on: SIGTERM then kills the process before cProfile writes its file;
+        # SIGINT raises KeyboardInterrupt, past which cProfile still writes it
+        router.send_signal(signal.SIGINT if profile_path is not None else signal.SIGTERM)
         try:
             router.wait(60)
         except subprocess.TimeoutExpired:
