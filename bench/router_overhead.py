@@ -75,6 +75,16 @@ Seen (2026-12-01, the same host):
   ``4k`` p99 8544 / 13073 ms (router CPU 20.1 / 24.9 ms: at 10 requests/s it needed a quarter of a core the
   host did not give it).
 
+After the router's CPU work (2026-12-01, branch routerperf: uvloop + httptools, httpx over an aiohttp transport,
+short bodies tokenized on the loop, ``encode_batch_fast``, cheaper digests, index lookups and breaker window), measured
+with ``bench/router_profile.py`` (closed loop, 8 in flight, 300 requests per case after 60 of warm-up, index on; the
+same host within 15 minutes, load average 30-60 from other sessions' test runs, so absolute figures are inflated):
+router CPU per request ``serve_load`` 3.10 ms before, 1.83 ms after; ``4k`` 20.5 ms before, 13.4 ms after.
+This bench on that branch, ``--rate 20 --window-s 5 --repeats 2 --warmup-s 2 --num-distinct 128`` (load average
+25-30), 178 requests per router and case: ``serve_load`` p50 57.7 / 56.6 ms, p99 338 / 358 ms off / on (**p99 on - off
+20 ms**, was 3407 ms at this rate), router CPU 2.30 / 2.64 ms per request, predicted = reported 3312 cached tokens;
+``4k`` router CPU 11.6 / 13.7 ms, still queueing (5.8 and 3.5 requests/s achieved of 20, p99 11 s / 23 s).
+
 Acceptance 5 is *not* shown here: 200 requests/s needs about 1.4 cores for the router with the index on
 (``serve_load``) and 5 for the ``4k`` case, plus about 0.5 for the upstreams and client; run this on a host
 with that much idle CPU.

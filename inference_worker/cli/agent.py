@@ -59,9 +59,9 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     manager = ProcessManager(args.state_dir, ready_poll_s=args.ready_poll)
     app = create_app(manager, token, stop_workers_on_exit=not args.detach_on_exit)
+    # loop/http pinned: uvloop and httptools are installed for the web and the router; the agent keeps the stack it was tested on
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
-                            timeout_graceful_shutdown=5,
-                            loop="asyncio", http="h11")  # as before httptools/uvloop were installed (web's)
+                            timeout_graceful_shutdown=5, loop="asyncio", http="h11")
     uvicorn.Server(config).run()
     return 0
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.util
 import logging
 import os
 
@@ -87,6 +88,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "spans go to OTEL_EXPORTER_OTLP_ENDPOINT over OTLP/HTTP")
 
 
+def server_stack() -> tuple[str, str]:
+    """uvicorn's event loop and HTTP/1.1 parser for the router: ``("uvloop", "httptools")`` (libuv and llhttp, in C;
+    both in requirements.txt), else the pure-Python ``asyncio`` / ``h11`` they replace, with a warning: those cost the
+    router more CPU per request (``bench/router_profile.py`` measures it)."""
+    loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
+    http = "httptools" if importlib.util.find_spec("httptools") else "h11"
+    if (loop, http) != ("uvloop", "httptools"):
+        log.warning("router on %s/%s: install uvloop and httptools (requirements.txt) for its CPU per request", loop,
+                    http)
+    return loop, http
+
+
 def client_keys(args: argparse.Namespace, environ) -> ApiKeys | None:  # noqa: ANN001 - a mapping
     """The router's own client keys: ``--api-keys`` FILE, else ``FERRY_ROUTER_API_KEY`` (one key, no rate limit),
     else None with ``--no-auth``, else none of its own (an empty set) when ``--routing-table`` is the control
@@ -125,6 +138,8 @@ def run(args: argparse.Namespace) -> int:
     if args.max_attempts < 1 or args.request_timeout <= 0 or args.connect_timeout <= 0 or args.table_interval <= 0:
         raise ValueError("--max-attempts, --request-timeout, --connect-timeout and --table-interval must be positive")
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.log_level != "debug":  # httpx logs every upstream call at INFO: a second line per request, and per scrape
+        logging.getLogger("httpx").setLevel(logging.WARNING)
     keys = client_keys(args, os.environ)
     if keys is None:
         log.warning("--no-auth: the router accepts every client (local tests only)")
@@ -147,10 +162,10 @@ def run(args: argparse.Namespace) -> int:
     tracing.configure("ferry-router", tracing.ratio_from_env() if args.trace_ratio is None
                       else tracing.check_ratio(args.trace_ratio))
     router = Router(config)
+    loop, http = server_stack()
     try:
-        # asyncio and h11, as before httptools/uvloop were installed for the control plane's web process
         uvicorn.run(router.app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=30,
-                    loop="asyncio", http="h11")
+                    loop=loop, http=http)
     finally:
         tracing.shutdown()
     return 0

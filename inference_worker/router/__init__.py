@@ -17,7 +17,8 @@
 The resulting :class:`.pipeline.RoutePlan` names the decode and the prefill replica and the proxy
 (:mod:`.app`) executes exactly that; a retry after a failure before the first byte runs the pipeline
 again without the failed replica. Prompts are tokenized (one tokenizer per model version, from the
-routing table's reference) and hashed off the event loop (:mod:`.prompt`).
+routing table's reference) and hashed off the event loop (:mod:`.prompt`), but for bodies of at most
+``app.INLINE_BODY_BYTES``, whose work costs less than the hand-off to the thread pool.
 
 Other modules: ``table`` (the routing table: tracks, pools, links, per-version KV layout, tokenizer and
 digest salt), ``decisions`` (track split, load tracker), ``source`` (table pull/file watch, load scrape),

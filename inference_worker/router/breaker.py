@@ -87,6 +87,8 @@ class Transition:
 class _Replica:
     state: str = CLOSED
     outcomes: deque = field(default_factory=deque)  # (monotonic time, ok)
+    num_failures: int = 0
+    """Failures among ``outcomes`` (kept with them: summing the window per request cost O(window) at high rates)."""
     consecutive_failures: int = 0
     opened_at: float = 0.0
     cooldown_s: float = 0.0
@@ -159,11 +161,12 @@ class CircuitBreaker:
             self._open(entry, now, min(entry.cooldown_s * 2, c.max_cooldown_s))
             return Transition(name, OPEN, "probe_failed", failures=1, requests=1)
         entry.outcomes.append((now, ok))
+        entry.num_failures += not ok
         while entry.outcomes and entry.outcomes[0][0] <= now - c.window_s:
-            entry.outcomes.popleft()
+            entry.num_failures -= not entry.outcomes.popleft()[1]
         entry.consecutive_failures = 0 if ok else entry.consecutive_failures + 1
         requests = len(entry.outcomes)
-        failures = sum(1 for _, good in entry.outcomes if not good)
+        failures = entry.num_failures
         if entry.consecutive_failures >= c.max_consecutive_failures:
             reason = "consecutive_failures"
         elif requests >= c.min_requests and failures / requests > c.max_error_rate:
@@ -176,6 +179,7 @@ class CircuitBreaker:
     def _open(self, entry: _Replica, now: float, cooldown_s: float) -> None:
         entry.state, entry.opened_at, entry.cooldown_s = OPEN, now, cooldown_s
         entry.outcomes.clear()
+        entry.num_failures = 0
         entry.consecutive_failures = 0
         entry.probing = False
 

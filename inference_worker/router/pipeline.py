@@ -60,7 +60,7 @@ class UnknownModel(LookupError):
 
 @dataclass(frozen=True)
 class PromptInfo:
-    """The request's prompt as the router sees it (computed off the event loop)."""
+    """The request's prompt as the router sees it (computed off the event loop, but for short bodies)."""
 
     num_tokens: int
     digests: tuple[bytes, ...] = ()

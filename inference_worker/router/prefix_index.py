@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 
 FULL, SLIDING = "full_attention", "sliding_attention"
 SHARED_TIER = "shared"
+_NONE: dict[bytes, str] = {}
 TIER_WEIGHTS = {"device": 1.0, "host": 0.9, "disk": 0.6, SHARED_TIER: 0.4}
 """Expected-value weight of a cached token per tier: 1 for blocks already on the accelerator; less for
 tiers that are loaded first (host memory over PCIe is nearly free next to prefill, local disk and the
@@ -146,12 +147,6 @@ class PrefixIndex:
         else:
             raise ValueError(f"unknown KV event type {kind!r}")
 
-    def _tier(self, state: ReplicaBlocks, group: str, digest: bytes) -> str | None:
-        tier = state.blocks.get(group, {}).get(digest)
-        if tier is None:
-            tier = self.shared.get(state.model_version, {}).get(group, {}).get(digest)
-        return tier
-
     def hit_tokens(self, replica: str, digests: Sequence[bytes], num_tokens: int, groups: dict[str, int | None],
                    block_size: int) -> tuple[int, float]:
         """Cached prefix of a prompt on ``replica`` under the hybrid hit rule.
@@ -168,13 +163,30 @@ class PrefixIndex:
         if state is None or state.seq is None or num_tokens <= 0:
             return 0, 0.0
         names = list(groups)
+        # per group: the replica's own blocks, then the shared store's (any replica of the version can load them)
+        own = [state.blocks.get(g) or _NONE for g in names]
+        shared_version = self.shared.get(state.model_version) or {}
+        shared = [shared_version.get(g) or _NONE for g in names]
+
+        def is_cached(g: int, k: int) -> bool:
+            digest = digests[k]
+            return digest in own[g] or digest in shared[g]
+
         num_blocks = min(len(digests), (num_tokens - 1) // block_size)
-        hit = longest_hit_blocks(num_blocks, [groups[g] for g in names], block_size,
-                                 lambda g, k: self._tier(state, names[g], digests[k]) is not None)
+        hit = longest_hit_blocks(num_blocks, [groups[g] for g in names], block_size, is_cached)
         expected = 0.0
+        pairs = list(zip(own, shared, strict=True))
         for k in range(hit):
-            tiers = [self._tier(state, g, digests[k]) for g in names]
-            expected += block_size * min(TIER_WEIGHTS.get(t, 0.5) if t else 1.0 for t in tiers)
+            digest = digests[k]
+            weight = 1.0
+            for blocks, common in pairs:
+                tier = blocks.get(digest)
+                if tier is None:
+                    tier = common.get(digest)
+                w = TIER_WEIGHTS.get(tier, 0.5) if tier else 1.0
+                if w < weight:
+                    weight = w
+            expected += block_size * weight
         return hit * block_size, expected
 
 

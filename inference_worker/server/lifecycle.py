@@ -161,9 +161,9 @@ def run_server(state: ServerState, loader: Callable[[], ServedModel], *, host: s
     Raises:
         OSError: the port cannot be bound.
     """
+    # loop/http pinned: uvloop and httptools are installed for the web and the router; the worker keeps the stack it was tested on
     config = uvicorn.Config(create_app(state), host=host, port=port, log_level=log_level,
-                            timeout_graceful_shutdown=5, lifespan="off", access_log=False,
-                            loop="asyncio", http="h11")  # as before httptools/uvloop were installed (web's)
+                            timeout_graceful_shutdown=5, lifespan="off", access_log=False, loop="asyncio", http="h11")
     server = DrainingServer(config, state)
     state.metrics.set_ready(False)
 

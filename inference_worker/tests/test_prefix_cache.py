@@ -219,3 +219,25 @@ def test_prefix_caching_off_registers_and_hits_nothing():
     assert kv.get_computed_blocks("b", [1, 2, 3, 4, 5])[0] == 0
     with pytest.raises(ValueError):
         HybridKVCacheManager([KVCacheGroupSpec(FULL_ATTENTION, (0,), None, 4, 2)], enable_prefix_caching=True)
+
+
+def test_block_digests_equal_the_per_block_chain_for_every_start_and_length():
+    # block_digests packs every full block in one call; each digest must stay block_digest of its parent and block
+    import random
+
+    rng = random.Random(7)
+    for bs in (1, 2, 7, 16):
+        for n in (0, 1, bs - 1, bs, bs + 1, 5 * bs, 5 * bs + 3):
+            tokens = [rng.randrange(2**32) for _ in range(n)]
+            chain, parent = [], ROOT2
+            for k in range(n // bs):
+                parent = block_digest(parent, tokens[k * bs : (k + 1) * bs])
+                chain.append(parent)
+            assert block_digests(ROOT2, tokens, bs) == chain
+            for known in range(len(chain) + 1):
+                assert block_digests(ROOT2, tokens, bs, start=chain[:known]) == chain
+    with pytest.raises(ValueError):
+        block_digests(ROOT2, [1, 2**32], 2)
+    with pytest.raises(ValueError):
+        block_digests(b"short", [1, 2], 2)
+    assert block_digests(ROOT2, [1, 2, -1], 2) == [block_digest(ROOT2, [1, 2])]  # a partial block is not packed

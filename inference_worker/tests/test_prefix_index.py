@@ -172,3 +172,53 @@ def test_the_feed_follows_the_table_and_drops_replicas_that_leave_it():
             await asyncio.gather(*(t for _, t in feed.tasks.values()), return_exceptions=True)
 
     asyncio.run(scenario())
+
+
+def reference_hit_tokens(index, replica, digests, num_tokens, groups, block_size):
+    """The lookup as first written (per call: the replica's group dict, else the shared store's), kept as the
+    reference the faster lookup must equal."""
+    from inference_worker.engine.block_hash import longest_hit_blocks
+    from inference_worker.router.prefix_index import TIER_WEIGHTS
+
+    state = index.replicas.get(replica)
+    if state is None or state.seq is None or num_tokens <= 0:
+        return 0, 0.0
+
+    def tier_of(group, digest):
+        tier = state.blocks.get(group, {}).get(digest)
+        if tier is None:
+            tier = index.shared.get(state.model_version, {}).get(group, {}).get(digest)
+        return tier
+
+    names = list(groups)
+    num_blocks = min(len(digests), (num_tokens - 1) // block_size)
+    hit = longest_hit_blocks(num_blocks, [groups[g] for g in names], block_size,
+                             lambda g, k: tier_of(names[g], digests[k]) is not None)
+    expected = 0.0
+    for k in range(hit):
+        tiers = [tier_of(g, digests[k]) for g in names]
+        expected += block_size * min(TIER_WEIGHTS.get(t, 0.5) if t else 1.0 for t in tiers)
+    return hit * block_size, expected
+
+
+def test_the_lookup_equals_the_reference_on_random_indexes_with_tiers_and_a_shared_store():
+    import random
+
+    rng = random.Random(3)
+    digests = [bytes([k]) * 32 for k in range(40)]
+    tiers = ("device", "host", "disk", "shared", "odd-tier")
+    for trial in range(300):
+        index = PrefixIndex()
+        index.retain({"r0": "v1", "r1": "v1"})
+        events = [{"type": "stored", "digest": d.hex(), "parent": "", "group": g, "tier": rng.choice(tiers)}
+                  for d in digests for g in (FULL, SLIDING) if rng.random() < 0.85]
+        index.apply("r0", {"worker_id": "w", "seq": len(events), "snapshot": True, "events": events})
+        own = [{"type": "stored", "digest": d.hex(), "parent": "", "group": g, "tier": "device"}
+               for d in digests for g in (FULL, SLIDING) if rng.random() < 0.5]  # r1: its own + the shared store
+        index.apply("r1", {"worker_id": "w1", "seq": len(own), "snapshot": True, "events": own})
+        groups = rng.choice([GROUPS, {FULL: None}, {SLIDING: 6}, {FULL: None, SLIDING: 9}])
+        bs = rng.choice([1, 2, 4])
+        n = rng.randrange(0, 40 * bs + 3)
+        for name in ("r0", "r1", "absent"):
+            assert index.hit_tokens(name, digests, n, groups, bs) == reference_hit_tokens(
+                index, name, digests, n, groups, bs), (trial, name)

@@ -168,3 +168,44 @@ def test_a_track_whose_replicas_were_all_tried_fails_over_and_a_503_when_every_t
         eligibility(t, model=None, sticky_key=canary_key, exclude=frozenset({"c0", "s0", "s1"}))
     with pytest.raises(NoReplicaAvailable, match=r"track 'canary'; 0 tried, 3 ejected"):
         eligibility(t, model=None, sticky_key=canary_key, ejected=frozenset({"c0", "s0", "s1"}))
+
+
+def test_the_running_failure_count_gives_the_transitions_of_counting_the_window_every_time():
+    # the breaker keeps its window's failure count as outcomes come and go; a reference recounts the window each time
+    import random
+    from collections import deque
+
+    rng = random.Random(5)
+    for trial in range(20):
+        b, clock = breaker(max_error_rate=rng.choice([0.05, 0.2, 0.5]), min_requests=rng.choice([3, 20]),
+                           max_consecutive_failures=rng.choice([3, 1000]), cooldown_s=5.0, max_cooldown_s=20.0)
+        c = b.config
+        window: deque = deque()
+        state, opened, cooldown, run = CLOSED, 0.0, 0.0, 0
+        for _ in range(600):
+            clock.now += rng.choice([0.0, 0.01, 0.3, 2.0])
+            ok = rng.random() < rng.choice([0.5, 0.95])
+            got = b.record("r0", ok)
+            # the reference, as the breaker's docstring states it
+            want = None
+            if state == OPEN and clock.now >= opened + cooldown:
+                state = HALF_OPEN
+            if state == HALF_OPEN:
+                if ok:
+                    state, window, run = CLOSED, deque(), 0
+                    want = Transition("r0", CLOSED)
+                else:
+                    state, opened, cooldown, window, run = OPEN, clock.now, min(cooldown * 2, c.max_cooldown_s), deque(), 0
+                    want = Transition("r0", OPEN, "probe_failed", failures=1, requests=1)
+            elif state == CLOSED:
+                window.append((clock.now, ok))
+                while window and window[0][0] <= clock.now - c.window_s:
+                    window.popleft()
+                run = 0 if ok else run + 1
+                failures = sum(1 for _, good in window if not good)
+                reason = ("consecutive_failures" if run >= c.max_consecutive_failures else "error_rate"
+                          if len(window) >= c.min_requests and failures / len(window) > c.max_error_rate else None)
+                if reason:
+                    want = Transition("r0", OPEN, reason, failures=failures, requests=len(window))
+                    state, opened, cooldown, window, run = OPEN, clock.now, c.cooldown_s, deque(), 0
+            assert got == want, trial
