@@ -161,10 +161,12 @@ def rollout_detail(rollout_id: int, *, history: bool = True) -> dict:
 
 
 def target_share(weights: dict[str, int], versions: dict[str, str | None], target: str) -> int:
-    """Percent of a pool's traffic on the ``target`` version from its tracks' weights (percent) and versions: the
-    sum of the weights of the tracks running it; a pool left with one track sends it everything (100 or 0)."""
-    if len(weights) == 1:
-        return 100 if next(iter(versions.values())) == target else 0
+    """Percent of a pool's traffic on the ``target`` version from its tracks' weights (percent) and versions
+    (track name -> version): 100 when every track runs it (whatever the split between them: the finalize moves
+    weight between two tracks of the target, and its two writes are recorded one after the other), else the sum
+    of the weights of the tracks that run it."""
+    if versions and all(v == target for v in versions.values()):
+        return 100
     return sum(w for name, w in weights.items() if versions.get(name) == target)
 
 

@@ -76,4 +76,6 @@ def test_target_share_counts_the_weights_of_the_tracks_running_the_target():
     assert target_share({"stable": 50, "canary": 50}, {"stable": "v2", "canary": "v2"}, "v2") == 100  # finalize
     assert target_share({"stable": 100, "canary": 0}, {"stable": "v1", "canary": "v2"}, "v2") == 0
     assert target_share({"stable": 0}, {"stable": "v2"}, "v2") == 100  # alone: everything, whatever its weight
+    # the finalize's two weight writes are recorded one after the other: 0 + 0 between them is still all on v2
+    assert target_share({"stable": 0, "canary": 0}, {"stable": "v2", "canary": "v2"}, "v2") == 100
     assert target_share({"stable": 100}, {"stable": "v1"}, "v2") == 0

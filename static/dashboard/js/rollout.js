@@ -37,11 +37,11 @@
     {displaylogo: false, responsive: true});
 
   /* Percent of a pool's traffic on the target version from its tracks (/api/v1/pools/{id}/: model_version id,
-     weight): the weights of the tracks running it; a pool with one track sends it everything. */
+     weight), the rule of selectors.target_share: 100 when every track runs it, else the weights of those that do. */
   function targetShare(tracks) {
     if (!tracks.length) return null;
     const onTarget = tracks.filter(t => t.model_version === rollout.target_model_version_id);
-    if (tracks.length === 1) return onTarget.length ? 100 : 0;
+    if (onTarget.length === tracks.length) return 100;
     return onTarget.reduce((sum, t) => sum + t.weight, 0);
   }
 
