@@ -129,9 +129,17 @@ def table(page, selector: str) -> list[list[str]]:
                          "c => c.textContent.trim()))")
 
 
+MISSED_SCREENSHOTS: list[str] = []
+
+
 def shot(page, name: str) -> None:
-    """A full-page screenshot into :data:`SCREENS` (live charts redraw while it is taken on a busy machine)."""
-    page.screenshot(path=str(SCREENS / name), full_page=True, timeout=120_000)
+    """A screenshot of the (tall) viewport into :data:`SCREENS`. Not ``full_page``: that resizes the viewport, and
+    every responsive Plotly chart of a live page redraws, which on a loaded 2-core machine took longer than the
+    timeout (the pool page). A screenshot that times out is listed and the flow goes on; the test fails at its end."""
+    try:
+        page.screenshot(path=str(SCREENS / name), timeout=90_000)
+    except Exception as exc:  # playwright's TimeoutError: recorded, asserted after the flow
+        MISSED_SCREENSHOTS.append(f"{name}: {str(exc).splitlines()[0]}")
 
 
 def nav(page, label: str) -> None:
@@ -141,6 +149,12 @@ def nav(page, label: str) -> None:
 
 def weight_values(page) -> list[list[float]]:
     return page.evaluate("document.getElementById('chart-canary-weight').data.map(t => t.y.slice())")
+
+
+def rollout_page_ready(page) -> None:
+    """The rollout page's script has run (its steps are drawn): its buttons answer clicks from now on (the state and
+    the buttons are in the HTML before plotly.js, which is large, and the page's script have loaded)."""
+    page.wait_for_selector("#steps li", timeout=60_000)
 
 
 def state_is(page, state: str, timeout_s: float) -> None:
@@ -159,6 +173,8 @@ def test_an_operator_releases_v2_and_rolls_it_back_from_the_fleet_page_by_visibl
     prefill, decode = Pool.objects.get(name="prefill"), Pool.objects.get(name="decode")
     assert tracks() == {"decode": [("stable", "v1", 1, 100)], "prefill": [("stable", "v1", 1, 100)]}
     context, page, guard = signed_in(browser, make_run, "operator")  # the fleet page
+    page.set_viewport_size({"width": 1400, "height": 2200})  # a tall window: the screenshots show whole pages
+    MISSED_SCREENSHOTS.clear()
     try:
         _flow(page, make_run, prefill, decode)
     except Exception as exc:
@@ -169,6 +185,7 @@ def test_an_operator_releases_v2_and_rolls_it_back_from_the_fleet_page_by_visibl
     finally:
         context.close()
     assert guard.remote == []
+    assert MISSED_SCREENSHOTS == []
 
 
 def _flow(page, make_run, prefill: Pool, decode: Pool) -> None:
@@ -202,7 +219,7 @@ def _flow(page, make_run, prefill: Pool, decode: Pool) -> None:
     assert preview[1] == ["1", "set weight 50%", "50%", "stable 1 · canary 1", "stable 1 · canary 1"], preview
     shot(page, "02-rollout-editor.png")
     page.click("#rc-submit")
-    page.wait_for_selector("#rollout-state")
+    rollout_page_ready(page)
     state_is(page, "pending", 30)
     plan = RolloutPlan.objects.get(name="release-v2")
     assert (plan.steps, plan.gates, plan.max_surge) == ([{"set_weight": 50}, {"pause": {}}], [], 1)
@@ -243,7 +260,7 @@ def _flow(page, make_run, prefill: Pool, decode: Pool) -> None:
     # 4. Back to the rollout by its link; Resume: 100% on v2, then the stable tracks take v2 and it is promoted.
     nav(page, "Rollouts")
     page.click("#rollouts a:text-is('release-v2')")
-    page.wait_for_selector("#rollout-controls")
+    rollout_page_ready(page)
     page.click("#rollout-controls button[data-verb=resume]")
     state_is(page, "promoted", MOVE_TIMEOUT_S)
     assert page.inner_text("#rollout-state") == "promoted"
@@ -260,6 +277,7 @@ def _flow(page, make_run, prefill: Pool, decode: Pool) -> None:
     page.once("dialog", lambda d: (dialogs.append(d.message), d.accept()))
     page.click("#rollout-controls button[data-verb=rollback]")
     page.wait_for_selector("#rollback-of")
+    rollout_page_ready(page)
     assert dialogs == ["Roll back rollout release-v2? A new rollout moves the pools back to the version they ran "
                        "before."]
     back = RolloutPlan.objects.get(rollback_of__name="release-v2")
