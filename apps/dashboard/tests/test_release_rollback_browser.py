@@ -46,6 +46,7 @@ from inference_worker.tests.support.worker import REPO_ROOT, free_port
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.timeout(1800),  # make run's start and five worker moves; 15 to 20 minutes on a loaded 2-core machine
     pytest.mark.django_db(transaction=True),
     pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's Chromium: apt-get install -y chromium"),
 ]
