@@ -145,7 +145,7 @@ def shot(page, name: str) -> None:
 
 def nav(page, label: str) -> None:
     page.click(f"header nav a:has-text('{label}')")
-    page.wait_for_selector("main h1")
+    page.wait_for_selector("main h1", state="attached")
 
 
 def weight_values(page) -> list[list[float]]:
@@ -155,7 +155,7 @@ def weight_values(page) -> list[list[float]]:
 def rollout_page_ready(page) -> None:
     """The rollout page's script has run (its steps are drawn): its buttons answer clicks from now on (the state and
     the buttons are in the HTML before plotly.js, which is large, and the page's script have loaded)."""
-    page.wait_for_selector("#steps li", timeout=60_000)
+    page.wait_for_selector("#steps li", state="attached", timeout=60_000)
 
 
 def state_is(page, state: str, timeout_s: float) -> None:
@@ -246,15 +246,14 @@ def _flow(page, make_run, prefill: Pool, decode: Pool) -> None:
     page.wait_for_selector("#ws-status.ws-live")
     shot(page, "04-fleet-canary.png")
     page.click("#datacenters tr[data-pool-id] a:text-is('decode')")
-    page.wait_for_selector("#replicas tbody tr")
-    page.wait_for_function("document.querySelectorAll('#replicas tbody tr').length === 2")
+    page.wait_for_function("document.querySelectorAll('#replicas tbody tr').length === 2", timeout=60_000)
     replicas = sorted((r[1], r[2], r[3]) for r in table(page, "#replicas tbody tr"))
     assert replicas == [("canary", "v2", "yes"), ("stable", "v1", "yes")]
-    page.wait_for_selector("#actions td:text-is('pool.track_set')")  # the rollout's track changes are listed
+    page.wait_for_selector("#actions td:text-is('pool.track_set')", state="attached", timeout=60_000)  # the rollout's track changes are listed
     shot(page, "05-pool-decode-canary.png")
     nav(page, "Fleet")
     page.click("#links tr:has(td:first-child:text-is('dc-prefill')) a:text-is('link page')")
-    page.wait_for_selector("#link-bandwidth")
+    page.wait_for_selector("#link-bandwidth", state="attached")
     assert page.inner_text("#link-bandwidth") == "10.0 Gbit/s"
     shot(page, "06-link-under-load.png")
 
@@ -277,7 +276,7 @@ def _flow(page, make_run, prefill: Pool, decode: Pool) -> None:
     dialogs: list[str] = []
     page.once("dialog", lambda d: (dialogs.append(d.message), d.accept()))
     page.click("#rollout-controls button[data-verb=rollback]")
-    page.wait_for_selector("#rollback-of")
+    page.wait_for_selector("#rollback-of", state="attached", timeout=60_000)
     rollout_page_ready(page)
     assert dialogs == ["Roll back rollout release-v2? A new rollout moves the pools back to the version they ran "
                        "before."]
