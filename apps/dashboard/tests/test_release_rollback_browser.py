@@ -144,8 +144,9 @@ def shot(page, name: str) -> None:
 
 
 def nav(page, label: str) -> None:
-    page.click(f"header nav a:has-text('{label}')")
-    page.wait_for_selector("main h1", state="attached")
+    # a busy live page (the pool page's charts at load 30+) answered a click only after 30 s: 2 minutes here
+    page.click(f"header nav a:has-text('{label}')", timeout=120_000)
+    page.wait_for_selector("main h1", state="attached", timeout=120_000)
 
 
 def weight_values(page) -> list[list[float]]:
