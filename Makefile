@@ -13,6 +13,9 @@ LOAD ?=
 # wheel is configured (the pinned torch from PyPI is the multi-GB CUDA build on Linux).
 PIP_EXTRA ?=
 PYTEST_ARGS ?=
+# When this `make` started (Unix seconds, read once as the Makefile is parsed): `make run` passes it to the launcher so
+# "Ferry is ready" counts the install and model preparation that run before it.
+RUN_STARTED_AT := $(shell date +%s)
 # The prepared model artifacts: v1 of the demo serves float32, v2 the bfloat16 artifact (its own sha256).
 MODELS := gemma-3-270m gemma-3-270m@bf16 smollm2-135m-instruct
 
@@ -39,7 +42,8 @@ models: setup
 # telemetry poller, local agent (+ the model workers reconcile starts), router. See apps/setup/run.py.
 run: models
 	$(BIN)/python -m apps.setup.run --host $(HOST) --port $(PORT) --router-port $(ROUTER_PORT) \
-	  --agent-port $(AGENT_PORT) $(if $(filter 1 yes true,$(LOAD)),--load) $(RUN_ARGS)
+	  --agent-port $(AGENT_PORT) $(if $(filter 1 yes true,$(LOAD)),--load) \
+	  $(if $(RUN_STARTED_AT),--started-at $(RUN_STARTED_AT)) $(RUN_ARGS)
 
 # A Celery worker for Actions alone (make run starts its own).
 worker: setup

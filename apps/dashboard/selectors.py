@@ -17,11 +17,10 @@ from apps.catalog.models import KV_REPORT_TOKENS, ModelVersion
 from apps.fleet.models import Cluster, ClusterLink, Pool, PoolTrack, Router
 from apps.operations.models import Action
 from apps.operations.tracks import POOL_TRACK_DELETE, POOL_TRACK_SET
-from apps.rollouts.canary import NEW_TRACK
 from apps.rollouts.desired import requester as rollout_requester
 from apps.rollouts.models import GateMeasurement, RolloutPlan
 from apps.rollouts.steps import step_text
-from apps.rollouts.transitions import allowed_verbs
+from apps.rollouts.transitions import allowed_verbs, state_label
 from apps.rollouts.validators import COMPARISONS, GATE_ROLES, GATE_SIGNAL_UNITS, GATE_SIGNALS
 from apps.telemetry.broadcast import FLEET_GROUP, pool_group
 from apps.telemetry.history import SignalHistory
@@ -142,12 +141,14 @@ def rollout_detail(rollout_id: int, *, history: bool = True) -> dict:
 
     Raises ``RolloutPlan.DoesNotExist``.
     """
-    plan = RolloutPlan.objects.select_related("target_model_version").get(pk=rollout_id)
+    plan = RolloutPlan.objects.select_related("target_model_version", "stable_model_version").get(pk=rollout_id)
     gates = [{**g, "telemetry_signal": GATE_SIGNALS.get(g.get("signal"))} for g in plan.gates]
     out = {
         "id": plan.pk, "name": plan.name, "strategy": plan.strategy, "state": plan.state, "phase": plan.phase,
         "current_step_index": plan.current_step_index, "steps": plan.steps, "gates": gates,
         "target_model_version": str(plan.target_model_version), "message": plan.message,
+        "target_model_version_id": plan.target_model_version_id,
+        "state_label": state_label(plan.state, is_rollback=plan.rollback_of_id is not None),
         "pools": [pool_summary(p, []) for p in _pools_with_counts().filter(rollouts=plan).order_by("pk")],
         "allowed_verbs": allowed_verbs(plan.state),
         "rollback_of": plan.rollback_of_id,
@@ -159,28 +160,62 @@ def rollout_detail(rollout_id: int, *, history: bool = True) -> dict:
     return out
 
 
-WEIGHT_TRACKS = (NEW_TRACK, "green")  # the tracks the rollout page charts (rollout.js: canary or green)
+def target_share(weights: dict[str, int], versions: dict[str, str | None], target: str) -> int:
+    """Percent of a pool's traffic on the ``target`` version from its tracks' weights (percent) and versions
+    (track name -> version): 100 when every track runs it (whatever the split between them: the finalize moves
+    weight between two tracks of the target, and its two writes are recorded one after the other), else the sum
+    of the weights of the tracks that run it."""
+    if versions and all(v == target for v in versions.values()):
+        return 100
+    return sum(w for name, w in weights.items() if versions.get(name) == target)
 
 
 def rollout_weight_history(plan: RolloutPlan) -> dict[str, list[list]]:
-    """The new track's traffic weight (percent) over the rollout, per pool, from the ``pool.track_set`` and
-    ``pool.track_delete`` Actions the rollout asked for (requester ``rollout:<id>``): ``{pool id (str): [[ISO
-    time, weight], ...]}`` in the order they were recorded, a deleted track counted 0. A page opened after the
-    fact draws the whole rollout from it, then extends it live. One query.
+    """Traffic on the rollout's target version (percent) over the rollout, per pool: ``{pool id (str): [[ISO time,
+    percent], ...]}``, a point each time it changed (:func:`target_share`), from the ``pool.track_set`` and
+    ``pool.track_delete`` Actions the rollout asked for (requester ``rollout:<id>``) in the order they were recorded.
+
+    Before them each pool's stable track (``progress.stable_tracks``) serves 100% on ``stable_model_version``; a
+    track the rollout created runs the target unless its Action says otherwise. What is
+    charted is the version, not a track: when a canary finalizes, the stable track takes the new version and the
+    traffic split between the two tracks (e.g. 50/50 by ready replicas) is all on the target, so the chart stays at
+    100% instead of reading as a partial rollback; a rollback rollout charts the previous version coming back. A
+    page opened after the fact draws the whole rollout from it, then extends it live. One query.
     """
+    target = plan.target_model_version.version
+    stable_version = plan.stable_model_version.version if plan.stable_model_version_id else None
+    stable_tracks = (plan.progress or {}).get("stable_tracks") or {}
+    weights: dict[str, dict[str, int]] = {}
+    versions: dict[str, dict[str, str | None]] = {}
     out: dict[str, list[list]] = {}
     actions = (Action.objects.filter(kind__in=(POOL_TRACK_SET, POOL_TRACK_DELETE), target_type="pool",
-                                     params__requester=rollout_requester(plan), params__track__in=WEIGHT_TRACKS)
+                                     params__requester=rollout_requester(plan))
                .order_by("created_at", "pk").values_list("kind", "target_id", "created_at", "params"))
     for kind, pool_id, at, params in actions:
-        changes = params.get("changes") or {}
+        key, track, changes = str(pool_id), params.get("track", ""), params.get("changes") or {}
+        if key not in weights:
+            stable = stable_tracks.get(key)
+            weights[key] = {stable: 100} if stable else {}
+            versions[key] = {stable: stable_version} if stable else {}
         if kind == POOL_TRACK_DELETE:
-            weight = 0
-        elif "weight" in changes:
-            weight = changes["weight"]
+            weights[key].pop(track, None)
+            versions[key].pop(track, None)
+        elif "weight" in changes or "model_version" in changes:
+            versions[key].setdefault(track, target)  # a track the rollout created runs the target until told
+            if "weight" in changes:
+                weights[key][track] = changes["weight"]
+            else:
+                weights[key].setdefault(track, 0)
+            if "model_version" in changes:
+                versions[key][track] = changes["model_version"]
         else:
             continue
-        out.setdefault(str(pool_id), []).append([at.isoformat(), weight])
+        if not weights[key]:
+            continue
+        share = target_share(weights[key], versions[key], target)
+        series = out.setdefault(key, [])
+        if not series or series[-1][1] != share:
+            series.append([at.isoformat(), share])
     return out
 
 

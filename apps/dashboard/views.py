@@ -21,6 +21,7 @@ from apps.dashboard import selectors
 from apps.fleet.models import ClusterLink, Pool
 from apps.rollouts.models import RolloutPlan
 from apps.rollouts.selectors import rollout_list
+from apps.rollouts.transitions import state_label
 from apps.telemetry.slow_requests import slow_requests_latest
 
 DEFAULT_ROLLOUT_STEPS = [{"set_weight": 25}, {"pause": {"seconds": 20}}, {"set_weight": 50},
@@ -64,8 +65,11 @@ def pool_page(request: HttpRequest, pool_id: int) -> HttpResponse:
 
 @role_required
 def rollout_list_page(request: HttpRequest) -> HttpResponse:
+    rollouts = list(rollout_list()[:100])
+    for plan in rollouts:  # a rollback rollout reads as one ("rolled back", not "promoted")
+        plan.state_label = state_label(plan.state, is_rollback=plan.rollback_of_id is not None)
     return render(request, "dashboard/rollouts.html", _context(
-        request, rollouts=rollout_list()[:100], form=selectors.rollout_form(),
+        request, rollouts=rollouts, form=selectors.rollout_form(),
         default_steps=json.dumps(DEFAULT_ROLLOUT_STEPS)))
 
 

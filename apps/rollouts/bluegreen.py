@@ -50,6 +50,7 @@ from apps.rollouts.steps import (
     apply_pause_or_analysis,
     check_deadline,
     claim_step,
+    completed_message,
     schedule,
     step_label,
     waiting_text,
@@ -252,7 +253,7 @@ def _promote(plan: RolloutPlan, views: list[PoolView]) -> str:
     lines.append(f"old tracks removed; routing table v{publish()}")
     plan.state = transitions.next_state("complete", plan.state, name=plan.name)
     plan.phase, plan.next_step_at = Phase.NONE, None
-    plan.message = f"Promoted: every pool runs {plan.target_model_version}."
+    plan.message = completed_message(plan)
     record_action(plan, "rollout.complete", [plan.message, *lines])
     return "promoted"
 

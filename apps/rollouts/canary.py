@@ -45,6 +45,7 @@ from apps.rollouts.steps import (
     apply_pause_or_analysis,
     check_deadline,
     claim_step,
+    completed_message,
     schedule,
     step_label,
     waiting_text,
@@ -177,7 +178,10 @@ def canary_converge(plan: RolloutPlan, views: list[PoolView]) -> list[str]:
         kept, weight = _unblock_without_surge(plan, shrinks, kept, weight, ready_new)
     previous, prog.applied_weight = prog.applied_weight, weight
     changed = _write_weights(plan, views, weight)
-    if changed:
+    if changed and canary_mode(plan) == "finalize":  # both tracks run the target: the split is capacity, not risk
+        lines.append(f"canary weight {previous}% -> {weight}% (by ready replicas: both tracks run "
+                     f"{plan.target_model_version}, which keeps all the traffic)")
+    elif changed:
         lines.append(f"canary weight {previous}% -> {weight}%")
     held = scale_down_hold(plan, weights_changed=changed) if kept else None
     for view, name, before, after in kept:
@@ -269,7 +273,7 @@ def _finish(plan: RolloutPlan, views: list[PoolView]) -> str:
     version = publish()
     plan.state = transitions.next_state("complete", plan.state, name=plan.name)
     plan.phase, plan.next_step_at = Phase.NONE, None
-    plan.message = f"Promoted: every pool runs {plan.target_model_version}."
+    plan.message = completed_message(plan)
     record_action(plan, "rollout.complete", [plan.message, f"routing table v{version}"])
     return "promoted"
 

@@ -54,6 +54,15 @@ def step_label(plan: RolloutPlan, index: int) -> str:
     return f"step {index + 1} of {len(plan.steps)} ({step_text(plan.steps[index])})"
 
 
+def completed_message(plan: RolloutPlan) -> str:
+    """The message of a rollout that completed: ``Promoted: every pool runs <target>.``, or for a rollback rollout
+    (``rollback_of`` set) ``Rolled back: every pool runs <target> again (rollback of rollout #<id>).``"""
+    if plan.rollback_of_id is not None:
+        return (f"Rolled back: every pool runs {plan.target_model_version} again "
+                f"(rollback of rollout #{plan.rollback_of_id}).")
+    return f"Promoted: every pool runs {plan.target_model_version}."
+
+
 def step_position(plan: RolloutPlan) -> str:
     """Where ``plan`` is: the last step started (``current_step_index`` counts them, so it is that step's
     1-based number), ``before step 1 of M``, or ``no steps``."""

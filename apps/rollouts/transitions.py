@@ -8,6 +8,10 @@ States (``RolloutPlan.State``)::
     progressing|paused --fail--> failed                  (progress deadline; traffic back to stable)
     promoted --rollback--> promoted                      (creates a new rollout back to the old version)
 
+A rollback is that new rollout (``rollback_of`` set): it runs through the same states and ends ``promoted`` (the
+previous version is promoted again). Pages and messages call it what it is (:func:`state_label`): ``rollback
+pending``, ``rolling back``, ``rolled back``.
+
 Operator verbs (API ``POST /api/v1/rollouts/{id}/<verb>/`` and admin actions) are ``VERBS``; the
 controller's own events (``step``, ``pause_step``, ``complete``, ``gate_abort``, ``fail``) are in the
 same table so there is one source of truth. ``promote`` skips the remaining steps: the rollout goes
@@ -39,6 +43,16 @@ TRANSITIONS: dict[str, dict[str, str]] = {
     "gate_abort": {PROGRESSING: ABORTED},
     "fail": {PROGRESSING: FAILED, PAUSED: FAILED},
 }
+
+
+ROLLBACK_LABELS = {PENDING: "rollback pending", PROGRESSING: "rolling back", PAUSED: "rollback paused",
+                   PROMOTED: "rolled back", ABORTED: "rollback aborted", FAILED: "rollback failed"}
+
+
+def state_label(state: str, *, is_rollback: bool) -> str:
+    """What pages show for ``state``: the state itself, or for a rollback rollout (``rollback_of`` set) its
+    :data:`ROLLBACK_LABELS` entry (``promoted`` -> ``rolled back``); an unknown state is shown as it is."""
+    return ROLLBACK_LABELS.get(state, state) if is_rollback else state
 
 
 def allowed_verbs(state: str) -> list[str]:

@@ -11,7 +11,9 @@
    ``Manager``: each runs in its own session, output is multiplexed with a name prefix, and the first
    SIGINT/SIGTERM (one Ctrl-C) sends SIGTERM to every process group, then SIGKILL after
    ``STOP_TIMEOUT_S``. The agent drains its model workers before it exits.
-4. A thread waits for :mod:`apps.setup.readiness` and prints the URLs and "Ferry is ready".
+4. A thread waits for :mod:`apps.setup.readiness` and prints the URLs and "Ferry is ready", with the time since
+   ``make run`` started (``--started-at``, the Makefile's clock before it installs and prepares the models) split
+   into model preparation, database and setup, and processes to ready (:class:`ReadyTimings`).
 5. After honcho returns: any process group still alive and any model worker the agent left
    behind (read from its state file) is killed, then the embedded PostgreSQL and Redis are stopped. The next run
    starts the agent on a fresh process table (:func:`agent_state_reset`).
@@ -34,6 +36,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from honcho import manager as honcho_manager
@@ -72,6 +75,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--load", action="store_true", help="add a bounded load generator against the router")
     parser.add_argument("--ready-timeout", type=float, default=600.0, metavar="S",
                         help="print what is missing if not ready after S seconds (keeps running)")
+    parser.add_argument("--started-at", type=float, default=None, metavar="UNIX_S",
+                        help="when `make run` started (Unix seconds; the Makefile passes it) so the ready line counts "
+                             "the install and model preparation before the launcher too")
     return parser.parse_args(argv)
 
 
@@ -121,8 +127,42 @@ def run_setup(config: LaunchConfig, env: dict[str, str]) -> dict:
     return summary
 
 
-def ready_banner(config: LaunchConfig, summary: dict, elapsed_s: float) -> list[str]:
-    """The lines printed once everything is ready: URLs, credentials, a curl to try."""
+@dataclass(frozen=True)
+class ReadyTimings:
+    """Where a start's seconds went, for the ready line (wall-clock seconds)."""
+
+    processes_s: float
+    """Processes started -> ready (web answers, every demo worker ready, the router on the published table)."""
+    setup_s: float
+    """Launcher started -> processes started: Redis, PostgreSQL, ``ferry_setup`` (migrate, users, demo fleet)."""
+    before_launcher_s: float | None = None
+    """``make run`` started -> launcher started: the virtualenv install and model preparation (``make models``);
+    None when the launcher was started without ``--started-at``."""
+
+    @classmethod
+    def measure(cls, *, make_started_at: float | None, launcher_started_at: float, processes_started_at: float,
+                ready_at: float) -> ReadyTimings:
+        """From Unix times; a ``make_started_at`` after the launcher's start (a wrong clock or argument) is dropped."""
+        before = launcher_started_at - make_started_at if make_started_at is not None else None
+        return cls(processes_s=ready_at - processes_started_at, setup_s=processes_started_at - launcher_started_at,
+                   before_launcher_s=before if before is not None and before >= 0 else None)
+
+    def headline(self) -> str:
+        """``Ferry is ready: 95 s since `make run` started (install and model preparation 30 s, database and setup
+        13 s, processes to ready 52 s)``; without ``before_launcher_s`` it counts from the launcher's start."""
+        parts = [f"database and setup {self.setup_s:.0f} s", f"processes to ready {self.processes_s:.0f} s"]
+        total = self.setup_s + self.processes_s
+        since = "the launcher started"
+        if self.before_launcher_s is not None:
+            parts.insert(0, f"install and model preparation {self.before_launcher_s:.0f} s")
+            total += self.before_launcher_s
+            since = "`make run` started"
+        return f"Ferry is ready: {total:.0f} s since {since} ({', '.join(parts)})"
+
+
+def ready_banner(config: LaunchConfig, summary: dict, timings: ReadyTimings) -> list[str]:
+    """The lines printed once everything is ready: how long it took (:meth:`ReadyTimings.headline`), URLs,
+    credentials, a curl to try."""
     users = {u["username"]: u for u in summary.get("users", [])}
     operator = users.get("operator", {})
     client_api_key = summary.get("client_api_key", "<key>")
@@ -130,7 +170,7 @@ def ready_banner(config: LaunchConfig, summary: dict, elapsed_s: float) -> list[
     token = operator.get("token") or "<printed on the first run; new one: manage.py ferry_user --rotate-token operator>"
     body = '{"model": "gemma-3-270m", "prompt": "The ferry crossed the river and", "max_tokens": 24}'
     lines = [
-        f"Ferry is ready ({elapsed_s:.0f} s)",
+        timings.headline(),
         f"  dashboard  {config.web_url}/   login: operator / {password}",
         f"  API        {config.web_url}/api/v1/   header: Authorization: Token {token}",
         f"  admin      {config.web_url}/admin/   (user admin)",
@@ -155,15 +195,15 @@ def ready_marker(config: LaunchConfig) -> Path:
 
 
 def _watch(manager, config: LaunchConfig, target: ReadinessTarget, summary: dict, stop: threading.Event,
-           timeout_s: float) -> None:
-    started = datetime.datetime.now()
+           timeout_s: float, clock: dict[str, float | None]) -> None:
     ready = wait_until_ready(target, stop=stop, report=lambda line: _post(manager, line), timeout_s=timeout_s)
     if not ready and not stop.is_set():
         ready = wait_until_ready(target, stop=stop, report=lambda line: _post(manager, line), timeout_s=float("inf"))
     if ready and not stop.is_set():
         ready_marker(config).touch()
-        elapsed = (datetime.datetime.now() - started).total_seconds()
-        _post(manager, "\n".join(ready_banner(config, summary, elapsed)))
+        timings = ReadyTimings.measure(make_started_at=clock["make"], launcher_started_at=clock["launcher"],
+                                       processes_started_at=clock["processes"], ready_at=time.time())
+        _post(manager, "\n".join(ready_banner(config, summary, timings)))
 
 
 def _group_alive(pgid: int) -> bool:
@@ -232,8 +272,12 @@ def agent_state_reset(agent_state_dir: Path) -> bool:
     return True
 
 
-def run_processes(config: LaunchConfig, env: dict[str, str], summary: dict, *, ready_timeout_s: float) -> int:
-    """Run the Procfile under honcho until Ctrl-C or until one process exits; returns the exit status."""
+def run_processes(config: LaunchConfig, env: dict[str, str], summary: dict, *, ready_timeout_s: float,
+                  clock: dict[str, float | None] | None = None) -> int:
+    """Run the Procfile under honcho until Ctrl-C or until one process exits; returns the exit status.
+
+    ``clock``: Unix times ``make`` (or None) and ``launcher`` for the ready line; ``processes`` is set here."""
+    clock = {"make": None, "launcher": time.time(), **(clock or {})}
     from inference_worker.registry import model_cache_dir
 
     tokenizer_dir = model_cache_dir() / "gemma-3-270m"
@@ -252,7 +296,8 @@ def run_processes(config: LaunchConfig, env: dict[str, str], summary: dict, *, r
     pools = {name: pool["replicas"] for name, pool in summary.get("pools", {}).items()} if config.workers else {}
     target = ReadinessTarget(config.web_url, config.router_url, env["FERRY_SERVICE_TOKEN"], pools)
     stop = threading.Event()
-    watcher = threading.Thread(target=_watch, args=(manager, config, target, summary, stop, ready_timeout_s),
+    clock["processes"] = time.time()
+    watcher = threading.Thread(target=_watch, args=(manager, config, target, summary, stop, ready_timeout_s, clock),
                                name="ferry-readiness", daemon=True)
     watcher.start()
     try:
@@ -297,6 +342,7 @@ def var_dir_make_private(var_dir: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    launcher_started_at = time.time()
     args = parse_args(argv)
     var_dir = Path(os.environ.get("FERRY_VAR_DIR") or BASE_DIR / "var").resolve()
     config = LaunchConfig(host=args.host, port=args.port, router_port=args.router_port, agent_port=args.agent_port,
@@ -342,7 +388,8 @@ def main(argv: list[str] | None = None) -> int:
         env = child_env(config, dict(os.environ), redis_url=redis_url, database_url=database_url, tokens=tokens)
         summary = run_setup(config, env)
         summary["client_api_key"] = tokens["FERRY_CLIENT_API_KEY"]  # the control plane's "make-run" client key
-        return run_processes(config, env, summary, ready_timeout_s=args.ready_timeout)
+        return run_processes(config, env, summary, ready_timeout_s=args.ready_timeout,
+                             clock={"make": args.started_at, "launcher": launcher_started_at})
     except (RuntimeError, FileNotFoundError) as exc:
         say(f"error: {exc}")
         return 1

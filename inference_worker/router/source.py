@@ -6,6 +6,12 @@ and ``If-None-Match: <last ETag>``; 304 keeps the current table) every ``interva
 A pull or parse failure keeps the last good table and is counted. The version applied is exported as
 ``ferry_router_routing_table_version`` so a rollout can wait until traffic really moved.
 
+Failures are logged per streak, not per attempt: at ``make run`` the router starts before the web answers, and a
+line a second until then buried the launcher's output. Before the first table the router waits quietly (one INFO
+line, then a WARNING only if no table came after :data:`STILL_FAILING_LOG_S`); a streak after a table had been
+applied logs one WARNING when it starts; either streak logs again every :data:`STILL_FAILING_LOG_S` while it lasts
+and once (INFO) when it ends, with the number of failed attempts.
+
 :class:`QueueDepthScraper` reads each replica's ``/metrics`` and records the sums of
 ``ferry_num_requests_waiting`` and ``ferry_num_requests_running`` and the largest
 ``ferry_kv_cache_usage_ratio`` (scoring's load signals); a vLLM or SGLang pool's page is read through
@@ -17,6 +23,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -29,34 +37,69 @@ from inference_worker.router.table import RoutingTable, RoutingTableError
 
 log = logging.getLogger(__name__)
 
+STILL_FAILING_LOG_S = 60.0
+"""Seconds between the lines of a streak of failed refreshes (module docstring)."""
+
 
 class TableSource:
     """Keeps ``self.table`` current from ``location`` (a path or an ``http(s)://`` URL)."""
 
     def __init__(self, location: str, *, client: httpx.AsyncClient, metrics: RouterMetrics,
-                 service_token: str | None = None, interval_s: float = 1.0):
+                 service_token: str | None = None, interval_s: float = 1.0,
+                 clock: Callable[[], float] = time.monotonic):
         self.location, self.client, self.metrics = location, client, metrics
         self.service_token, self.interval_s = service_token, interval_s
         self.is_url = location.startswith(("http://", "https://"))
         self.table: RoutingTable | None = None
         self.etag: str | None = None
         self._file_stamp: tuple[int, int] | None = None
+        self.clock = clock
+        self.failures = 0
+        """Failed refreshes in the current streak (0: the last refresh worked)."""
+        self._failing_since = self._last_logged = 0.0
 
     async def refresh(self) -> bool:
-        """Fetch once; return True if a new table was applied. Failures are logged and counted."""
+        """Fetch once; return True if a new table was applied. Failures are counted (``table_errors``) and logged
+        per streak (module docstring)."""
         try:
             data = await (self._pull() if self.is_url else self._read_file())
-            if data is None:
-                return False
-            table = RoutingTable.from_dict(data)
+            table = None if data is None else RoutingTable.from_dict(data)
         except (OSError, httpx.HTTPError, ValueError, RoutingTableError) as exc:
             self.metrics.table_errors.inc()
-            log.warning("routing table refresh from %s failed: %s", self.location, exc)
+            self._failed(exc)
+            return False
+        if table is None:  # 304: the control plane answers and we hold its table; a file: unchanged since read
+            if self.is_url:
+                self._recovered()
             return False
         changed = self.table is None or table != self.table
         self.table = table
         self.metrics.table_version.set(table.version)
+        self._recovered()
         return changed
+
+    def _failed(self, exc: Exception) -> None:
+        now = self.clock()
+        self.failures += 1
+        if self.failures == 1:
+            self._failing_since = self._last_logged = now
+            if self.table is None:
+                log.info("waiting for the routing table from %s (%s); retrying every %g s", self.location, exc,
+                         self.interval_s)
+            else:
+                log.warning("routing table refresh from %s failed: %s; keeping table v%d, retrying every %g s",
+                            self.location, exc, self.table.version, self.interval_s)
+        elif now - self._last_logged >= STILL_FAILING_LOG_S:
+            self._last_logged = now
+            what = "no routing table yet" if self.table is None else f"keeping table v{self.table.version}"
+            log.warning("routing table from %s still failing after %d attempts over %.0f s (%s): %s",
+                        self.location, self.failures, now - self._failing_since, what, exc)
+
+    def _recovered(self) -> None:
+        if self.failures:
+            log.info("routing table from %s: v%d after %d failed attempt(s) over %.0f s", self.location,
+                     self.table.version if self.table else -1, self.failures, self.clock() - self._failing_since)
+            self.failures = 0
 
     async def _read_file(self) -> dict | None:
         path = Path(self.location)

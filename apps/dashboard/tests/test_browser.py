@@ -200,7 +200,17 @@ def test_finished_rollout_page_charts_its_history_allows_only_its_verbs_and_roll
     assert page.inner_text("#rollout-position") == "all 2 steps done"
     chart = "document.getElementById('chart-canary-weight')"
     history = page.evaluate(f"{chart}.data[0].y.slice()")
-    assert history[:3] == [0, 25, 50] and 100 in history and history[-1] == 0  # created, steps, 100%, removed
+    # Traffic on v2: created at 0, the steps, 100% after them, and 100% through the finalize (the stable track takes v2
+    # and the split between the two v2 tracks is all v2) and after the canary track is removed, then live readings.
+    assert history[:4] == [0, 25, 50, 100] and set(history[4:]) <= {100}, history
+    # The pool's line keeps its role's style and the legend shows; a plan without gates says so instead of an
+    # empty chart; the event log runs newest first, Actions and their log lines alike.
+    assert page.evaluate(f"[{chart}.data[0].line.dash, {chart}.layout.showlegend]") == ["dashdot", True]
+    assert page.locator("#chart-gates").is_hidden() and page.locator("#gates-empty").is_visible()
+    page.wait_for_selector("#events tbody tr.log")
+    stamps = page.evaluate("Array.from(document.querySelectorAll('#events tbody tr'), r => Number(r.dataset.at))")
+    assert len(stamps) > 10 and stamps == sorted(stamps, reverse=True), stamps
+    assert page.inner_text("#rollout-state") == "promoted"
     span = page.evaluate(f"(d => (new Date(d.x[d.x.length - 1]) - new Date(d.x[0])) / 1000)({chart}.data[0])")
     assert span > 0 and page.evaluate(f"{chart}.layout.annotations.length") == 0
     enabled = page.evaluate("Array.from(document.querySelectorAll('#rollout-controls button'), b => [b.dataset.verb, "
@@ -223,6 +233,9 @@ def test_finished_rollout_page_charts_its_history_allows_only_its_verbs_and_roll
     back = RolloutPlan.objects.get(rollback_of=plan)
     assert page.url == f"{server.base_url}/rollouts/{back.pk}/"
     assert page.inner_text("#rollback-of") == f"Rollback of rollout #{plan.pk}"
+    # a rollback reads as one: started by the verb, it is "rolling back" (state progressing)
+    assert (page.inner_text("#rollout-state"), page.get_attribute("#rollout-state", "data-state")) == (
+        "rolling back", "progressing")
     page.goto(f"{server.base_url}/rollouts/{plan.pk}/")
     page.wait_for_selector("#events a.rollout-link")
     assert page.get_attribute("#events a.rollout-link", "href") == f"/rollouts/{back.pk}/"

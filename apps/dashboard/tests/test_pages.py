@@ -194,3 +194,22 @@ def test_sign_in_is_locked_for_the_user_and_address_after_five_failures(operator
     assert locked.status_code == 429 and b'id="locked-out"' in locked.content
     elsewhere = Client(REMOTE_ADDR="198.51.100.7")
     assert elsewhere.post("/login/", {"username": "olga", "password": "correct-horse-battery-9"}).status_code == 302
+
+
+def test_no_page_claims_offline_the_stream_badge_is_hidden_until_a_stream_sets_it(
+        pool, make_pool, make_cluster, make_model_version, operator_session):
+    """A new user saw "offline" on the rollouts list and model versions pages, which have no live stream: every page
+    renders the badge hidden and empty; only a page's ``FerryStream`` shows it (connecting, live, offline)."""
+    link = cluster_link_create(source=pool.cluster, destination=make_cluster("dc-b"), bandwidth_gbps=10.0, rtt_ms=3.0)
+    plan = rollout_plan_create(name="to-v2", pools=[pool, make_pool("prefill", role="prefill")],
+                               target_model_version=make_model_version("v2"), strategy="canary",
+                               steps=[{"set_weight": 10}])
+    badge = b'<span id="ws-status" class="ws-status" title="live stream of this page" hidden></span>'
+    for url in ("/", f"/pools/{pool.pk}/", "/rollouts/", f"/rollouts/{plan.pk}/", "/model-versions/", "/alerts/",
+                f"/links/{link.pk}/"):
+        content = operator_session.get(url).content
+        assert content.count(b'id="ws-status"') == 1 and badge in content, url
+        assert b"offline" not in content, url
+    common = finders.find("dashboard/js/common.js")
+    script = Path(common).read_text()
+    assert 'this.setStatus("connecting");' in script and "node.hidden = false;" in script

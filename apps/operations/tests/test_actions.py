@@ -171,3 +171,25 @@ def test_schema_documents_the_requester_field_and_filter(viewer_api):
     params = {p["name"]: p for p in schema["paths"]["/api/v1/actions/"]["get"]["parameters"]}
     assert params["requester"]["schema"] == {"type": "string"}
     assert params["requester"]["description"].startswith("Who asked (exact)")
+
+
+def test_about_pool_lists_every_action_about_the_pool_a_rollouts_track_changes_included(
+        viewer_api, pool, make_pool):
+    """The pool page's "Recent actions" (``?about_pool=``): a rollout's ``pool.track_set``/``pool.track_delete``
+    Actions target the pool without holding its lock, so ``?pool=`` (the lock) omitted them (a new user's report)."""
+    other = make_pool("other")
+    scale, _ = pool_scale_by_system(pool=pool, replicas=3, reason="queue depth", idempotency_key="as-1")
+    stable = PoolTrack.objects.get(pool=pool, name="stable")
+    track_set = tracks.pool_track_set(track=stable, weight=60, requester="rollout:7", idempotency_key="r7-w60")
+    track_delete = tracks.pool_track_delete(track=PoolTrack.objects.create(
+        pool=pool, name="canary", model_version=pool.model_version, replicas=0), requester="rollout:7",
+        idempotency_key="r7-del")
+    pool_scale_by_system(pool=other, replicas=3, reason="queue depth", idempotency_key="as-2")  # not listed
+    listed = viewer_api.get(f"/api/v1/actions/?about_pool={pool.pk}").json()["results"]
+    assert sorted((a["id"], a["kind"], a["requester"]) for a in listed) == [
+        (scale.pk, "pool.scale", "autoscaler"), (track_set.pk, "pool.track_set", "rollout:7"),
+        (track_delete.pk, "pool.track_delete", "rollout:7")]
+    assert [a["id"] for a in viewer_api.get(f"/api/v1/actions/?pool={pool.pk}").json()["results"]] == [scale.pk]
+    for bad in ("0", "9223372036854775808", "x"):
+        response = viewer_api.get(f"/api/v1/actions/?about_pool={bad}")
+        assert response.status_code == 400 and "about_pool" in response.json(), (bad, response.content)

@@ -6,13 +6,17 @@ from rest_framework import serializers
 from apps.core.serializers import StrictFieldsMixin
 from apps.fleet.models import Pool
 from apps.rollouts.models import GateMeasurement, RolloutPlan
-from apps.rollouts.transitions import allowed_verbs
+from apps.rollouts.transitions import allowed_verbs, state_label
 
 
 class RolloutPlanSerializer(serializers.ModelSerializer):
     pools = serializers.PrimaryKeyRelatedField(many=True, queryset=Pool.objects.all())
     created_by = serializers.CharField(source="created_by.username", read_only=True, default=None)
     allowed_verbs = serializers.SerializerMethodField(help_text="Verbs the current state allows.")
+    state_label = serializers.SerializerMethodField(
+        help_text="The state in words for pages: ``state``, except for a rollback rollout (``rollback_of`` set): "
+                  "rollback pending, rolling back, rollback paused, rolled back (``promoted``), rollback aborted, "
+                  "rollback failed.")
     router_url = serializers.CharField(
         source="router.url", read_only=True, default=None,
         help_text="Read only: the URL of ``router``. Writes are refused: register the router (admin, "
@@ -23,7 +27,7 @@ class RolloutPlanSerializer(serializers.ModelSerializer):
         fields = ["id", "name", "pools", "target_model_version", "strategy", "steps", "gates", "state", "phase",
                   "current_step_index", "next_step_at", "max_surge", "progress_deadline_s", "max_weight_skew",
                   "scale_down_delay_s", "router", "router_url", "worker_args", "stable_model_version", "rollback_of", "progress",
-                  "allowed_verbs", "message", "created_by", "created_at", "updated_at"]
+                  "allowed_verbs", "state_label", "message", "created_by", "created_at", "updated_at"]
         read_only_fields = ["state", "phase", "current_step_index", "next_step_at", "stable_model_version",
                             "rollback_of", "progress", "message", "created_by", "created_at", "updated_at"]
 
@@ -36,6 +40,9 @@ class RolloutPlanSerializer(serializers.ModelSerializer):
 
     def get_allowed_verbs(self, plan: RolloutPlan) -> list[str]:
         return allowed_verbs(plan.state)
+
+    def get_state_label(self, plan: RolloutPlan) -> str:
+        return state_label(plan.state, is_rollback=plan.rollback_of_id is not None)
 
 
 class GateMeasurementSerializer(serializers.ModelSerializer):

@@ -11,7 +11,7 @@ from apps.rollouts import services
 from apps.rollouts.controller import rollout_tick
 from apps.rollouts.models import RolloutPlan
 from apps.rollouts.tests.conftest import drive, observe, table_version, table_weights
-from apps.rollouts.transitions import STATES, VERBS, allowed_verbs
+from apps.rollouts.transitions import STATES, VERBS, allowed_verbs, state_label
 
 pytestmark = pytest.mark.django_db
 
@@ -157,9 +157,24 @@ def test_rollback_after_promotion_goes_back_to_the_previous_version(operator_api
     r = operator_api.post(f"/api/v1/rollouts/{plan.pk}/rollback/")
     assert r.status_code == 201, r.json()
     back = RolloutPlan.objects.get(pk=r.json()["id"])
+    assert r.json()["state_label"] == "rolling back"
     drive(back)
     assert Pool.objects.get(pk=decode3.pk).model_version.version == "v1"
     assert table_weights() == {"stable": ("v1", 100)}
+    # A rollback reads as one: the machine's state stays promoted, its label and message say rolled back.
+    body = operator_api.get(f"/api/v1/rollouts/{back.pk}/").json()
+    v1 = plan.stable_model_version
+    assert (body["state"], body["state_label"], body["message"]) == (
+        "promoted", "rolled back", f"Rolled back: every pool runs {v1} again (rollback of rollout #{plan.pk}).")
+    body = operator_api.get(f"/api/v1/rollouts/{plan.pk}/").json()
+    assert (body["state"], body["state_label"], body["message"]) == ("promoted", "promoted",
+                                                                     f"Promoted: every pool runs {v2}.")
+
+
+def test_state_labels_name_a_rollback_rollout_by_what_it_does():
+    assert [state_label(s, is_rollback=False) for s in STATES] == list(STATES)
+    assert [state_label(s, is_rollback=True) for s in STATES] == [
+        "rollback pending", "rolling back", "rollback paused", "rolled back", "rollback aborted", "rollback failed"]
 
 
 def test_progress_deadline_fails_the_rollout_and_returns_traffic(decode3, v2):

@@ -1,12 +1,22 @@
 """Launcher pieces (apps.setup.run): the ready banner, the agent table reset, the leftover sweep, busy ports."""
 
+import re
 import socket
 import subprocess
 import threading
 import time
+from pathlib import Path
 
 from apps.setup.procfile import LaunchConfig
-from apps.setup.run import agent_state_reset, port_in_use, ready_banner, redis_choice, sweep
+from apps.setup.run import (
+    ReadyTimings,
+    agent_state_reset,
+    parse_args,
+    port_in_use,
+    ready_banner,
+    redis_choice,
+    sweep,
+)
 from inference_worker.agent.processes import read_cmdline
 from inference_worker.agent.state import AgentState, ProcessRecord, StateStore
 
@@ -28,15 +38,42 @@ def _sleeper() -> subprocess.Popen:
 def test_banner_shows_urls_first_run_password_token_and_a_curl():
     summary = {"users": [{"username": "operator", "role": "operator", "password": "pw-1", "token": "tok-1"}],
                "client_api_key": "ck-1"}
-    lines = ready_banner(LaunchConfig(host="0.0.0.0", port=8001, router_port=8081), summary, 83.4)
-    assert lines[0] == "Ferry is ready (83 s)"
+    timings = ReadyTimings(processes_s=52.4, setup_s=13.2, before_launcher_s=30.1)
+    lines = ready_banner(LaunchConfig(host="0.0.0.0", port=8001, router_port=8081), summary, timings)
+    assert lines[0] == ("Ferry is ready: 96 s since `make run` started (install and model preparation 30 s, database "
+                        "and setup 13 s, processes to ready 52 s)")
     assert lines[1] == "  dashboard  http://127.0.0.1:8001/   login: operator / pw-1"
     assert lines[2] == "  API        http://127.0.0.1:8001/api/v1/   header: Authorization: Token tok-1"
     assert lines[4] == ("  router     http://127.0.0.1:8081/v1/completions   header: Authorization: Bearer ck-1   "
                         "metrics: http://127.0.0.1:8081/metrics")
     assert lines[5].startswith("  try        curl -s http://127.0.0.1:8081/v1/completions -H 'Authorization: Bearer ck-1' ")
-    later = ready_banner(LaunchConfig(), {"users": [{"username": "operator", "password": None, "token": "t"}]}, 1)
+    later = ready_banner(LaunchConfig(), {"users": [{"username": "operator", "password": None, "token": "t"}]},
+                         ReadyTimings(processes_s=1, setup_s=2))
     assert "changepassword operator" in later[1]
+
+
+def test_ready_line_counts_from_make_run_with_model_preparation_or_says_it_counts_from_the_launcher():
+    """A new user read "ready (52 s)" after a longer wait: model preparation and setup ran before that clock."""
+    measured = ReadyTimings.measure(make_started_at=1000.0, launcher_started_at=1031.0, processes_started_at=1045.5,
+                                    ready_at=1097.0)
+    assert measured == ReadyTimings(processes_s=51.5, setup_s=14.5, before_launcher_s=31.0)
+    assert measured.headline() == ("Ferry is ready: 97 s since `make run` started (install and model preparation "
+                                   "31 s, database and setup 14 s, processes to ready 52 s)")
+    alone = ReadyTimings.measure(make_started_at=None, launcher_started_at=1031.0, processes_started_at=1045.0,
+                                 ready_at=1097.0)
+    assert alone.headline() == ("Ferry is ready: 66 s since the launcher started (database and setup 14 s, "
+                                "processes to ready 52 s)")
+    # a start time after the launcher's (a wrong argument) is dropped, not shown as negative
+    assert ReadyTimings.measure(make_started_at=2000.0, launcher_started_at=1031.0, processes_started_at=1045.0,
+                                ready_at=1097.0).before_launcher_s is None
+
+
+def test_make_run_passes_its_start_time_to_the_launcher():
+    dry = subprocess.run(["make", "-n", "run", "PYTHON=python3"], capture_output=True, text=True, check=False,
+                         cwd=Path(__file__).resolve().parents[3])
+    launch = [line for line in dry.stdout.replace("\\\n", " ").splitlines() if "-m apps.setup.run" in line]
+    assert len(launch) == 1 and re.search(r" --started-at \d{10} ", launch[0] + " "), dry.stdout[-2000:]
+    assert parse_args(["--started-at", "1764600000"]).started_at == 1764600000.0
 
 
 def test_agent_table_of_a_cleanly_stopped_run_is_cleared_but_kept_while_a_worker_runs(tmp_path):

@@ -99,6 +99,7 @@ class FerryStream {
     this.pending = {};
     this.streams = new Set();  // the streams this socket carries (learnt from their snapshots)
     this.retryMs = 500;
+    this.setStatus("connecting");  // the badge is hidden on pages without a stream: they are not "offline"
     this.connect();
     setInterval(() => this.checkSeq(), SEQ_CHECK_MS);
   }
@@ -125,7 +126,7 @@ class FerryStream {
 
   setStatus(text) {
     const node = document.getElementById("ws-status");
-    if (node) { node.textContent = text; node.className = `ws-status ws-${text}`; }
+    if (node) { node.textContent = text; node.className = `ws-status ws-${text}`; node.hidden = false; }
   }
 
   resync(stream) {

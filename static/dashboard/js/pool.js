@@ -1,5 +1,6 @@
 /* Pool page: live Plotly charts (time on x, units on y) from ws/pools/<id>/, alert badges, replicas, scale
-   control and recent Actions (retry/cancel) through the REST API. */
+   control and recent Actions (retry/cancel) through the REST API: every Action about the pool (?about_pool=), a
+   rollout's track changes included, with who asked (a user, rollout:<id>, autoscaler...). */
 "use strict";
 (function () {
   const pool = JSON.parse(document.getElementById("pool-data").textContent);
@@ -146,12 +147,12 @@
   }
 
   async function refreshActions() {
-    const result = await Ferry.api("GET", `/api/v1/actions/?pool=${pool.id}&page_size=20`);
+    const result = await Ferry.api("GET", `/api/v1/actions/?about_pool=${pool.id}&page_size=20`);
     if (!result.ok) return;
     document.querySelector("#actions tbody").replaceChildren(...result.data.results.map(a => {
       const row = Ferry.el("tr", {"data-action-id": a.id, class: `status-${a.status}`},
         Ferry.el("td", {}, String(a.id)), Ferry.el("td", {}, a.kind), Ferry.el("td", {class: "status"}, a.status),
-        Ferry.el("td", {}, JSON.stringify(a.params)), Ferry.el("td", {}, a.requested_by ?? ""),
+        Ferry.el("td", {}, JSON.stringify(a.params)), Ferry.el("td", {}, a.requester || a.requested_by || ""),
         Ferry.el("td", {}, Ferry.fmtTime(a.created_at)), Ferry.el("td", {class: "error"}, a.error || ""));
       if (Ferry.canOperate) {
         const cell = Ferry.el("td", {});

@@ -11,19 +11,39 @@
   const latest = {};  // pool id -> latest telemetry record
   const weightDiv = document.getElementById("chart-canary-weight");
 
-  // The rollout's own history first (its recorded weight changes, selectors.rollout_weight_history), so a page
-  // opened after the fact shows the whole rollout; then a reading every 2 s while the page is open. With neither
-  // yet: the last five minutes up to now, "no data yet".
+  // Prefill and decode move in lockstep, so their lines lie on top of each other: each role has its own dash,
+  // width and marker (the prefill line wide and dotted under the decode line), and the legend is always shown.
+  const ROLE_STYLE = {prefill: {dash: "dot", width: 5, symbol: "diamond-open", size: 10},
+    decode: {dash: "solid", width: 2, symbol: "circle", size: 6}, colocated: {dash: "dashdot", width: 2, symbol: "square", size: 6}};
+  function roleStyle(role) { return ROLE_STYLE[role] || ROLE_STYLE.decode; }
+  function styled(role, trace) {
+    const st = roleStyle(role);
+    return {...trace, line: {shape: "hv", dash: st.dash, width: st.width}, marker: {symbol: st.symbol, size: st.size}};
+  }
+
+  // Traffic on the target version per pool (selectors.rollout_weight_history: the rollout's recorded track changes,
+  // so a page opened after the fact shows the whole rollout; then a reading every 2 s while the page is open, from
+  // the same rule, targetShare). With neither yet: the last five minutes up to now, "no data yet".
   const history = rollout.weight_history || {};
   let weightCharted = rollout.pools.some(p => (history[p.id] || []).length);
-  Plotly.newPlot(weightDiv, rollout.pools.map(p => ({x: (history[p.id] || []).map(h => new Date(h[0])),
+  Plotly.newPlot(weightDiv, rollout.pools.map(p => styled(p.role, {x: (history[p.id] || []).map(h => new Date(h[0])),
     y: (history[p.id] || []).map(h => h[1]), name: `${p.name} (${p.role})`, type: "scatter",
-    mode: "lines+markers", line: {shape: "hv"}})),
-    {height: 260, margin: {l: 60, r: 20, t: 20, b: 40},
+    mode: "lines+markers"})),
+    {height: 260, margin: {l: 60, r: 20, t: 20, b: 40}, showlegend: true, hovermode: "x unified",
      xaxis: weightCharted ? {title: {text: "time"}, type: "date", autorange: true}
        : {title: {text: "time"}, type: "date", autorange: false, range: Ferry.emptyTimeAxis(300)["xaxis.range"]},
-     yaxis: {title: {text: "canary traffic weight (%)"}, range: [0, 105]}, annotations: weightCharted ? [] : Ferry.NO_DATA},
+     yaxis: {title: {text: `traffic on ${rollout.target_model_version} (%)`}, range: [0, 105]},
+     annotations: weightCharted ? [] : Ferry.NO_DATA},
     {displaylogo: false, responsive: true});
+
+  /* Percent of a pool's traffic on the target version from its tracks (/api/v1/pools/{id}/: model_version id,
+     weight), the rule of selectors.target_share: 100 when every track runs it, else the weights of those that do. */
+  function targetShare(tracks) {
+    if (!tracks.length) return null;
+    const onTarget = tracks.filter(t => t.model_version === rollout.target_model_version_id);
+    if (onTarget.length === tracks.length) return 100;
+    return onTarget.reduce((sum, t) => sum + t.weight, 0);
+  }
 
   // When each step started (its rollout.step Action), drawn as a labelled line on the time charts.
   const stepShapes = (rollout.step_marks || []).map(([at, label]) => ({type: "line", xref: "x", yref: "paper",
@@ -41,12 +61,12 @@
   for (const p of rollout.pools) {
     for (const [track, points] of Object.entries(replicaHistory[p.id] || {})) {
       replicaTraces.push(`${p.id}/${track}`);
-      replicaData.push({x: points.map(h => new Date(h[0])), y: points.map(h => h[1]), name: `${p.name} ${track}`,
-        type: "scatter", mode: "lines+markers", line: {shape: "hv"}});
+      replicaData.push(styled(p.role, {x: points.map(h => new Date(h[0])), y: points.map(h => h[1]),
+        name: `${p.name} ${track}`, type: "scatter", mode: "lines+markers"}));
     }
   }
   const replicasCharted = replicaData.length > 0;
-  Plotly.newPlot(replicasDiv, replicaData, {height: 260, margin: {l: 60, r: 20, t: 20, b: 40},
+  Plotly.newPlot(replicasDiv, replicaData, {height: 260, margin: {l: 60, r: 20, t: 20, b: 40}, showlegend: true,
     xaxis: replicasCharted ? {title: {text: "time"}, type: "date"}
       : {title: {text: "time"}, type: "date", autorange: false, range: Ferry.emptyTimeAxis(300)["xaxis.range"]},
     yaxis: {title: {text: "desired replicas"}, rangemode: "tozero", dtick: 1},
@@ -59,8 +79,8 @@
         let index = replicaTraces.indexOf(key);
         if (index < 0) {
           replicaTraces.push(key);
-          Plotly.addTraces(replicasDiv, {x: [], y: [], name: `${pool.name} ${t.name}`, type: "scatter",
-            mode: "lines+markers", line: {shape: "hv"}});
+          Plotly.addTraces(replicasDiv, styled(pool.role, {x: [], y: [], name: `${pool.name} ${t.name}`,
+            type: "scatter", mode: "lines+markers"}));
           index = replicaTraces.length - 1;
         }
         Plotly.extendTraces(replicasDiv, {x: [[now]], y: [[t.replicas]]}, [index], 3600);
@@ -79,6 +99,7 @@
   const poolName = Object.fromEntries(rollout.pools.map(p => [p.id, p.name]));
 
   function drawMeasurements() {
+    if (!rollout.gates.length) return;  // no gates: the page says so (#gates-empty) instead of an empty chart
     const series = new Map();
     for (const m of [...allMeasurements.values()].sort((a, b) => (a.measured_at < b.measured_at ? -1 : 1))) {
       const key = `${m.gate_index}/${m.pool}`;
@@ -100,8 +121,8 @@
       xaxis: data.length ? {title: {text: "time"}, type: "date"}
         : {title: {text: "time"}, type: "date", autorange: false, range: Ferry.emptyTimeAxis(300)["xaxis.range"]},
       yaxis: {title: {text: "measured value (gate's signal unit)"}},
-      annotations: data.length ? [] : [{...Ferry.NO_DATA[0], text: rollout.gates.length
-        ? "not measured yet: gates are measured during analysis steps" : "this plan has no gates"}],
+      annotations: data.length ? [] : [{...Ferry.NO_DATA[0],
+        text: "not measured yet: gates are measured during analysis steps"}],
       shapes: stepShapes}, {displaylogo: false, responsive: true});
   }
   drawMeasurements();
@@ -125,8 +146,11 @@
   }
 
   function renderPlan() {
-    document.getElementById("rollout-state").textContent = rollout.state;
-    document.getElementById("rollout-state").className = `state state-${rollout.state}`;
+    const stateNode = document.getElementById("rollout-state");
+    stateNode.textContent = rollout.state_label || rollout.state;  // a rollback reads as one: "rolled back"
+    stateNode.className = `state state-${rollout.state}`;
+    stateNode.dataset.state = rollout.state;
+    stateNode.title = `state ${rollout.state}`;
     document.getElementById("rollout-position").textContent = position();
     document.getElementById("rollout-message").textContent = rollout.message || "";
     document.getElementById("rollout-phase").textContent = rollout.phase || "—";
@@ -190,7 +214,7 @@
     if (result.ok) {
       Object.assign(rollout, {state: result.data.state, phase: result.data.phase,
         current_step_index: result.data.current_step_index, message: result.data.message, steps: result.data.steps,
-        allowed_verbs: result.data.allowed_verbs});
+        allowed_verbs: result.data.allowed_verbs, state_label: result.data.state_label});
       renderPlan();
     }
     const now = new Date();
@@ -198,11 +222,7 @@
       const r = await Ferry.api("GET", `/api/v1/pools/${p.id}/`);
       return r.ok ? {pool: p, tracks: r.data.tracks} : null;
     }));
-    const weights = read.map(r => {
-      if (!r) return null;
-      const canary = r.tracks.find(t => t.name === "canary" || t.name === "green");
-      return canary ? canary.weight : 0;
-    });
+    const weights = read.map(r => (r ? targetShare(r.tracks) : null));
     extendReplicas(now, read.filter(r => r));
     Plotly.extendTraces(weightDiv, {x: weights.map(() => [now]), y: weights.map(w => [w])}, weights.map((_, i) => i), 3600);
     if (!weightCharted && weights.some(w => w !== null)) {
@@ -216,20 +236,25 @@
   async function refreshEvents() {
     const result = await Ferry.api("GET", `/api/v1/actions/?target_type=rollout&target_id=${rollout.id}&page_size=50`);
     if (!result.ok) return;
-    const rows = [];
+    // One order, newest first: every Action and every line of its log is a row at its own time (a step's log grows
+    // while the step waits, so lines under their Action would run oldest first inside a newest-first list). Ties:
+    // the newer Action first, an Action above its own lines, a later line above an earlier one.
+    const entries = [];
     for (const a of result.data.results) {
       // a rollback names the rollout it created (params.rollout_id): link to it
       const created = a.kind === "rollout.rollback" && a.params && a.params.rollout_id;
-      rows.push(Ferry.el("tr", {class: `status-${a.status}`}, Ferry.el("td", {}, Ferry.fmtTime(a.created_at)),
+      entries.push({at: Date.parse(a.created_at), action: a.id, index: Infinity, row: Ferry.el("tr",
+        {class: `status-${a.status}`}, Ferry.el("td", {}, Ferry.fmtTime(a.created_at)),
         Ferry.el("td", {}, `#${a.id} ${a.kind}`), Ferry.el("td", {}, a.status),
         Ferry.el("td", {}, a.error || "", created ? Ferry.el("a", {href: `/rollouts/${created}/`, class: "rollout-link"},
-          `open rollout #${created}`) : "")));
-      for (const entry of (a.log || [])) {
-        rows.push(Ferry.el("tr", {class: "log"}, Ferry.el("td", {}, Ferry.fmtTime(entry.at)), Ferry.el("td", {}, ""),
-          Ferry.el("td", {}, ""), Ferry.el("td", {}, entry.message)));
-      }
+          `open rollout #${created}`) : ""))});
+      (a.log || []).forEach((entry, index) => entries.push({at: Date.parse(entry.at), action: a.id, index,
+        row: Ferry.el("tr", {class: "log"}, Ferry.el("td", {}, Ferry.fmtTime(entry.at)),
+          Ferry.el("td", {class: "muted"}, `#${a.id} ${a.kind}`), Ferry.el("td", {}, ""), Ferry.el("td", {}, entry.message))}));
     }
-    document.querySelector("#events tbody").replaceChildren(...rows);
+    entries.sort((x, y) => (y.at - x.at) || (y.action - x.action) || (y.index - x.index));
+    entries.forEach(e => { e.row.dataset.at = String(e.at); });
+    document.querySelector("#events tbody").replaceChildren(...entries.map(e => e.row));
   }
 
   const controls = document.getElementById("rollout-controls");
