@@ -37,9 +37,10 @@ from datetime import UTC, datetime
 
 import httpx
 import redis
-from django.db import DatabaseError, close_old_connections
+from django.db import DatabaseError
 
 from apps.accounts.services import client_key_uses_record
+from apps.core.process_loop import loop_iteration_started
 from apps.telemetry import metric_names as m
 from apps.telemetry.alerts import AlertEvaluator, RuleSpec
 from apps.telemetry.broadcast import FLEET_GROUP, pool_group, telemetry_broadcast
@@ -199,7 +200,7 @@ class TelemetryPoller:
         done = 0
         while not stop.is_set() and (max_polls is None or done < max_polls):
             started = time.monotonic()
-            close_old_connections()
+            loop_iteration_started()  # the query log and old connections, as a request would
             try:
                 self.poll_once()
             except (DatabaseError, redis.RedisError) as exc:
