@@ -1,6 +1,7 @@
-"""Signal history in Redis: the last 15 minutes per pool and for the fleet, and sequence numbers.
+"""Signal history in Redis: the last 15 minutes per pool, the newest fleet record, and sequence numbers.
 
-Layout (prefix ``ferry:telemetry:`` by default), per scope (``pool:<id>`` or ``fleet``):
+Layout (prefix ``ferry:telemetry:`` by default), per scope (``pool:<id>`` or ``fleet``; the poller keeps only the
+newest fleet record, :meth:`SignalHistory.replace`: nothing reads the fleet's past):
 
 - ``history:<scope>:recent``: a list of the newest records, one member each, oldest first. A member is the
   compact JSON (sorted keys) of ``[at_s, record]``, ``at_s`` the poll time in Unix seconds.
@@ -110,6 +111,16 @@ class SignalHistory:
         length = pipe.execute()[0]
         if length >= self.chunk_records:
             self._seal(scope)
+
+    def replace(self, scope: str, at_s: float, record: dict) -> None:
+        """Store ``record`` as the only record of ``scope`` (a scope of which only the newest is read, e.g. the
+        fleet's: :meth:`latest` answers it, :meth:`read` returns it alone)."""
+        recent, chunks = self.history_keys(scope)
+        pipe = self.client.pipeline()
+        pipe.delete(recent, chunks)
+        pipe.rpush(recent, _encode(at_s, record))
+        pipe.expire(recent, int(self.horizon_s * 2))
+        pipe.execute()
 
     def _seal(self, scope: str) -> None:
         """Compress all but the newest member of the recent list into one chunk (see the module docstring)."""

@@ -67,6 +67,15 @@ def test_only_the_horizon_of_the_newest_append_is_kept_and_read(history):
     assert h.client.zcard(h.history_keys("pool:1")[1]) == 0
 
 
+def test_replace_keeps_only_the_newest_record_of_a_scope(small):
+    for i in range(9):
+        small.replace("fleet", T0 + i, record(i, scope="fleet"))
+    assert small.read("fleet") == [record(8, scope="fleet")]
+    assert small.latest("fleet") == record(8, scope="fleet")
+    recent, chunks = small.history_keys("fleet")
+    assert (small.client.llen(recent), small.client.exists(chunks)) == (1, 0)
+
+
 def test_out_of_order_and_equal_times_read_in_time_then_append_order(small):
     times = [5.0, 3.0, 4.0, 4.0, 1.0, 6.0, 2.0]
     for n, t in enumerate(times):
