@@ -100,8 +100,8 @@ def growth(loop_once, args: argparse.Namespace) -> dict:
 
 
 @contextlib.contextmanager
-def demo_fleet():
-    """Two pools with one served worker registry each, one served router registry; yields
+def demo_fleet(tag: str):
+    """Two pools (names ending ``-<tag>``) with one served worker registry each, one served router registry; yields
     ``(pools, replica endpoints, router endpoints, worker metrics)``."""
     from prometheus_client import start_http_server
 
@@ -114,10 +114,11 @@ def demo_fleet():
     from inference_worker.metrics import WorkerMetrics
 
     alert_rules_load_defaults()
-    version = model_version_register(name="leak-check-model", version="v1", weights_uri="s3://bench/none",
+    version = model_version_register(name=f"leak-check-{tag}", version="v1", weights_uri="s3://bench/none",
                                      sha256="c" * 64, config=CONFIG)
-    cluster = cluster_create(name="leak-dc", kind="local", agent_url="http://fake.invalid:7000", datacenter="dc-a")
-    pools = [pool_create(name=role, role=role, replicas=1, cluster=cluster, model_version=version)
+    cluster = cluster_create(name=f"leak-{tag}", kind="local", agent_url="http://fake.invalid:7000",
+                             datacenter=f"dc-{tag}")
+    pools = [pool_create(name=f"{role}-{tag}", role=role, replicas=1, cluster=cluster, model_version=version)
              for role in ("decode", "prefill")]
     servers, endpoints, metrics = [], [], []
     for pool in pools:
@@ -141,7 +142,7 @@ def demo_fleet():
 def check_poller(args: argparse.Namespace, history) -> dict:
     from apps.telemetry.poller import TelemetryPoller
 
-    with demo_fleet() as (_pools, endpoints, routers, metrics):
+    with demo_fleet("poller") as (_pools, endpoints, routers, metrics):
         polls = itertools.count()
         start = time.time()
         poller = TelemetryPoller(history=history, window_s=30.0, interval_s=0.001,
@@ -178,7 +179,7 @@ def check_ticks(args: argparse.Namespace, _history) -> dict:
     from apps.orchestrators.fake_backend import InstantBackend
 
     backend = InstantBackend()
-    with demo_fleet() as (pools, _endpoints, _routers, _metrics):
+    with demo_fleet("ticks") as (pools, _endpoints, _routers, _metrics):
         for pool in pools:
             backend.seed_track(pool_ref(pool), "stable", version="v1", replicas=1)
         ids = itertools.count()
