@@ -568,11 +568,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--ready-timeout-s", type=float, default=600.0,
                         help="how long the stack may take to become ready (a loaded machine loads models slowly)")
     parser.add_argument("--var-dir", type=Path, default=None, help="runtime files (default: a fresh temp dir, removed)")
+    parser.add_argument("--ports", default=None, metavar="FIRST-LAST",
+                        help="take the web, router, agent, Redis and PostgreSQL ports from this range (default: any free)")
     args = parser.parse_args(argv)
     args.scenario = args.scenario or list(SCENARIOS)
     args.target = args.target or list(TARGETS)
     if args.rate <= 0:
         parser.error("--rate must be > 0")
+    if args.ports is not None:
+        first, _, last = args.ports.partition("-")
+        if not (first.isdigit() and last.isdigit() and 1024 <= int(first) <= int(last) <= 65535):
+            parser.error("--ports must be FIRST-LAST, e.g. 8500-8599")
+        args.ports = (int(first), int(last))
     if args.soak is not None and args.soak < 1:
         parser.error("--soak MINUTES must be >= 1")
     return args
@@ -590,7 +597,7 @@ def main(argv: list[str] | None = None) -> int:
         # (0710, apps.setup.embedded_postgresql), which Django's start-up private_dir keeps. A 0711 var/ lost its
         # "other" search bit to private_dir and the database PANICked at its first timed checkpoint.
         var_dir = Path(tempfile.mkdtemp(prefix="ferry-chaos-"))
-    stack = Stack(var_dir, throwaway=args.var_dir is None)
+    stack = Stack(var_dir, throwaway=args.var_dir is None, port_range=args.ports)
     load = None
     payload: dict = {"started_at": utc_stamp(), "args": {k: str(v) for k, v in vars(args).items()}}
     try:
