@@ -13,9 +13,10 @@ newest fleet record, :meth:`SignalHistory.replace`: nothing reads the fleet's pa
 
 Why chunks: a record is ~1-3 KB of JSON (about 25 signals per pool and per track, the KV transfer breakdown)
 that repeats its keys and most values from one poll to the next. One sorted-set member per record (the
-layout before) costs the whole JSON plus a skiplist node and dict entry per poll: ~5 MiB for the 15 minutes of
-a 2-pool demo. Compressed together, 29 consecutive records cost about a tenth of that (zstandard finds the
-repeated keys and values), and Redis holds 31 chunks and at most ``CHUNK_RECORDS`` raw members per scope.
+layout before) costs the whole JSON plus a skiplist node and dict entry per poll: Redis grew ~3.3 MiB while the
+2-pool demo's history filled its 15 minutes. Compressed together, 29 consecutive records cost about a tenth
+(zstandard finds the repeated keys and values), and Redis holds 31 chunks and at most ``CHUNK_RECORDS`` raw
+members per scope: 253 KiB (``MEMORY USAGE``) at the full horizon of that demo in ``bench/chaos.py --soak``.
 
 Appends: ``RPUSH`` the member, drop chunks whose newest record is older than ``at_s - horizon_s``
 (``ZREMRANGEBYSCORE``), refresh both keys' expiry (2 x horizon); once the list holds ``CHUNK_RECORDS``
@@ -41,7 +42,7 @@ HISTORY_HORIZON_S = 900.0
 CHUNK_RECORDS = 30
 """Records per scope in the recent list before all but the newest are sealed into one compressed chunk."""
 ZSTD_LEVEL = 3
-"""zstandard level of the chunks (level 3, the library's default: ~0.5 ms to seal 29 records of a pool)."""
+"""zstandard level of the chunks (the library's default)."""
 
 
 def redis_client() -> redis.Redis:

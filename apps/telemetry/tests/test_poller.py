@@ -6,7 +6,6 @@ import io
 import itertools
 import threading
 import time
-import tracemalloc
 import uuid
 
 import pytest
@@ -20,7 +19,7 @@ from prometheus_client import start_http_server
 from apps.telemetry.broadcast import FLEET_GROUP, pool_group
 from apps.telemetry.endpoints import ReplicaEndpoint, set_endpoint_provider
 from apps.telemetry.history import SignalHistory
-from apps.telemetry.models import Alert, AlertRule
+from apps.telemetry.models import Alert
 from apps.telemetry.poller import TelemetryPoller
 from apps.telemetry.selectors import telemetry_signal
 from apps.telemetry.services import alert_rules_load_defaults
@@ -245,30 +244,23 @@ def test_poller_records_the_pools_kv_transfers_by_direction_outcome_and_reason(p
 
 
 @pytest.mark.django_db(transaction=True)
-def test_the_poller_loop_leaves_nothing_behind_per_poll_with_debug_on(pool, exporter, history, settings):
-    """The kind of the soak's slow growth (``apps.core.process_loop``): 20 polls, then 200 more, with ``DEBUG``
-    on (as ``make run`` sets it). The query log holds the last poll's queries only, and what tracemalloc tracks
-    grows by under 64 KiB over the 200 polls (the query log alone kept ~2 KiB per poll before)."""
+def test_the_poller_loop_keeps_one_polls_queries_in_the_debug_log(pool, history, settings):
+    """The kind of the soak's slow growth (``apps.core.process_loop``): 5 polls, then 30 more, with ``DEBUG`` on
+    (as ``make run`` sets it): the query log holds the last poll's queries only, not all 35 polls' (~3 KiB per
+    poll before, up to Django's 9,000 queries). ``bench/leak_check.py`` looks for any other growth with
+    tracemalloc over served worker metrics."""
     settings.DEBUG = True
-    AlertRule.objects.all().delete()  # no alert transitions: every poll runs the same queries
-    _, endpoint = exporter
     polls = itertools.count()
     start = time.time()
     poller = TelemetryPoller(history=history, window_s=10, interval_s=0.001, clock=lambda: start + next(polls),
-                             endpoints=lambda: [endpoint], routers=lambda: [], slow_every=0)
+                             endpoints=lambda: [], routers=lambda: [], slow_every=0)
     stop = threading.Event()
-    tracemalloc.start()
     try:
-        assert poller.run(stop, max_polls=20) == 20
+        assert poller.run(stop, max_polls=5) == 5
         with CaptureQueriesContext(connection) as one_poll:
             poller.poll_once()
-        before = tracemalloc.take_snapshot()
-        assert poller.run(stop, max_polls=200) == 200
-        after = tracemalloc.take_snapshot()
+        queries_of_one_poll = len(one_poll.captured_queries)
+        assert poller.run(stop, max_polls=30) == 30
     finally:
-        tracemalloc.stop()
         poller.close()
-    assert len(connection.queries_log) == len(one_poll.captured_queries) > 0
-    grown = sum(stat.size_diff for stat in after.compare_to(before, "filename"))
-    top = "\n".join(str(stat) for stat in after.compare_to(before, "lineno")[:8])
-    assert grown < 64 * 1024, f"{grown} bytes more after 200 polls; largest:\n{top}"
+    assert len(connection.queries_log) == queries_of_one_poll > 0
