@@ -47,7 +47,8 @@ settling, so the 30 cells need more than 45 minutes there: run them in parts wit
 **Soak** (``--soak MINUTES``, default 30): no faults, the steady load only; every minute the RSS of every
 process (each supervised process with its children, Redis, PostgreSQL, each model worker) is recorded, and
 the growth between minute 5 (minute ``MINUTES - 1`` in a run shorter than 6 minutes) and the end; processes
-that grew 5% or more are named. The 12-hour soak of seed
+that grew 5% or more are named. Each minute also records Redis' ``used_memory`` and the telemetry history's
+share of it (``MEMORY USAGE`` of its keys), which fills for its 15-minute horizon and is flat after. The 12-hour soak of seed
 003 is ``nohup .venv/bin/python bench/chaos.py --soak 720 > chaos-soak.log 2>&1 &`` on a machine of its
 own (a shared one measures the neighbours' pressure too); results land in the same JSON form.
 
@@ -502,16 +503,38 @@ def run_matrix(stack: Stack, api: Api, load: Load, args: argparse.Namespace) -> 
     return {"cells": cells, "table": render_table(cells)}
 
 
+def redis_memory(stack: Stack) -> dict:
+    """Redis ``INFO memory`` ``used_memory`` (bytes) and the telemetry history's share: ``MEMORY USAGE`` of every
+    ``*telemetry:history:*`` key (``SAMPLES 0``: every element counted) and how many keys; ``None`` values while
+    Redis does not answer (killed or restarting)."""
+    import redis
+
+    try:
+        client = redis.Redis.from_url(stack.redis.url, socket_timeout=5)
+        keys = list(client.scan_iter(match="*telemetry:history:*", count=1000))
+        pipe = client.pipeline(transaction=False)
+        for key in keys:
+            pipe.memory_usage(key, samples=0)
+        history = sum(int(n or 0) for n in pipe.execute()) if keys else 0
+        return {"redis_used_memory": int(client.info("memory")["used_memory"]), "history_bytes": history,
+                "history_keys": len(keys)}
+    except redis.RedisError:
+        return {"redis_used_memory": None, "history_bytes": None, "history_keys": None}
+
+
 def run_soak(stack: Stack, args: argparse.Namespace) -> dict:
     samples = []
     started = time.monotonic()
     for minute in range(args.soak + 1):
         while time.monotonic() < started + minute * 60:
             time.sleep(1.0)
-        sample = {"minute": minute, "rss_bytes": stack.rss_bytes()}
+        sample = {"minute": minute, "rss_bytes": stack.rss_bytes(), **redis_memory(stack)}
         samples.append(sample)
         print(f"chaos | soak minute {minute}: " + ", ".join(f"{k} {v / 2**20:.0f} MiB"
-                                                           for k, v in sorted(sample["rss_bytes"].items())), flush=True)
+                                                           for k, v in sorted(sample["rss_bytes"].items()))
+              + ("; redis not answering" if sample["redis_used_memory"] is None else
+                 f"; redis used_memory {sample['redis_used_memory'] / 2**20:.2f} MiB, telemetry history "
+                 f"{sample['history_bytes'] / 2**10:.0f} KiB in {sample['history_keys']} keys"), flush=True)
     baseline = min(5, max(0, args.soak - 1))
     growth = rss_growth(samples, baseline_minute=baseline)
     lines = [f"{'process':<28} {'base MiB':>9} {'end MiB':>9} {'growth':>8}"]
@@ -520,6 +543,11 @@ def run_soak(stack: Stack, args: argparse.Namespace) -> dict:
         base = "-" if g["base_bytes"] is None else f"{g['base_bytes'] / 2**20:.1f}"
         end = "-" if g["end_bytes"] is None else f"{g['end_bytes'] / 2**20:.1f}"
         lines.append(f"{name:<28} {base:>9} {end:>9} {ratio:>8}")
+    for label, key, unit in (("redis used_memory", "redis_used_memory", 2**20), ("telemetry history", "history_bytes", 2**20)):
+        base, end = samples[baseline].get(key), samples[-1].get(key)
+        if base is not None and end is not None:
+            lines.append(f"{label:<28} {base / unit:>9.2f} {end / unit:>9.2f} "
+                         f"{'-' if not base else f'{100 * (end - base) / base:+.1f}%':>8}")
     over = sorted(name for name, g in growth.items() if g["growth"] is not None and g["growth"] >= RSS_GROWTH_LIMIT)
     lines.append(f"grew {100 * RSS_GROWTH_LIMIT:.0f}% or more from minute {baseline}: {', '.join(over) or 'none'}")
     return {"samples": samples, "baseline_minute": baseline, "growth": growth, "over_limit": over,
@@ -540,11 +568,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--ready-timeout-s", type=float, default=600.0,
                         help="how long the stack may take to become ready (a loaded machine loads models slowly)")
     parser.add_argument("--var-dir", type=Path, default=None, help="runtime files (default: a fresh temp dir, removed)")
+    parser.add_argument("--ports", default=None, metavar="FIRST-LAST",
+                        help="take the web, router, agent, Redis and PostgreSQL ports from this range (default: any free)")
     args = parser.parse_args(argv)
     args.scenario = args.scenario or list(SCENARIOS)
     args.target = args.target or list(TARGETS)
     if args.rate <= 0:
         parser.error("--rate must be > 0")
+    if args.ports is not None:
+        first, _, last = args.ports.partition("-")
+        if not (first.isdigit() and last.isdigit() and 1024 <= int(first) <= int(last) <= 65535):
+            parser.error("--ports must be FIRST-LAST, e.g. 8500-8599")
+        args.ports = (int(first), int(last))
     if args.soak is not None and args.soak < 1:
         parser.error("--soak MINUTES must be >= 1")
     return args
@@ -562,7 +597,7 @@ def main(argv: list[str] | None = None) -> int:
         # (0710, apps.setup.embedded_postgresql), which Django's start-up private_dir keeps. A 0711 var/ lost its
         # "other" search bit to private_dir and the database PANICked at its first timed checkpoint.
         var_dir = Path(tempfile.mkdtemp(prefix="ferry-chaos-"))
-    stack = Stack(var_dir, throwaway=args.var_dir is None)
+    stack = Stack(var_dir, throwaway=args.var_dir is None, port_range=args.ports)
     load = None
     payload: dict = {"started_at": utc_stamp(), "args": {k: str(v) for k, v in vars(args).items()}}
     try:

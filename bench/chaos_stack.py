@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -47,6 +48,22 @@ RESTART_DELAY_S = 1.0
 STOP_TIMEOUT_S = 45.0
 
 
+def free_ports_in(first: int, last: int, *, count: int) -> list[int]:
+    """The first ``count`` ports of ``first..last`` that ``127.0.0.1`` can bind now. Raises ``RuntimeError``
+    when fewer are free."""
+    found = []
+    for port in range(first, last + 1):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        found.append(port)
+        if len(found) == count:
+            return found
+    raise RuntimeError(f"only {len(found)} of {count} ports free in {first}-{last}")
+
+
 @dataclass
 class Supervised:
     """One process of the Procfile: its command, the running ``Popen`` and its history."""
@@ -62,14 +79,21 @@ class Supervised:
 class Stack:
     """Start with :meth:`start`, stop with :meth:`stop` (also on error); times are ``time.monotonic()``."""
 
-    def __init__(self, var_dir: Path, *, throwaway: bool = True) -> None:
+    def __init__(self, var_dir: Path, *, throwaway: bool = True, port_range: tuple[int, int] | None = None) -> None:
         """``throwaway``: PostgreSQL without fsync, its data removed at :meth:`stop` (the tests' mode; the bench
-        kills no database, and a shared machine's disk stays out of the figures)."""
+        kills no database, and a shared machine's disk stays out of the figures). ``port_range``: ``(first,
+        last)``, the web, router, agent, Redis and PostgreSQL ports are the first five free ones in it (a shared
+        machine's allotted range; the model workers' ports are the agent's, from the kernel); default: any free.
+
+        Raises:
+            RuntimeError: fewer than five free ports in ``port_range``.
+        """
         self.var_dir = Path(var_dir).resolve()
         self.throwaway = throwaway
         (self.var_dir / "log").mkdir(parents=True, exist_ok=True)
-        self.config = LaunchConfig(port=free_tcp_port(), router_port=free_tcp_port(), agent_port=free_tcp_port(),
-                                   var_dir=self.var_dir)
+        ports = free_ports_in(*port_range, count=5) if port_range else [free_tcp_port() for _ in range(5)]
+        self.config = LaunchConfig(port=ports[0], router_port=ports[1], agent_port=ports[2], var_dir=self.var_dir)
+        self.redis_port, self.postgres_port = ports[3], ports[4]
         self.procs: dict[str, Supervised] = {}
         self.redis: EmbeddedRedis | None = None
         self.postgres = None
@@ -91,8 +115,9 @@ class Stack:
         """
         from inference_worker.registry import model_cache_dir
 
-        self.redis = start_embedded_redis(self.var_dir)
-        self.postgres = start_embedded_postgres(self.var_dir / "postgres", throwaway=self.throwaway)
+        self.redis = start_embedded_redis(self.var_dir, port=self.redis_port)
+        self.postgres = start_embedded_postgres(self.var_dir / "postgres", throwaway=self.throwaway,
+                                                port=self.postgres_port)
         environ = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "DATABASE_URL")}
         tokens = launcher_tokens(self.var_dir, environ)
         # make run's client key: setup stores its hash as the control plane's ``make-run`` key, which reaches the

@@ -27,10 +27,13 @@ the handshake. Snapshot reads run on a thread pool (``thread_sensitive=False``),
 
 from __future__ import annotations
 
+import functools
+
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from apps.accounts.roles import user_role
+from apps.core.process_loop import loop_iteration_started
 from apps.dashboard import selectors
 from apps.fleet.models import Pool
 from apps.rollouts.broadcast import rollout_group
@@ -40,8 +43,16 @@ from apps.telemetry.history import SignalHistory
 
 
 def reads(func):
-    """Run a read-only ORM/Redis function from a consumer on the thread pool, closing its connection after."""
-    return database_sync_to_async(func, thread_sensitive=False)
+    """Run a read-only ORM/Redis function from a consumer on the thread pool, closing its connection after.
+    Each read starts as a request does (:func:`~apps.core.process_loop.loop_iteration_started`): a pool thread
+    lives as long as the server, and with ``DEBUG`` on its query log would keep every read's queries."""
+
+    @functools.wraps(func)
+    def started_like_a_request(*args, **kwargs):
+        loop_iteration_started()
+        return func(*args, **kwargs)
+
+    return database_sync_to_async(started_like_a_request, thread_sensitive=False)
 
 
 CLOSE_UNAUTHENTICATED = 4401

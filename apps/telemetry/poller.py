@@ -11,7 +11,8 @@ actions. Each poll:
    outcome and reason (``kv_transfers``, the link page's breakdown), and each replica's ejections by the
    routers' circuit breaker (``ejections`` in the record, :func:`replica_ejections`; reconcile reads them);
 4. broadcasts them (``telemetry.signals`` to the pool group, ``telemetry.fleet`` to the fleet
-   group) with Redis sequence numbers, and appends the same records to the Redis history;
+   group) with Redis sequence numbers, and appends the same pool records to the Redis history (the fleet
+   record replaces the previous one: only the newest is read);
 5. evaluates the effective alert rules on the pool-level signals and records transitions;
 6. adds the routers' per-key request counts to the client API keys' use counts and last use
    (:mod:`apps.telemetry.key_uses`: one UPDATE per used key per poll);
@@ -37,9 +38,10 @@ from datetime import UTC, datetime
 
 import httpx
 import redis
-from django.db import DatabaseError, close_old_connections
+from django.db import DatabaseError
 
 from apps.accounts.services import client_key_uses_record
+from apps.core.process_loop import loop_iteration_started
 from apps.telemetry import metric_names as m
 from apps.telemetry.alerts import AlertEvaluator, RuleSpec
 from apps.telemetry.broadcast import FLEET_GROUP, pool_group, telemetry_broadcast
@@ -180,7 +182,7 @@ class TelemetryPoller:
         fleet = {"at": now, "window_s": self.window_s,
                  "pools": {str(pid): rec["signals"] for pid, rec in records.items()}}
         message = telemetry_broadcast(FLEET_GROUP, "telemetry.fleet", fleet, history=self.history)
-        self.history.append(history_scope(None), now, message)
+        self.history.replace(history_scope(None), now, message)  # only the newest fleet record is ever read
         return records
 
     def collect_slow(self, endpoints: list[ReplicaEndpoint], now: float) -> dict[str, list[dict]]:
@@ -199,7 +201,7 @@ class TelemetryPoller:
         done = 0
         while not stop.is_set() and (max_polls is None or done < max_polls):
             started = time.monotonic()
-            close_old_connections()
+            loop_iteration_started()  # the query log and old connections, as a request would
             try:
                 self.poll_once()
             except (DatabaseError, redis.RedisError) as exc:

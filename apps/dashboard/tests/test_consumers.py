@@ -12,9 +12,10 @@ import pytest
 from channels.db import database_sync_to_async as db_thread  # closes the thread's connection after
 from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
-from django.db import connections
+from django.contrib.auth.models import Group
+from django.db import connection, connections
 
-from apps.dashboard.consumers import rollout_group
+from apps.dashboard.consumers import reads, rollout_group
 from apps.rollouts.services import rollout_plan_create
 from apps.telemetry.broadcast import pool_group, telemetry_broadcast
 from apps.telemetry.history import SignalHistory
@@ -296,3 +297,15 @@ async def test_a_rollout_snapshot_carries_its_groups_last_seq_and_saving_the_pla
         ("rollout.state", f"rollout.{plan.pk}", first + 1, "progressing"),
         ("rollout.state", f"rollout.{plan.pk}", first + 2, "paused")]
     await ws.disconnect()
+
+
+async def test_each_consumer_read_keeps_only_its_own_queries_in_the_debug_log(settings):
+    """A consumer's reads run on pool threads that live as long as the server: with ``DEBUG`` on, each read's
+    thread holds that read's queries only (``apps.core.process_loop``), not every earlier read's."""
+    settings.DEBUG = True
+
+    def count_then_log_length() -> int:
+        Group.objects.count()
+        return len(connection.queries_log)
+
+    assert [await reads(count_then_log_length)() for _ in range(20)] == [1] * 20

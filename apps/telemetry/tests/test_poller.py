@@ -3,6 +3,7 @@ and its 15-minute history (and numbering) survives a restart."""
 
 import asyncio
 import io
+import itertools
 import threading
 import time
 import uuid
@@ -11,6 +12,8 @@ import pytest
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.core.management import call_command
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from prometheus_client import start_http_server
 
 from apps.telemetry.broadcast import FLEET_GROUP, pool_group
@@ -134,7 +137,9 @@ def test_history_keeps_fifteen_minutes(pool, exporter, history):
     poller.close()
     # At t0+901.5 everything older than t0+1.5 is trimmed: t0 and t0+1 are gone.
     assert [r["at"] - 1_780_000_000.0 for r in history.read(f"pool:{pool.pk}")] == [450.0, 900.0, 901.5]
-    assert [r["at"] - 1_780_000_000.0 for r in history.read("fleet")] == [450.0, 900.0, 901.5]
+    # the fleet keeps its newest record only (nothing reads its past)
+    assert [r["at"] - 1_780_000_000.0 for r in history.read("fleet")] == [901.5]
+    assert history.latest("fleet")["at"] == 1_780_000_901.5
 
 
 @pytest.mark.django_db(transaction=True)
@@ -236,3 +241,26 @@ def test_poller_records_the_pools_kv_transfers_by_direction_outcome_and_reason(p
     assert record["kv_transfers"]["wire_bytes_per_s"]["send"] == pytest.approx(4000 * failure)
     assert history.latest(f"pool:{pool.pk}")["kv_transfers"] == record["kv_transfers"]
     poller.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_poller_loop_keeps_one_polls_queries_in_the_debug_log(pool, history, settings):
+    """The kind of the soak's slow growth (``apps.core.process_loop``): 5 polls, then 30 more, with ``DEBUG`` on
+    (as ``make run`` sets it): the query log holds the last poll's queries only, not all 35 polls' (~3 KiB per
+    poll before, up to Django's 9,000 queries). ``bench/leak_check.py`` looks for any other growth with
+    tracemalloc over served worker metrics."""
+    settings.DEBUG = True
+    polls = itertools.count()
+    start = time.time()
+    poller = TelemetryPoller(history=history, window_s=10, interval_s=0.001, clock=lambda: start + next(polls),
+                             endpoints=lambda: [], routers=lambda: [], slow_every=0)
+    stop = threading.Event()
+    try:
+        assert poller.run(stop, max_polls=5) == 5
+        with CaptureQueriesContext(connection) as one_poll:
+            poller.poll_once()
+        queries_of_one_poll = len(one_poll.captured_queries)
+        assert poller.run(stop, max_polls=30) == 30
+    finally:
+        poller.close()
+    assert len(connection.queries_log) == queries_of_one_poll > 0

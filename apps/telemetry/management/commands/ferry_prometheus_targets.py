@@ -18,8 +18,8 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from django.core.management.base import BaseCommand, CommandError
-from django.db import close_old_connections
 
+from apps.core.process_loop import loop_iteration_started
 from apps.fleet.models import Replica
 
 
@@ -69,4 +69,4 @@ class Command(BaseCommand):
                 last = content
             if not interval or stop.wait(interval):
                 return
-            close_old_connections()  # a long-running loop: drop a broken or expired connection between writes
+            loop_iteration_started()  # a long-running loop: empty the DEBUG query log, drop an old connection
