@@ -95,7 +95,7 @@ class Load(threading.Thread):
 @pytest.fixture
 def stack(tmp_path, settings, server):
     """Agent, Celery worker, telemetry poller and the reconcile/rollout tick loop around ``server``."""
-    agent = AgentProcess(tmp_path / "agent").start()
+    agent = AgentProcess(tmp_path / "agent").launch()  # agent, Celery worker and poller start together
     env = {"FERRY_AGENT_TOKEN": agent.token, "FERRY_WORKER_ENV": WORKER_ENV,
            "FERRY_WORKER_EXTRA_ARGS": "--max-num-seqs 2", "FERRY_ACTION_READY_TIMEOUT_S": "280",
            "FERRY_KV_LINK_SECRET": KV_LINK_SECRET}  # the Celery worker signs the KV cache flush with it
@@ -103,8 +103,16 @@ def stack(tmp_path, settings, server):
     settings.FERRY_WORKER_ENV = WORKER_ENV
     settings.FERRY_WORKER_EXTRA_ARGS = "--max-num-seqs 2"
     purge_celery_queues()
-    celery = CeleryWorkerProcess(tmp_path, env).start()
+    celery = CeleryWorkerProcess(tmp_path, env).launch()
     poller = telemetry_poller(tmp_path, interval_s=1.0, window_s=10.0)
+    try:
+        agent.wait_healthy()
+        celery.wait_ready()
+    except BaseException:
+        poller.stop()
+        celery.stop()
+        agent.terminate()
+        raise
     loop = ReconcileLoop(interval_s=2.0)
     loop.start()
     yield {"agent": agent, "celery": celery, "poller": poller, "loop": loop}
