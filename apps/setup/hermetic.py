@@ -15,6 +15,11 @@ line naming the servers and their ports (:func:`session_line`, printed when the 
 conftest's ``pytest_unconfigure`` calls :func:`teardown_session`, which stops the servers and removes their
 directory; pytest runs it after failures and Ctrl-C too, SIGTERM is turned into the same clean exit, and on
 Linux the servers get a signal if pytest is killed outright (``PR_SET_PDEATHSIG``). A given ``DATABASE_URL``/``REDIS_URL`` (e.g. the machine's services) is used as is.
+
+Under pytest-xdist (``pytest -n 2``) each worker process is a run of its own: the URLs of the servers the
+controller started (named in :data:`EMBEDDED_URLS_ENV`, inherited by the workers) are dropped and the worker starts
+its own pair, so two workers never share a Redis (each would consume the other's Celery tasks and clear the
+other's telemetry keys) nor a database. URLs the user gave are still used as is.
 """
 
 from __future__ import annotations
@@ -61,6 +66,8 @@ class SuiteServers:
         except BaseException:
             self.stop()
             raise
+        environ[EMBEDDED_URLS_ENV] = ",".join(name for name, server in (("DATABASE_URL", self.postgres),
+                                                                         ("REDIS_URL", self.redis)) if server)
         return f"ferry tests: {', '.join(parts)} (files in {self.directory}; removed after the run)"
 
     def stop(self) -> None:
@@ -88,6 +95,13 @@ _servers = SuiteServers()
 
 SETTINGS_MODULE = "controlplane.settings"
 
+EMBEDDED_URLS_ENV = "FERRY_TEST_EMBEDDED_URLS"
+"""Names (comma-separated) of the URL variables this process's embedded servers exported (so an xdist worker,
+which inherits them from its controller, knows which ones to replace with its own)."""
+
+XDIST_WORKER_ENV = "PYTEST_XDIST_WORKER"
+"""Set by pytest-xdist in each worker process (``gw0``, ``gw1``, ...) before it loads any conftest."""
+
 
 def setup_session() -> None:
     """Start the servers the environment lacks, export their URLs, then set Django up (once per process).
@@ -100,6 +114,9 @@ def setup_session() -> None:
     import django
     import django.conf
 
+    if os.environ.get(XDIST_WORKER_ENV):  # the controller's servers are not this worker's
+        for name in filter(None, os.environ.pop(EMBEDDED_URLS_ENV, "").split(",")):
+            os.environ.pop(name, None)
     missing = not (os.environ.get("DATABASE_URL") and os.environ.get("REDIS_URL"))
     if missing and django.conf.settings.configured:
         raise pytest.UsageError(
