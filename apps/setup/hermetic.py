@@ -19,7 +19,8 @@ Linux the servers get a signal if pytest is killed outright (``PR_SET_PDEATHSIG`
 Under pytest-xdist (``pytest -n 2``) each worker process is a run of its own: the URLs of the servers the
 controller started (named in :data:`EMBEDDED_URLS_ENV`, inherited by the workers) are dropped and the worker starts
 its own pair, so two workers never share a Redis (each would consume the other's Celery tasks and clear the
-other's telemetry keys) nor a database. URLs the user gave are still used as is.
+other's telemetry keys) nor a database. A ``DATABASE_URL`` the user gave is shared (pytest-django gives each
+worker a test database of its own); a given ``REDIS_URL`` is refused under xdist.
 """
 
 from __future__ import annotations
@@ -108,7 +109,8 @@ def setup_session() -> None:
 
     Raises:
         pytest.UsageError: Django's settings were already loaded (``DJANGO_SETTINGS_MODULE`` or ``--ds``
-            given to pytest) while a URL was missing, so they could not see the servers' URLs.
+            given to pytest) while a URL was missing, so they could not see the servers' URLs; or a pytest-xdist
+            worker was given a ``REDIS_URL``.
         RuntimeError, FileNotFoundError: a server did not start (see the embedded_* modules).
     """
     import django
@@ -117,6 +119,10 @@ def setup_session() -> None:
     if os.environ.get(XDIST_WORKER_ENV):  # the controller's servers are not this worker's
         for name in filter(None, os.environ.pop(EMBEDDED_URLS_ENV, "").split(",")):
             os.environ.pop(name, None)
+        if os.environ.get("REDIS_URL"):
+            raise pytest.UsageError(
+                "pytest-xdist with a given REDIS_URL: the workers would share its Redis (and run each other's Celery "
+                "tasks); unset REDIS_URL (each worker then starts its own) or run without -n")
     missing = not (os.environ.get("DATABASE_URL") and os.environ.get("REDIS_URL"))
     if missing and django.conf.settings.configured:
         raise pytest.UsageError(

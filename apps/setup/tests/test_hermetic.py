@@ -120,3 +120,13 @@ def test_each_xdist_worker_gets_servers_of_its_own_and_removes_them(tmp_path):
     assert len(set(ports)) == 6, [m.group(0) for m in runs]  # three pairs of servers, none shared
     assert [p for p in ports if _listening(p)] == []
     assert [m.group(4) for m in runs if Path(m.group(4)).exists()] == []
+
+
+def test_xdist_workers_refuse_a_given_redis_url_they_would_share(tmp_path):
+    command, env = _pytest(tmp_path / "probe.json", REDIS_URL="redis://127.0.0.1:1/0")  # never contacted
+    command[-1:-1] = ["-n", "2"]
+    r = subprocess.run(command, cwd=BASE_DIR, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0
+    assert ("pytest-xdist with a given REDIS_URL: the workers would share its Redis (and run each other's Celery "
+            "tasks); unset REDIS_URL") in r.stdout + r.stderr, r.stdout[-3000:] + r.stderr[-3000:]
+    assert not list(tmp_path.glob("probe*.json"))  # no test ran
