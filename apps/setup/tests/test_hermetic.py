@@ -31,7 +31,8 @@ def _listening(port: int) -> bool:
 
 
 def _env(out: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE")}
+    env = {k: v for k, v in os.environ.items()  # a run of its own, also when this one is an xdist worker
+           if k not in ("DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE") and not k.startswith("PYTEST_XDIST_")}
     env.update(FERRY_PROBE_OUT=str(out), **extra)
     return env
 
