@@ -66,8 +66,8 @@ def router_exporter():
 @pytest.fixture(scope="module")
 def daphne(django_db_setup, tmp_path_factory):
     """One daphne (the ASGI app, :class:`~apps.dashboard.tests.live_stack.Daphne`) for a test module, on the test
-    database: starting one costs 3-5 s on an idle 2-core machine and 10-20 s on a busy one. It keeps no state of
-    its own between tests: each test's rows are committed and flushed (``transaction=True``) and the telemetry
+    database: one costs 15 s to start and 3.5 s to stop on the shared 2-core machine at load 20 (and a Chromium 11 s
+    and 2 s), once per module instead of once per test. It keeps no state of its own between tests: each test's rows are committed and flushed (``transaction=True``) and the telemetry
     keyspace is the test's (``server``)."""
     server = Daphne(tmp_path_factory.mktemp("daphne")).start()
     yield server
