@@ -133,8 +133,24 @@ def setup_session() -> None:
     elif not missing:
         _servers.line = (f"ferry tests: DATABASE_URL (...@{os.environ['DATABASE_URL'].rsplit('@', 1)[-1]}) and "
                          "REDIS_URL as given, no embedded servers")
+    global _settings_module_set
+    _settings_module_set = "DJANGO_SETTINGS_MODULE" not in os.environ
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", SETTINGS_MODULE)
     django.setup()
+
+
+_settings_module_set = False
+
+
+def hand_over_to_xdist_workers() -> None:
+    """In a pytest-xdist controller, before it starts its workers: drop the embedded servers' URLs and the
+    ``DJANGO_SETTINGS_MODULE`` this module set from the environment the workers inherit, so each worker starts
+    as a fresh run (with the module name inherited, pytest-django would load the settings before the worker's
+    own servers exist)."""
+    for name in filter(None, os.environ.pop(EMBEDDED_URLS_ENV, "").split(",")):
+        os.environ.pop(name, None)
+    if _settings_module_set:
+        os.environ.pop("DJANGO_SETTINGS_MODULE", None)
 
 
 def session_line() -> str:
