@@ -38,5 +38,10 @@ def pytest_sessionstart(session):
         reporter.write_line(hermetic.session_line())  # shown with -q too: which servers, which ports
 
 
+def pytest_configure(config):
+    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):  # xdist controller
+        hermetic.hand_over_to_xdist_workers()  # each worker starts its own servers (apps/setup/hermetic.py)
+
+
 def pytest_unconfigure(config):
     hermetic.teardown_session()  # also after failures and Ctrl-C

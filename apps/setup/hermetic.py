@@ -15,6 +15,12 @@ line naming the servers and their ports (:func:`session_line`, printed when the 
 conftest's ``pytest_unconfigure`` calls :func:`teardown_session`, which stops the servers and removes their
 directory; pytest runs it after failures and Ctrl-C too, SIGTERM is turned into the same clean exit, and on
 Linux the servers get a signal if pytest is killed outright (``PR_SET_PDEATHSIG``). A given ``DATABASE_URL``/``REDIS_URL`` (e.g. the machine's services) is used as is.
+
+Under pytest-xdist (``pytest -n 2``) each worker process is a run of its own: the URLs of the servers the
+controller started (named in :data:`EMBEDDED_URLS_ENV`, inherited by the workers) are dropped and the worker starts
+its own pair, so two workers never share a Redis (each would consume the other's Celery tasks and clear the
+other's telemetry keys) nor a database. A ``DATABASE_URL`` the user gave is shared (pytest-django gives each
+worker a test database of its own); a given ``REDIS_URL`` is refused under xdist.
 """
 
 from __future__ import annotations
@@ -61,6 +67,8 @@ class SuiteServers:
         except BaseException:
             self.stop()
             raise
+        environ[EMBEDDED_URLS_ENV] = ",".join(name for name, server in (("DATABASE_URL", self.postgres),
+                                                                         ("REDIS_URL", self.redis)) if server)
         return f"ferry tests: {', '.join(parts)} (files in {self.directory}; removed after the run)"
 
     def stop(self) -> None:
@@ -88,18 +96,33 @@ _servers = SuiteServers()
 
 SETTINGS_MODULE = "controlplane.settings"
 
+EMBEDDED_URLS_ENV = "FERRY_TEST_EMBEDDED_URLS"
+"""Names (comma-separated) of the URL variables this process's embedded servers exported (so an xdist worker,
+which inherits them from its controller, knows which ones to replace with its own)."""
+
+XDIST_WORKER_ENV = "PYTEST_XDIST_WORKER"
+"""Set by pytest-xdist in each worker process (``gw0``, ``gw1``, ...) before it loads any conftest."""
+
 
 def setup_session() -> None:
     """Start the servers the environment lacks, export their URLs, then set Django up (once per process).
 
     Raises:
         pytest.UsageError: Django's settings were already loaded (``DJANGO_SETTINGS_MODULE`` or ``--ds``
-            given to pytest) while a URL was missing, so they could not see the servers' URLs.
+            given to pytest) while a URL was missing, so they could not see the servers' URLs; or a pytest-xdist
+            worker was given a ``REDIS_URL``.
         RuntimeError, FileNotFoundError: a server did not start (see the embedded_* modules).
     """
     import django
     import django.conf
 
+    if os.environ.get(XDIST_WORKER_ENV):  # the controller's servers are not this worker's
+        for name in filter(None, os.environ.pop(EMBEDDED_URLS_ENV, "").split(",")):
+            os.environ.pop(name, None)
+        if os.environ.get("REDIS_URL"):
+            raise pytest.UsageError(
+                "pytest-xdist with a given REDIS_URL: the workers would share its Redis (and run each other's Celery "
+                "tasks); unset REDIS_URL (each worker then starts its own) or run without -n")
     missing = not (os.environ.get("DATABASE_URL") and os.environ.get("REDIS_URL"))
     if missing and django.conf.settings.configured:
         raise pytest.UsageError(
@@ -110,8 +133,24 @@ def setup_session() -> None:
     elif not missing:
         _servers.line = (f"ferry tests: DATABASE_URL (...@{os.environ['DATABASE_URL'].rsplit('@', 1)[-1]}) and "
                          "REDIS_URL as given, no embedded servers")
+    global _settings_module_set
+    _settings_module_set = "DJANGO_SETTINGS_MODULE" not in os.environ
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", SETTINGS_MODULE)
     django.setup()
+
+
+_settings_module_set = False
+
+
+def hand_over_to_xdist_workers() -> None:
+    """In a pytest-xdist controller, before it starts its workers: drop the embedded servers' URLs and the
+    ``DJANGO_SETTINGS_MODULE`` this module set from the environment the workers inherit, so each worker starts
+    as a fresh run (with the module name inherited, pytest-django would load the settings before the worker's
+    own servers exist)."""
+    for name in filter(None, os.environ.pop(EMBEDDED_URLS_ENV, "").split(",")):
+        os.environ.pop(name, None)
+    if _settings_module_set:
+        os.environ.pop("DJANGO_SETTINGS_MODULE", None)
 
 
 def session_line() -> str:

@@ -27,7 +27,13 @@ from inference_worker.server.engine_stats import STATS_INTERVAL_S
 from inference_worker.server.kv_cache_routes import RESET_PATH
 from inference_worker.server.pd_faults import TEST_HEADER_ENV
 from inference_worker.tests.support.router import RouterProcess, send_and_hold
-from inference_worker.tests.support.worker import REPO_ROOT, WorkerProcess, free_port, gemma_tokenizer_dir
+from inference_worker.tests.support.worker import (
+    REPO_ROOT,
+    WorkerProcess,
+    free_port,
+    gemma_tokenizer_dir,
+    start_together,
+)
 from inference_worker.tokenization import load_tokenizer
 
 pytestmark = pytest.mark.slow
@@ -42,16 +48,27 @@ FAULT_REASONS = {"corrupt": "checksum", "truncate": "truncated", "wrong-key": "a
 
 
 @pytest.fixture(scope="module")
-def prefill():
-    with WorkerProcess("--role", "prefill", "--fault-kv", "header", *COMMON, env=FAULT_HEADER_HOOK) as proc:
-        yield proc
+def pd_pair():
+    """The module's prefill and decode workers, started together (their start-ups overlap on two cores)."""
+    pair = start_together(
+        WorkerProcess("--role", "prefill", "--fault-kv", "header", *COMMON, env=FAULT_HEADER_HOOK),
+        WorkerProcess("--role", "decode", "--kv-timeout", "120", "--max-prompts", "1000", *COMMON,
+                      env=FAULT_HEADER_HOOK))
+    try:
+        yield pair
+    finally:
+        for worker in reversed(pair):
+            worker.stop()
 
 
 @pytest.fixture(scope="module")
-def decode(prefill):
-    with WorkerProcess("--role", "decode", "--kv-timeout", "120", "--max-prompts", "1000", *COMMON,
-                       env=FAULT_HEADER_HOOK) as proc:
-        yield proc
+def prefill(pd_pair):
+    return pd_pair[0]
+
+
+@pytest.fixture(scope="module")
+def decode(pd_pair):
+    return pd_pair[1]
 
 
 @pytest.fixture(scope="module")

@@ -71,10 +71,11 @@ def workers():
 
 
 def start_router(tmp_path_factory, name, pools, *args, **table):
+    """A router on a table of ``pools``, launched (not yet awaited: see ``routers``)."""
     path = tmp_path_factory.mktemp(f"router-{name}") / "table.json"
     path.write_text(json.dumps({"version": 1, "tracks": [{"name": "stable", "model_version": "v1", "weight": 100}],
                                 "pools": pools, **table}))
-    return RouterProcess(path, "--table-interval", "0.2", "--scrape-interval", "0", "--no-kv-index", *args)
+    return RouterProcess(path, "--table-interval", "0.2", "--scrape-interval", "0", "--no-kv-index", *args, wait=False)
 
 
 DECODE = {"worker_token": DECODE_TOKEN}
@@ -85,32 +86,43 @@ def replica(name, worker):
 
 
 @pytest.fixture(scope="module")
-def pair(workers, tmp_path_factory):
-    router = start_router(tmp_path_factory, "pair", [{"name": "decode", "role": "decode", **DECODE, "replicas": [
-        replica("healthy", workers["healthy"]), replica("faulty", workers["faulty"])]}],
-        "--policy", "round_robin", "--breaker-window", "60", "--breaker-min-requests", str(MIN_REQUESTS),
-        "--breaker-consecutive", str(IN_A_ROW), "--breaker-cooldown", "600", "--breaker-max-cooldown", "600")
-    yield router.url
-    router.stop()
+def routers(workers, tmp_path_factory):
+    """The three routers of the module docstring, started together (their start-ups overlap on two cores)."""
+    started = {
+        "pair": start_router(tmp_path_factory, "pair", [{"name": "decode", "role": "decode", **DECODE, "replicas": [
+            replica("healthy", workers["healthy"]), replica("faulty", workers["faulty"])]}],
+            "--policy", "round_robin", "--breaker-window", "60", "--breaker-min-requests", str(MIN_REQUESTS),
+            "--breaker-consecutive", str(IN_A_ROW), "--breaker-cooldown", "600", "--breaker-max-cooldown", "600"),
+        "pd": start_router(tmp_path_factory, "pd", [
+            {"name": "decode", "role": "decode", **DECODE, "replicas": [replica("healthy", workers["healthy"])]},
+            {"name": "prefill", "role": "prefill", "worker_token": PREFILL_TOKEN,
+             "replicas": [replica("prefill", workers["prefill"])]}],
+            length_routing={"threshold_tokens": 64}),
+        "local": start_router(tmp_path_factory, "local", [{"name": "decode", "role": "decode", **DECODE, "replicas": [
+            replica("healthy", workers["healthy"])]}]),
+    }
+    try:
+        for router in started.values():
+            router.wait_ready()
+        yield {name: router.url for name, router in started.items()}
+    finally:
+        for router in started.values():
+            router.stop()
 
 
 @pytest.fixture(scope="module")
-def pd(workers, tmp_path_factory):
-    router = start_router(tmp_path_factory, "pd", [
-        {"name": "decode", "role": "decode", **DECODE, "replicas": [replica("healthy", workers["healthy"])]},
-        {"name": "prefill", "role": "prefill", "worker_token": PREFILL_TOKEN,
-         "replicas": [replica("prefill", workers["prefill"])]}],
-        length_routing={"threshold_tokens": 64})
-    yield router.url
-    router.stop()
+def pair(routers):
+    return routers["pair"]
 
 
 @pytest.fixture(scope="module")
-def local(workers, tmp_path_factory):
-    router = start_router(tmp_path_factory, "local", [{"name": "decode", "role": "decode", **DECODE, "replicas": [
-        replica("healthy", workers["healthy"])]}])
-    yield router.url
-    router.stop()
+def pd(routers):
+    return routers["pd"]
+
+
+@pytest.fixture(scope="module")
+def local(routers):
+    return routers["local"]
 
 
 def expected_ejection():

@@ -120,7 +120,6 @@ def traced_stack(collector, tmp_path_factory):
            "OTEL_BSP_SCHEDULE_DELAY": "200", "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT": "30"}
     prefill = WorkerProcess("--role", "prefill", *COMMON, env=env)
     decode = WorkerProcess("--role", "decode", "--kv-timeout", "120", *COMMON, env=env)
-    start_together(prefill, decode)
     table = {"version": 1, "tracks": [{"name": "stable", "model_version": "v1", "weight": 100}],
              "pools": [{"name": "decode-dc1", "role": "decode", "datacenter": "dc1",
                         "replicas": [{"name": "d0", "url": decode.base_url, "track": "stable"}]},
@@ -131,11 +130,17 @@ def traced_stack(collector, tmp_path_factory):
     path.write_text(json.dumps(table))
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)  # the router inherits the test's environment
-    try:
-        router = RouterProcess(path, "--tokenizer", str(gemma_tokenizer_dir()), "--scrape-interval", "0")
+    try:  # launched first: it needs only its table, and starts while the workers load
+        router = RouterProcess(path, "--tokenizer", str(gemma_tokenizer_dir()), "--scrape-interval", "0", wait=False)
     finally:
         for k, v in saved.items():
             os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+    try:
+        start_together(prefill, decode)
+        router.wait_ready()
+    except BaseException:
+        router.stop()
+        raise
     try:
         yield router, decode, prefill, spans
     finally:

@@ -61,6 +61,11 @@ class ChildProcess:
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> ChildProcess:
+        """:meth:`launch` (subclasses also wait until the process serves)."""
+        return self.launch()
+
+    def launch(self) -> ChildProcess:
+        """Start the process without waiting."""
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(self.argv, cwd=REPO_ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT)
         return self
@@ -89,7 +94,7 @@ class Daphne(ChildProcess):
                                     "controlplane.asgi:application"], child_env(DEBUG="1"), log_dir)
 
     def start(self, timeout_s: float = 60.0) -> Daphne:
-        super().start()
+        self.launch()
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -209,7 +214,12 @@ class CeleryWorkerProcess(ChildProcess):
                          child_env(**env), log_dir)
 
     def start(self, timeout_s: float = 90.0) -> CeleryWorkerProcess:
-        super().start()
+        """:meth:`launch`, then :meth:`wait_ready`."""
+        self.launch()
+        return self.wait_ready(timeout_s)
+
+    def wait_ready(self, timeout_s: float = 90.0) -> CeleryWorkerProcess:
+        """Wait for the worker's `` ready.`` log line; RuntimeError when it exited or is not ready in time."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

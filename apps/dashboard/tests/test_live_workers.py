@@ -7,9 +7,9 @@ standing in for beat. One test, because the flow shares processes and the transa
 flushed between tests; never more than two model workers at a time.
 
 1. Open a pool with a live worker under multi-turn load (``bench/workloads.py`` sessions, answers appended):
-   chart data grows over 10 s, tokens/s shows generation, the prefix-cache hit-rate chart shows hits; the
-   operator flushes the KV cache from the page (a ``pool.flush_kv_cache`` Action that succeeds and logs the
-   blocks the worker cleared).
+   chart data grows (5 points within 10 s), tokens/s shows generation, the prefix-cache hit-rate chart shows
+   hits; the operator flushes the KV cache from the page (a ``pool.flush_kv_cache`` Action that succeeds and logs
+   the blocks the worker cleared).
 2. Scale the pool 1 -> 2 -> 1 from the page: the replica count follows ("2 / 2", then "1 / 1").
 3. Create a canary rollout on the rollout list page, start it on its page, see its step advance
    (set_weight applied -> the pause step is current); abort asks for confirmation (dismiss: nothing
@@ -27,6 +27,7 @@ import time
 import httpx
 import pytest
 from django.core.management import call_command
+from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 
 from apps.dashboard.tests.live_stack import (
     ARTIFACTS,
@@ -94,7 +95,7 @@ class Load(threading.Thread):
 @pytest.fixture
 def stack(tmp_path, settings, server):
     """Agent, Celery worker, telemetry poller and the reconcile/rollout tick loop around ``server``."""
-    agent = AgentProcess(tmp_path / "agent").start()
+    agent = AgentProcess(tmp_path / "agent").launch()  # agent, Celery worker and poller start together
     env = {"FERRY_AGENT_TOKEN": agent.token, "FERRY_WORKER_ENV": WORKER_ENV,
            "FERRY_WORKER_EXTRA_ARGS": "--max-num-seqs 2", "FERRY_ACTION_READY_TIMEOUT_S": "280",
            "FERRY_KV_LINK_SECRET": KV_LINK_SECRET}  # the Celery worker signs the KV cache flush with it
@@ -102,8 +103,16 @@ def stack(tmp_path, settings, server):
     settings.FERRY_WORKER_ENV = WORKER_ENV
     settings.FERRY_WORKER_EXTRA_ARGS = "--max-num-seqs 2"
     purge_celery_queues()
-    celery = CeleryWorkerProcess(tmp_path, env).start()
+    celery = CeleryWorkerProcess(tmp_path, env).launch()
     poller = telemetry_poller(tmp_path, interval_s=1.0, window_s=10.0)
+    try:
+        agent.wait_healthy()
+        celery.wait_ready()
+    except BaseException:
+        poller.stop()
+        celery.stop()
+        agent.terminate()
+        raise
     loop = ReconcileLoop(interval_s=2.0)
     loop.start()
     yield {"agent": agent, "celery": celery, "poller": poller, "loop": loop}
@@ -148,9 +157,13 @@ def test_operator_watches_live_charts_scales_the_pool_and_starts_a_canary(
         title = page.evaluate("document.getElementById('chart-utilization').layout.title.text")
         assert title.startswith("Engine busy ratio (CPU workers") and "not GPU utilization" in title
         before = page.evaluate(f"{trace('utilization', axis='x')}.length")
-        page.wait_for_timeout(10_000)
+        try:  # at least 5 new points within 10 s (one poll per second, on a loaded 2-core machine): done at the 5th
+            page.wait_for_function(f"{trace('utilization', axis='x')}.length >= {before + 5}", timeout=10_000,
+                                   polling=500)
+        except PlaywrightTimeoutError:
+            pass  # the assertion below says how many came
         after = page.evaluate(f"{trace('utilization', axis='x')}.length")
-        assert after - before >= 5, (before, after)  # one poll per second, on a loaded 2-core machine
+        assert after - before >= 5, (before, after)
         try:  # generation tokens/s of the load, charted
             page.wait_for_function(f"{trace('tokens', 1)}.some(v => v !== null && v > 0)", timeout=90_000,
                                    polling=500)

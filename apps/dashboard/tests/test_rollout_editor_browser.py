@@ -1,7 +1,7 @@
 """Browser tests of the rollout editor, a rollout's history and model version registration (Playwright, Debian's
 Chromium, the ASGI app under daphne, as ``test_browser.py``). The three tests share one daphne and one Chromium
-(module-scoped ``server`` and ``browser`` below, built like conftest's): each test has its own browser context and
-its own (flushed) database rows."""
+(conftest's module-scoped ``daphne`` and ``chromium``): each test has its own browser context and its own (flushed)
+database rows."""
 
 from __future__ import annotations
 
@@ -13,36 +13,6 @@ from apps.dashboard.tests.live_stack import ARTIFACTS, CHROMIUM, signed_in
 from apps.fleet.services import router_create
 from apps.rollouts.models import RolloutPlan
 from apps.rollouts.services import rollout_plan_delete
-
-
-@pytest.fixture(scope="module")
-def server(django_db_setup, tmp_path_factory):  # noqa: ANN001, ANN201 - pytest fixtures
-    """One daphne for the module (conftest's ``server`` starts one per test), on the test database."""
-    from apps.dashboard.tests.live_stack import Daphne
-    from apps.telemetry.history import SignalHistory
-
-    SignalHistory().clear()
-    daphne = Daphne(tmp_path_factory.mktemp("daphne")).start()
-    yield daphne
-    daphne.stop()
-    SignalHistory().clear()
-
-
-@pytest.fixture(scope="module")
-def browser():  # noqa: ANN201 - a pytest fixture
-    """One headless Chromium for the module (conftest's ``browser``, module-scoped)."""
-    from playwright.sync_api import sync_playwright
-
-    from apps.dashboard.tests.live_stack import launch_chromium
-
-    with pytest.MonkeyPatch.context() as patch:  # Playwright's event loop on this thread: see conftest's browser
-        patch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-        ARTIFACTS.mkdir(parents=True, exist_ok=True)
-        with sync_playwright() as playwright:
-            chromium = launch_chromium(playwright)
-            yield chromium
-            chromium.close()
-
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),

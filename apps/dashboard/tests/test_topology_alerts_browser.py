@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from django.utils import timezone
 
-from apps.dashboard.tests.live_stack import ARTIFACTS, CHROMIUM, Daphne, launch_chromium, signed_in
+from apps.dashboard.tests.live_stack import ARTIFACTS, CHROMIUM, signed_in
 from apps.fleet.services import cluster_link_create, pool_create
 from apps.operations.models import Action
 from apps.telemetry.broadcast import FLEET_GROUP, pool_group, telemetry_broadcast
@@ -26,28 +26,6 @@ pytestmark = [
     pytest.mark.django_db(transaction=True),
     pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's Chromium: apt-get install -y chromium"),
 ]
-
-@pytest.fixture(scope="module")
-def server(django_db_setup, tmp_path_factory):
-    """One daphne for this module's tests (conftest's is per test): starting it costs 10-20 s on a busy machine."""
-    daphne = Daphne(tmp_path_factory.mktemp("daphne")).start()
-    yield daphne
-    daphne.stop()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    """One Chromium for this module's tests (see conftest's ``browser``)."""
-    from playwright.sync_api import sync_playwright
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-        ARTIFACTS.mkdir(parents=True, exist_ok=True)
-        with sync_playwright() as playwright:
-            chromium = launch_chromium(playwright)
-            yield chromium
-            chromium.close()
-
 
 IDLE = {"request_rate_per_s": 0.0, "kv_transfer_bytes_per_s": None, "kv_transfer_failure_rate": None,
         "engine_busy_ratio": 0.0, "ready_replicas": 1.0}

@@ -54,6 +54,11 @@ class CeleryWorker:
         self.log_path: Path | None = None
 
     def start(self, timeout_s: float = 90.0) -> CeleryWorker:
+        """:meth:`launch`, then :meth:`wait_ready`."""
+        return self.launch().wait_ready(timeout_s)
+
+    def launch(self) -> CeleryWorker:
+        """Start the process without waiting (a test then starts its other processes while this one imports)."""
         name = f"ferry-test-{uuid.uuid4().hex[:8]}"
         self.log_path = self.log_dir / f"{name}.log"
         env = {**os.environ, "DATABASE_URL": database_url(), "REDIS_URL": settings.CELERY_BROKER_URL,
@@ -65,6 +70,14 @@ class CeleryWorker:
                  "--pool", "solo", "-n", f"{name}@%h", "--without-gossip", "--without-mingle",
                  "--without-heartbeat", "-l", "INFO"],
                 cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        return self
+
+    def wait_ready(self, timeout_s: float = 90.0) -> CeleryWorker:
+        """Wait for the worker's `` ready.`` log line.
+
+        Raises:
+            RuntimeError: the worker exited or was not ready in ``timeout_s`` (the message carries its log's end).
+        """
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

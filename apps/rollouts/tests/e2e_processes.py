@@ -81,9 +81,9 @@ class Load(threading.Thread):
 class RouterProcess(BaseRouterProcess):
     """``python -m inference_worker router`` pulling the table from the control plane every 0.5 s."""
 
-    def __init__(self, table_url: str, log_dir) -> None:  # noqa: ANN001 - a path
+    def __init__(self, table_url: str, log_dir, *, wait: bool = True) -> None:  # noqa: ANN001 - a path
         super().__init__(table_url, "--service-token", SERVICE_TOKEN, "--table-interval", "0.5",
-                         log_path=log_dir / "router.log")
+                         log_path=log_dir / "router.log", wait=wait)
 
     def counter(self, name: str, **labels: str) -> float:
         """The sum of the router's ``name`` samples whose labels include ``labels``."""

@@ -74,7 +74,7 @@ def stack(tmp_path, settings, live_server):
     if db.vendor != "postgresql":
         pytest.skip("a Celery worker process needs the Postgres test database")
     started: list = []
-    agent = AgentProcess(tmp_path / "agent").start()
+    agent = AgentProcess(tmp_path / "agent").launch()  # the three processes start together, then each is awaited
     started.append(agent.terminate)
     for name, value in (("FERRY_AGENT_TOKEN", agent.token), ("FERRY_WORKER_ENV", WORKER_ENV),
                         ("FERRY_WORKER_EXTRA_ARGS", WORKER_ARGS), ("FERRY_SERVICE_TOKEN", SERVICE_TOKEN),
@@ -83,10 +83,13 @@ def stack(tmp_path, settings, live_server):
     try:
         purge_queues()
         celery = CeleryWorker(tmp_path, {"FERRY_AGENT_TOKEN": agent.token, "FERRY_WORKER_ENV": WORKER_ENV,
-                                         "FERRY_WORKER_EXTRA_ARGS": WORKER_ARGS}).start()
+                                         "FERRY_WORKER_EXTRA_ARGS": WORKER_ARGS}).launch()
         started.append(celery.stop)
-        router = RouterProcess(f"{live_server.url}/api/v1/routing-table/", tmp_path)
+        router = RouterProcess(f"{live_server.url}/api/v1/routing-table/", tmp_path, wait=False)
         started.append(router.stop)
+        agent.wait_healthy()
+        celery.wait_ready()
+        router.wait_ready()
         history = SignalHistory()
         history.clear()
         poller = TelemetryPoller(history=history, window_s=10.0, interval_s=1.0)

@@ -1,6 +1,7 @@
 """Not collected by the suite (no ``test_`` prefix): ``test_hermetic.py`` runs it in a child pytest with no
 ``DATABASE_URL``/``REDIS_URL`` and reads what it saw from ``FERRY_PROBE_OUT``. ``FERRY_PROBE_WAIT=1`` makes
-it wait to be interrupted; ``FERRY_PROBE_FAIL=1`` adds a failing test."""
+it wait to be interrupted; ``FERRY_PROBE_FAIL=1`` adds a failing test. Under pytest-xdist each worker writes its own
+report (``probe-gw0.json`` next to ``FERRY_PROBE_OUT``)."""
 
 import json
 import os
@@ -20,7 +21,13 @@ def test_report_the_servers_this_run_uses():
     report = {"DATABASE_URL": os.environ["DATABASE_URL"], "REDIS_URL": os.environ["REDIS_URL"],
               "settings_redis_url": settings.REDIS_URL, "settings_database": [db["HOST"], db["PORT"], db["NAME"]],
               "server_version": version, "redis_ping": redis.Redis.from_url(settings.REDIS_URL).ping()}
-    Path(os.environ["FERRY_PROBE_OUT"]).write_text(json.dumps(report))
+    out = Path(os.environ["FERRY_PROBE_OUT"])
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # under pytest-xdist: one report per worker, probe-gw0.json ...
+        from apps.setup import hermetic
+
+        report["session_line"] = hermetic.session_line()  # the worker's own servers (its output is not shown)
+        out = out.with_name(f"{out.stem}-{os.environ['PYTEST_XDIST_WORKER']}{out.suffix}")
+    out.write_text(json.dumps(report))
     if os.environ.get("FERRY_PROBE_WAIT"):
         time.sleep(300)
 

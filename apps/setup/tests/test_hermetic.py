@@ -31,7 +31,8 @@ def _listening(port: int) -> bool:
 
 
 def _env(out: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE")}
+    env = {k: v for k, v in os.environ.items()  # a run of its own, also when this one is an xdist worker
+           if k not in ("DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE") and not k.startswith("PYTEST_XDIST_")}
     env.update(FERRY_PROBE_OUT=str(out), **extra)
     return env
 
@@ -93,3 +94,40 @@ def test_an_interrupted_run_leaves_no_server_running(tmp_path, sig):
     else:
         assert child.returncode == 2, log_path.read_text()[-3000:]  # pytest's "interrupted"
         assert not files.exists()
+
+
+def test_each_xdist_worker_gets_servers_of_its_own_and_removes_them(tmp_path):
+    """``pytest -n 2``: the controller's embedded servers are not shared with its workers; each worker starts its
+    own PostgreSQL and Redis (a shared Redis would let one worker's Celery worker run the other's tasks), and none
+    is left running or on disk afterwards."""
+    out = tmp_path / "probe.json"
+    command, env = _pytest(out)
+    command[-1:-1] = ["-n", "2", "--dist", "each"]  # every worker runs the probe
+    r = subprocess.run(command, cwd=BASE_DIR, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    controller = LINE.search(r.stdout)
+    assert controller, r.stdout[-3000:]
+    reports = {w: json.loads((tmp_path / f"probe-{w}.json").read_text()) for w in ("gw0", "gw1")}
+    servers = {w: LINE.search(rep.pop("session_line")) for w, rep in reports.items()}
+    for w, rep in reports.items():
+        version, pg_port, redis_port = servers[w].group(1), int(servers[w].group(2)), int(servers[w].group(3))
+        assert rep == {"DATABASE_URL": f"postgres://postgres@127.0.0.1:{pg_port}/ferry",
+                       "REDIS_URL": f"redis://127.0.0.1:{redis_port}/0",
+                       "settings_redis_url": f"redis://127.0.0.1:{redis_port}/0",
+                       "settings_database": ["127.0.0.1", pg_port, "ferry"], "server_version": version,
+                       "redis_ping": True}
+    runs = [controller, servers["gw0"], servers["gw1"]]
+    ports = [int(m.group(i)) for m in runs for i in (2, 3)]
+    assert len(set(ports)) == 6, [m.group(0) for m in runs]  # three pairs of servers, none shared
+    assert [p for p in ports if _listening(p)] == []
+    assert [m.group(4) for m in runs if Path(m.group(4)).exists()] == []
+
+
+def test_xdist_workers_refuse_a_given_redis_url_they_would_share(tmp_path):
+    command, env = _pytest(tmp_path / "probe.json", REDIS_URL="redis://127.0.0.1:1/0")  # never contacted
+    command[-1:-1] = ["-n", "2"]
+    r = subprocess.run(command, cwd=BASE_DIR, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0
+    assert ("pytest-xdist with a given REDIS_URL: the workers would share its Redis (and run each other's Celery "
+            "tasks); unset REDIS_URL") in r.stdout + r.stderr, r.stdout[-3000:] + r.stderr[-3000:]
+    assert not list(tmp_path.glob("probe*.json"))  # no test ran

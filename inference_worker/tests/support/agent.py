@@ -31,12 +31,25 @@ class AgentProcess:
         self.log_path = self.state_dir.parent / f"agent-{self.port}.log"
 
     def start(self, timeout_s: float = 60.0) -> AgentProcess:
+        """:meth:`launch`, then :meth:`wait_healthy`."""
+        return self.launch().wait_healthy(timeout_s)
+
+    def launch(self) -> AgentProcess:
+        """Start the process without waiting (a test then starts its other processes while this one imports)."""
         env = {**os.environ, "FERRY_AGENT_TOKEN": self.token, "TORCH_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "inference_worker", "agent", "--host", "127.0.0.1", "--port", str(self.port),
                  "--state-dir", str(self.state_dir), "--ready-poll", "0.5"],
                 cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        return self
+
+    def wait_healthy(self, timeout_s: float = 60.0) -> AgentProcess:
+        """Poll ``/health`` until 200.
+
+        Raises:
+            RuntimeError: the agent exited (the message carries its log's end) or was not healthy in ``timeout_s``.
+        """
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -46,7 +59,7 @@ class AgentProcess:
                     return self
             except httpx.HTTPError:
                 pass
-            time.sleep(0.2)
+            time.sleep(0.1)
         raise RuntimeError(f"agent not healthy within {timeout_s}s")
 
     def client(self) -> httpx.Client:

@@ -28,6 +28,8 @@ class RouterProcess:
         log_path: file for the router's output (stdout and stderr); None: inherited.
         ready_timeout_s: seconds to wait for ``/ready`` to report a routing table.
         port: the router's port (None: a free one).
+        wait: wait for ``/ready`` here (:meth:`wait_ready`); False: return once the process is launched, so
+            a test starts its other processes meanwhile, and call :meth:`wait_ready` before using it.
 
     Raises:
         RuntimeError: the router did not report a routing table within ``ready_timeout_s`` (the message
@@ -35,7 +37,7 @@ class RouterProcess:
     """
 
     def __init__(self, routing_table: str | Path, *args: str, log_path: Path | None = None,
-                 ready_timeout_s: float = 60.0, port: int | None = None) -> None:
+                 ready_timeout_s: float = 60.0, port: int | None = None, wait: bool = True) -> None:
         self.port = free_port() if port is None else port
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
@@ -48,10 +50,18 @@ class RouterProcess:
         else:
             with open(log_path, "wb") as log:
                 self.proc = subprocess.Popen(command, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT)
-        if not wait_for(lambda: self.ready_version() is not None, ready_timeout_s, 0.2):
+        self.ready_timeout_s = ready_timeout_s
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self) -> RouterProcess:
+        """Poll ``/ready`` until it reports a routing table; stops the router and raises RuntimeError after
+        ``ready_timeout_s``."""
+        if not wait_for(lambda: self.ready_version() is not None, self.ready_timeout_s, 0.1):
             self.stop()
-            tail = log_path.read_text()[-3000:] if log_path is not None else ""
-            raise RuntimeError(f"router not ready within {ready_timeout_s} s:\n{tail}")
+            tail = self.log_path.read_text()[-3000:] if self.log_path is not None else ""
+            raise RuntimeError(f"router not ready within {self.ready_timeout_s} s:\n{tail}")
+        return self
 
     def ready_version(self) -> int | None:
         """The routing-table version ``/ready`` reports, or None while the router is not ready."""

@@ -92,7 +92,7 @@ class WorkerProcess:
                     return self
             except httpx.HTTPError:
                 pass
-            time.sleep(0.5)
+            time.sleep(0.1)  # a /ready answer is cheap next to the model load it waits for
         self.stop()
         raise RuntimeError(f"worker not ready after {self.ready_timeout_s}s:\n{self.log_tail()}")
 
