@@ -277,6 +277,18 @@ def prompts_of_about(num_tokens: int, count: int, seed: int, encode) -> list[str
     return [r.prompt for r in word_prompts(count, seed, (words, words), (1, 1))]
 
 
+async def post_completion(session: aiohttp.ClientSession, url: str, body: bytes) -> bool:
+    """POST one JSON completion ``body`` to ``url``'s ``/v1/completions``; True when it answered 200 and was read to
+    the end (a timeout or client error is False, never raised)."""
+    try:
+        async with session.post(url + "/v1/completions", data=body,
+                                headers={"content-type": "application/json"}) as response:
+            await response.read()
+            return response.status == 200
+    except (TimeoutError, aiohttp.ClientError):
+        return False
+
+
 async def load_window(session: aiohttp.ClientSession, url: str, bodies: list[bytes], rate: float, seconds: float,
                       seed: int) -> tuple[list[float], int, float, float]:
     """Poisson arrivals for ``seconds`` (open loop: a request is sent at its due time whatever is in flight).
@@ -290,18 +302,11 @@ async def load_window(session: aiohttp.ClientSession, url: str, bodies: list[byt
     latencies: list[float] = []
     lags: list[float] = []
     errors = 0
-    headers = {"content-type": "application/json"}
 
     async def one(body: bytes) -> None:
         nonlocal errors
         start = time.perf_counter()
-        try:
-            async with session.post(url + "/v1/completions", data=body, headers=headers) as r:
-                await r.read()
-                ok = r.status == 200
-        except (TimeoutError, aiohttp.ClientError):
-            ok = False
-        if ok:
+        if await post_completion(session, url, body):
             latencies.append(time.perf_counter() - start)
         else:
             errors += 1

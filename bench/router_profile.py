@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.multi_turn import worker_cpu_s  # noqa: E402
-from bench.router_overhead import prompts_of_about, start_upstreams  # noqa: E402
+from bench.router_overhead import post_completion, prompts_of_about, start_upstreams  # noqa: E402
 from bench.serve_load import percentile  # noqa: E402
 from bench.workloads import word_prompts  # noqa: E402
 from inference_worker.tests.support.agent import wait_for  # noqa: E402
@@ -54,7 +54,6 @@ async def closed_loop(url: str, bodies: list[bytes], num_requests: int, concurre
     latencies: list[float] = []
     errors = 0
     next_index = 0
-    headers = {"content-type": "application/json"}
     connector = aiohttp.TCPConnector(limit=concurrency)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=60)) as session:
 
@@ -64,13 +63,7 @@ async def closed_loop(url: str, bodies: list[bytes], num_requests: int, concurre
                 body = bodies[next_index % len(bodies)]
                 next_index += 1
                 start = time.perf_counter()
-                try:
-                    async with session.post(url + "/v1/completions", data=body, headers=headers) as r:
-                        await r.read()
-                        ok = r.status == 200
-                except (TimeoutError, aiohttp.ClientError):
-                    ok = False
-                if ok:
+                if await post_completion(session, url, body):
                     latencies.append(time.perf_counter() - start)
                 else:
                     errors += 1
