@@ -9,7 +9,6 @@ test client speaks plain HTTP and the suite does not run ``collectstatic``, so t
 are overridden for the whole session, plus a fast password hasher. Everything else is exercised as configured.
 """
 
-import pytest
 
 from apps.setup import hermetic
 
@@ -17,19 +16,19 @@ hermetic.setup_session()
 
 from django.test import override_settings  # noqa: E402 - after Django is set up
 
-
-@pytest.fixture(autouse=True, scope="session")
-def _plain_http_and_static_files():
-    with override_settings(
-        SECURE_SSL_REDIRECT=False,
-        WHITENOISE_AUTOREFRESH=True,
-        PASSWORD_HASHERS=["django.contrib.auth.hashers.MD5PasswordHasher"],  # fast users in tests only  # serve from the finders; there is no collected STATIC_ROOT
-        STORAGES={
-            "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
-            "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
-        },
-    ):
-        yield
+# Enabled here, at import, not in a session fixture: a test module that builds the project's ASGI application at
+# import (collection, before any fixture) would otherwise freeze the production values into its middleware
+# (SecurityMiddleware reads SECURE_SSL_REDIRECT once, when built: every plain-HTTP request then answered 301).
+_PLAIN_HTTP_AND_STATIC_FILES = override_settings(
+    SECURE_SSL_REDIRECT=False,
+    WHITENOISE_AUTOREFRESH=True,
+    PASSWORD_HASHERS=["django.contrib.auth.hashers.MD5PasswordHasher"],  # fast users in tests only
+    STORAGES={  # serve from the finders; there is no collected STATIC_ROOT
+        "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+        "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+    },
+)
+_PLAIN_HTTP_AND_STATIC_FILES.enable()
 
 
 def pytest_sessionstart(session):
@@ -44,4 +43,5 @@ def pytest_configure(config):
 
 
 def pytest_unconfigure(config):
+    _PLAIN_HTTP_AND_STATIC_FILES.disable()
     hermetic.teardown_session()  # also after failures and Ctrl-C

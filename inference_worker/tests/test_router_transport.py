@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable
 import httpx
 import pytest
 
+from inference_worker import http_headers
 from inference_worker.router.transport import AiohttpTransport
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
@@ -55,7 +56,7 @@ def test_a_request_and_its_answer_pass_through_unchanged():
     async def handler(reader, writer):
         seen.append(await read_request(reader))
         # a gzip content-encoding is not decoded: the router relays the raw bytes
-        writer.write(response(201, b"\x1f\x8braw", "X-Ferry-Cached-Tokens: 32", "Set-Cookie: a=1",
+        writer.write(response(201, b"\x1f\x8braw", f"{http_headers.CACHED_TOKENS}: 32", "Set-Cookie: a=1",
                               "Content-Encoding: gzip", "X-Multi: 1", "X-Multi: 2"))
         await writer.drain()
         writer.close()
@@ -65,7 +66,7 @@ def test_a_request_and_its_answer_pass_through_unchanged():
                                  headers={"Authorization": "Bearer tok", "X-Request-Id": "rid-1",
                                           "Content-Type": "application/json"}) as r:
             raw = b"".join([chunk async for chunk in r.aiter_raw()])  # as the router relays it
-        return r.status_code, r.headers["x-ferry-cached-tokens"], r.headers.get_list("x-multi"), raw
+        return r.status_code, r.headers[http_headers.CACHED_TOKENS], r.headers.get_list("x-multi"), raw
 
     assert run(handler, client_code) == (201, "32", ["1", "2"], b"\x1f\x8braw")
     line, headers, body = seen[0]
