@@ -270,6 +270,18 @@ def start_upstreams(names: list[str], args: argparse.Namespace) -> list[tuple[su
     return started
 
 
+def stop_upstreams(upstreams: list[tuple[subprocess.Popen, str]]) -> None:
+    """Stop what :func:`start_upstreams` started: SIGTERM to all, then wait up to 10 s each, then SIGKILL."""
+    for proc, _ in upstreams:
+        proc.terminate()
+    for proc, _ in upstreams:
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
 def prompts_of_about(num_tokens: int, count: int, seed: int, encode) -> list[str]:
     """``count`` word prompts of about ``num_tokens`` tokens (words per token measured on a first draw)."""
     probe = word_prompts(1, seed, (1000, 1000), (1, 1))[0].prompt
@@ -452,14 +464,7 @@ def main() -> None:
     finally:
         for r in routers.values():
             r.stop()
-        for proc, _ in upstreams:
-            proc.terminate()
-        for proc, _ in upstreams:
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
+        stop_upstreams(upstreams)
     print(f"{'case':>10} {'router':>10} {'rps':>7} {'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8} {'errors':>6} "
           f"{'lag ms':>7}  CPU ms/request (router, upstreams, client)")
     for r in results:

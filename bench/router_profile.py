@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.multi_turn import worker_cpu_s  # noqa: E402
-from bench.router_overhead import post_completion, prompts_of_about, start_upstreams  # noqa: E402
+from bench.router_overhead import post_completion, prompts_of_about, start_upstreams, stop_upstreams  # noqa: E402
 from bench.serve_load import percentile  # noqa: E402
 from bench.workloads import word_prompts  # noqa: E402
 from inference_worker.tests.support.agent import wait_for  # noqa: E402
@@ -196,14 +196,7 @@ def main() -> None:
             router.kill()
             router.wait(5)
         log.close()
-        for proc, _ in upstreams:
-            proc.terminate()
-        for proc, _ in upstreams:
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
+        stop_upstreams(upstreams)
     for r in results:
         print(f"{r['case']:>10} index {'on ' if r['kv_index'] else 'off'} {r['num_requests']:6d} requests "
               f"{r['rate_rps']:7.1f}/s  CPU ms/request: router {r['router_cpu_ms_per_request']:.3f}, upstreams "
