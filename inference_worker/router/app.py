@@ -79,7 +79,7 @@ from inference_worker.router.pipeline import (
 )
 from inference_worker.router.prefix_index import KVIndexFeed, PrefixIndex
 from inference_worker.router.prompt import PromptHasher
-from inference_worker.router.source import QueueDepthScraper, TableSource
+from inference_worker.router.source import LinkLoadSource, QueueDepthScraper, TableSource, link_load_url
 from inference_worker.router.table import DECODE_ROLES, Replica, RoutingTable
 from inference_worker.router.transport import AiohttpTransport
 from inference_worker.server.errors import OpenAIError
@@ -188,6 +188,10 @@ class Router:
                                   service_token=c.service_token, interval_s=c.table_interval_s)
         await self.source.refresh()
         tasks = [asyncio.create_task(self.source.run())]
+        if self.source.is_url:  # a file table carries its links' utilisation inline
+            link_load = LinkLoadSource(self.source, client=self.client, url=link_load_url(c.routing_table),
+                                       service_token=c.service_token, interval_s=c.table_interval_s)
+            tasks.append(asyncio.create_task(link_load.run()))
         if c.scrape_interval_s > 0:
             scraper = QueueDepthScraper(self.source, self.loads, client=self.client, interval_s=c.scrape_interval_s)
             tasks.append(asyncio.create_task(scraper.run()))
@@ -465,6 +469,9 @@ class Router:
                                                       track=plan.track.name).inc()
                     self.metrics.decision_reasons.labels(pool=replica.pool, decision=plan.decision,
                                                          reason=plan.reason, cache=plan.cache).inc()
+                    if plan.threshold_tokens is not None:
+                        self.metrics.effective_threshold.labels(pool=replica.pool, model_version=replica.model_version
+                                                                ).set(plan.threshold_tokens)
                     tried.add(replica.name)
                     remaining = deadline - asyncio.get_running_loop().time()
                     if remaining <= 0 and not stream:

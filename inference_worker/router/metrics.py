@@ -20,6 +20,11 @@ class RouterMetrics:
       placement and traffic track (first attempts only; retries are counted in ``retries``).
     - ``ferry_router_decision_reasons_total{pool, decision, reason, cache}``: every plan (retries too), by
       PD decision, what decided it and whether cache scoring was on.
+    - ``ferry_router_effective_threshold_tokens{pool, model_version}``: the remote-prefill threshold (uncached prompt
+      tokens) of the last plan for the decode pool and model version: the cost function's crossover under the
+      measured link load and the prefill replica's queue, clamped to the pool's bounds, or the fixed threshold
+      (``+Inf``: remote never wins; absent until a plan had a prefill replica and a profile).
+    - ``ferry_router_link_utilisation_ratio{source, target}``: the link load applied (0..1), per link of the table.
     - ``ferry_router_predicted_cached_tokens_total{pool}`` and ``ferry_router_reported_cached_tokens_total{pool}``:
       the index's prediction for the chosen decode replica and the worker's ``X-Ferry-Cached-Tokens`` for the
       same answered requests (their ratio is the index accuracy); ``ferry_router_cached_tokens_error``
@@ -56,6 +61,12 @@ class RouterMetrics:
         self.decision_reasons = Counter("ferry_router_decision_reasons",
                                         "Plans by decode pool, PD decision, deciding rule and cache scoring state.",
                                         ["pool", "decision", "reason", "cache"], registry=r)
+        self.effective_threshold = Gauge("ferry_router_effective_threshold_tokens",
+                                         "Effective remote-prefill threshold of the last plan, uncached prompt tokens.",
+                                         ["pool", "model_version"], registry=r)
+        self.link_utilisation = Gauge("ferry_router_link_utilisation_ratio",
+                                      "Measured share of the link's bandwidth in use, as applied to the PD decision.",
+                                      ["source", "target"], registry=r)
         self.predicted_cached = Counter("ferry_router_predicted_cached_tokens",
                                         "Cached prompt tokens the prefix index predicted on the chosen replica.",
                                         ["pool"], registry=r)

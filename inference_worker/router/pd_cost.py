@@ -5,14 +5,19 @@ prefix cache, the hybrid hit rule) and the chosen prefill replica holds ``h_pref
 seconds until its KV sits on the decode replica::
 
     local  = w_decode  + (N - h_decode)  / s_decode
-    remote = w_prefill + (N - h_prefill) / s_prefill  +  bytes(N) / (B * (1 - u))  +  RTT
+    remote = w_prefill + q * N / s_prefill + (N - h_prefill) / s_prefill  +  bytes(N) / (B * (1 - u))  +  RTT
 
 ``s_decode`` and ``s_prefill`` are the two pools' prefill speeds (tokens/s), ``bytes(N)`` the KV the
 hand-off ships (today the whole prompt's: :meth:`KVLayout.transfer_bytes`, ``N`` tokens per full layer
 and ``min(N, W-1)`` per sliding layer), ``B = bandwidth_gbps * 1e9 / 8`` bytes/s and ``RTT`` the link's
 round trip; ``w_decode``/``w_prefill`` are the queue waits before each pool starts the prefill (seconds, 0
-by default) and ``u`` the share of the link other transfers already use (0 by default): the planner feeds
-these, the router does not yet. Remote prefill is chosen iff ``remote < local``. Deciding on the *incremental* length
+by default), ``q`` the requests waiting on the prefill replica, each charged the prefill time of a prompt
+of this request's length (``N / s_prefill``: the router's estimate of the prefill queue's wait; a prefill
+pool gets the long prompts past the threshold, and without a prompt-length distribution the prompt at hand
+is the best per-request estimate; 0 by default) and ``u`` the share of the link other transfers already use (0 by default; at
+``u = 1`` the link is saturated and the transfer term, so remote, is infinite). The router feeds ``q`` and
+``u`` from the scraped queue depth and the measured link load (:mod:`.pipeline`, issue 24); the planner feeds
+the waits. Remote prefill is chosen iff ``remote < local``. Deciding on the *incremental* length
 (the part not already cached) follows the PrfaaS paper's remote-prefill rule (figures in the planner
 issue). ``s_prefill`` may be unknown (None): the prefill pool's time is then not charged, which is the
 decode pool's own view (what it saves versus what the transfer costs) and gives the threshold Ferry
@@ -22,6 +27,7 @@ profiles and live link load into :class:`PDProfile`; nothing else in Ferry compu
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from inference_worker.kv_transfer.layout import KVLayout
@@ -46,13 +52,17 @@ class PDProfile:
     prefill_wait_s: float = 0.0
     """Queue wait before the prefill replica starts a remote prefill, seconds (>= 0)."""
     link_share_used: float = 0.0
-    """Share of the link's bandwidth other transfers already use, in [0, 1)."""
+    """Share of the link's bandwidth other transfers already use, in [0, 1] (1: saturated, remote never wins)."""
+    prefill_queue_requests: float = 0.0
+    """Requests waiting on the prefill replica (>= 0), each charged ``N / s_prefill`` (module docstring)."""
 
     def __post_init__(self) -> None:
         if self.decode_prefill_tokens_per_s <= 0 or self.bandwidth_gbps <= 0 or self.rtt_s < 0:
             raise ValueError("decode_prefill_tokens_per_s and bandwidth_gbps must be positive, rtt_s >= 0")
-        if self.decode_wait_s < 0 or self.prefill_wait_s < 0 or not 0 <= self.link_share_used < 1:
-            raise ValueError("decode_wait_s and prefill_wait_s must be >= 0 and link_share_used in [0, 1)")
+        if self.decode_wait_s < 0 or self.prefill_wait_s < 0 or not 0 <= self.link_share_used <= 1:
+            raise ValueError("decode_wait_s and prefill_wait_s must be >= 0 and link_share_used in [0, 1]")
+        if not 0 <= self.prefill_queue_requests < math.inf:
+            raise ValueError(f"prefill_queue_requests must be finite and >= 0, got {self.prefill_queue_requests}")
         if self.prefill_tokens_per_s is not None and self.prefill_tokens_per_s <= 0:
             raise ValueError("prefill_tokens_per_s must be positive (or None)")
 
@@ -87,9 +97,10 @@ def pd_costs(profile: PDProfile, num_tokens: int, *, decode_hit_tokens: int = 0,
     local = profile.decode_wait_s + (num_tokens - h_decode) / profile.decode_prefill_tokens_per_s
     remote_compute = profile.prefill_wait_s
     if profile.prefill_tokens_per_s is not None:
-        remote_compute += (num_tokens - h_prefill) / profile.prefill_tokens_per_s
+        queued_tokens = profile.prefill_queue_requests * num_tokens
+        remote_compute += (queued_tokens + num_tokens - h_prefill) / profile.prefill_tokens_per_s
     bytes_per_s = profile.bandwidth_gbps * 1e9 / 8 * (1 - profile.link_share_used)
-    transfer = profile.layout.transfer_bytes(num_tokens) / bytes_per_s
+    transfer = profile.layout.transfer_bytes(num_tokens) / bytes_per_s if bytes_per_s > 0 else math.inf
     return PDCosts(local, remote_compute + transfer + profile.rtt_s)
 
 

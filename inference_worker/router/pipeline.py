@@ -20,8 +20,16 @@
    ``least_loaded`` (load only, ties to the replica given the fewest requests) and ``round_robin``
    (benchmark references) use neither the index nor the session.
 3. **PD decision**: the best-scoring prefill replica of the same model version (KV is only valid for the
-   weights that produced it), then the one cost function (:mod:`.pd_cost`) with each replica's hits:
-   remote iff cheaper. A fixed ``threshold_tokens`` in the table overrides it on the *uncached* tokens.
+   weights that produced it), then the one cost function (:mod:`.pd_cost`) with each replica's hits, the
+   link's measured utilisation (``link_share_used``, from the table's link load) and the prefill replica's
+   scraped queue depth (``prefill_queue_requests``, each queued request charged this prompt's prefill time):
+   remote iff cheaper. The decode pool's bounds (:class:`.table.ThresholdBounds`) then clamp it on the
+   *uncached* tokens ``u = N - h_decode``: ``u <= min`` stays local, ``u > max`` goes remote (reasons
+   ``bound_min`` / ``bound_max`` when the bound overturned the cost function). The plan's
+   ``threshold_tokens`` is the effective threshold: the cost function's cold-fleet crossover under the
+   current link load and queue (:func:`.pd_cost.derived_threshold`), clamped to the bounds; on a cold fleet
+   the decision is exactly ``N > threshold_tokens`` (bandwidth-aware routing, issue 24). A fixed
+   ``threshold_tokens`` in the table overrides all of it on the *uncached* tokens.
 4. **Admission**: :func:`admit` books the plan's replicas in the load tracker (admission limits plug in
    here).
 
@@ -32,10 +40,12 @@ the next replica's hits may change the PD decision.
 
 from __future__ import annotations
 
+import functools
+import math
 from dataclasses import dataclass
 
 from inference_worker.router.decisions import LoadTracker, NoReplicaAvailable, choose_track
-from inference_worker.router.pd_cost import PDCosts, pd_costs
+from inference_worker.router.pd_cost import PDCosts, PDProfile, derived_threshold, pd_costs
 from inference_worker.router.prefix_index import PrefixIndex, group_windows
 from inference_worker.router.scoring import ScoringWeights, score, session_rank
 from inference_worker.router.table import DECODE_ROLES, Replica, RoutingTable, Track
@@ -44,9 +54,11 @@ LOCAL_PREFILL, REMOTE_PREFILL, LOCAL_PREFILL_FALLBACK = "local_prefill", "remote
 DECISIONS = (LOCAL_PREFILL, REMOTE_PREFILL, LOCAL_PREFILL_FALLBACK)
 """``decision`` values: prefill on the decode replica; on a prefill replica; a prompt over the fixed
 threshold with no same-version prefill replica (prefilled locally instead)."""
-REASONS = ("cost", "threshold", "no_prefill_replica", "no_profile")
+REASONS = ("cost", "threshold", "no_prefill_replica", "no_profile", "bound_min", "bound_max")
 """``reason`` values: the cost function decided; the fixed threshold did; no same-version prefill replica;
-the cost function lacks an input (KV layout, link or prefill speed) so the prompt stays local."""
+the cost function lacks an input (KV layout, link or prefill speed) so the prompt stays local; the decode
+pool's ``remote_threshold_min_tokens`` kept local a prompt the cost function sent remote; its
+``remote_threshold_max_tokens`` sent remote a prompt the cost function kept local."""
 CACHE_STATES = ("on", "no_tokenizer", "no_digest_salt", "policy", "unhashable")
 """``cache`` values: cache scoring on; off because the model version has no tokenizer reference (or it did
 not load); off because the digest salt (weights sha256, KV dtype) is missing; off by router policy; off
@@ -97,6 +109,10 @@ class RoutePlan:
     """Tokens the index expects the decode replica to find cached (hybrid hit rule)."""
     prefill_cached_tokens: int = 0
     costs: PDCosts | None = None
+    threshold_tokens: float | None = None
+    """The effective remote-prefill threshold in uncached tokens (module docstring, step 3): the fixed one, or
+    the cost function's crossover clamped to the decode pool's bounds (``inf``: remote never wins, ``-1``: it
+    always does); None when no prefill replica or no profile left nothing to compare."""
 
     @property
     def decode_prefill_tokens(self) -> int:
@@ -197,13 +213,30 @@ def plan_route(table: RoutingTable, *, eligible: Eligible, prompt: PromptInfo, l
     if fixed is not None:
         remote = n - h_decode > fixed
         return RoutePlan(prefill=prefill if remote else None, decision=REMOTE_PREFILL if remote else LOCAL_PREFILL,
-                         reason="threshold", prefill_cached_tokens=h_prefill, **base)
-    profile = table.profile_for(prefill, decode)
+                         reason="threshold", prefill_cached_tokens=h_prefill, threshold_tokens=fixed, **base)
+    profile = table.profile_for(prefill, decode, prefill_queue_requests=loads.queue_depth.get(prefill.name, 0.0))
     if profile is None:
         return RoutePlan(prefill=None, decision=LOCAL_PREFILL, reason="no_profile", **base)
     costs = pd_costs(profile, n, decode_hit_tokens=h_decode, prefill_hit_tokens=h_prefill)
-    return RoutePlan(prefill=prefill if costs.remote else None, decision=REMOTE_PREFILL if costs.remote else LOCAL_PREFILL,
-                     reason="cost", prefill_cached_tokens=h_prefill, costs=costs, **base)
+    bounds = table.bounds_for(decode.pool)
+    remote, reason, uncached = costs.remote, "cost", n - h_decode
+    if remote and bounds.min_tokens is not None and uncached <= bounds.min_tokens:
+        remote, reason = False, "bound_min"
+    elif not remote and bounds.max_tokens is not None and uncached > bounds.max_tokens:
+        remote, reason = True, "bound_max"
+    return RoutePlan(prefill=prefill if remote else None, decision=REMOTE_PREFILL if remote else LOCAL_PREFILL,
+                     reason=reason, prefill_cached_tokens=h_prefill, costs=costs,
+                     threshold_tokens=bounds.clamp(cost_threshold(profile, table.max_tokens)), **base)
+
+
+@functools.lru_cache(maxsize=4096)
+def cost_threshold(profile: PDProfile, max_tokens: int) -> float:
+    """:func:`.pd_cost.derived_threshold` as a number: ``inf`` when remote does not win up to ``max_tokens``.
+
+    Cached per (profile, max_tokens): the bisection costs a few dozen cost evaluations, and the profile only
+    changes with the link load (every second) and the prefill replica's queue depth (every scrape)."""
+    threshold = derived_threshold(profile, max_tokens)
+    return math.inf if threshold is None else float(threshold)
 
 
 def admit(plan: RoutePlan, loads: LoadTracker) -> None:

@@ -3,7 +3,8 @@
 :class:`TableSource` reads the table from a file (re-read when its mtime or size changes) or pulls it
 from the control plane (``GET /api/v1/routing-table/`` with ``Authorization: Bearer <service token>``
 and ``If-None-Match: <last ETag>``; 304 keeps the current table) every ``interval_s`` (default 1 s).
-A pull or parse failure keeps the last good table and is counted. The version applied is exported as
+A pull or parse failure keeps the last good table and is counted. :class:`LinkLoadSource` lays the links'
+measured utilisation over it (a small document polled beside the table; its docstring says why). The version applied is exported as
 ``ferry_router_routing_table_version`` so a rollout can wait until traffic really moved.
 
 Failures are logged per streak, not per attempt: at ``make run`` the router starts before the web answers, and a
@@ -23,9 +24,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
+from urllib.parse import urljoin
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -51,6 +54,10 @@ class TableSource:
         self.service_token, self.interval_s = service_token, interval_s
         self.is_url = location.startswith(("http://", "https://"))
         self.table: RoutingTable | None = None
+        """The table in use: the last one pulled (:attr:`base`) with the measured link load laid over it."""
+        self.base: RoutingTable | None = None
+        self.link_utilisation: dict[tuple[str, str], float] | None = None
+        """Measured utilisation per (source, target) datacenters (:class:`LinkLoadSource`); None: none current."""
         self.etag: str | None = None
         self._file_stamp: tuple[int, int] | None = None
         self.clock = clock
@@ -72,8 +79,9 @@ class TableSource:
             if self.is_url:
                 self._recovered()
             return False
-        changed = self.table is None or table != self.table
-        self.table = table
+        changed = self.base is None or table != self.base
+        self.base = table
+        self.table = table.with_link_utilisation(self.link_utilisation)
         self.metrics.table_version.set(table.version)
         self._recovered()
         return changed
@@ -130,6 +138,91 @@ class TableSource:
         while True:
             await asyncio.sleep(self.interval_s)
             await self.refresh()
+
+
+    def apply_link_load(self, utilisation: dict[tuple[str, str], float] | None) -> None:
+        """Lay the measured link utilisation over the table (None: back to the table's own values) and export it
+        as ``ferry_router_link_utilisation_ratio``."""
+        self.link_utilisation = utilisation
+        if self.base is not None:
+            self.table = self.base.with_link_utilisation(utilisation)
+            for link in self.table.links:
+                self.metrics.link_utilisation.labels(source=link.source, target=link.target).set(link.utilisation)
+
+
+def link_load_url(table_url: str) -> str:
+    """The link-load document's URL beside a control-plane routing-table URL
+    (``.../api/v1/routing-table/`` -> ``.../api/v1/link-load/``)."""
+    return urljoin(table_url if table_url.endswith("/") else table_url + "/", "../link-load/")
+
+
+def parse_link_load(data: object) -> dict[tuple[str, str], float]:
+    """``{"links": [{"source", "target", "utilisation"}, ...]}`` -> utilisation per (source, target).
+
+    Raises:
+        ValueError: not that shape, or a utilisation that is not a finite number >= 0.
+    """
+    if not isinstance(data, dict) or not isinstance(data.get("links"), list):
+        raise ValueError("the link-load document must be an object with a 'links' list")
+    out = {}
+    for entry in data["links"]:
+        share = float(entry["utilisation"])
+        if not (math.isfinite(share) and share >= 0):
+            raise ValueError(f"link utilisation must be a finite number >= 0, got {entry['utilisation']!r}")
+        out[(str(entry["source"]), str(entry["target"]))] = share
+    return out
+
+
+class LinkLoadSource:
+    """Polls the control plane's link-load document (``GET /api/v1/link-load/``, telemetry's measurement,
+    :mod:`apps.telemetry.link_load`) every ``interval_s`` and lays it over ``source``'s table.
+
+    Why a separate document and not the table: the utilisation changes every second; in the versioned table it
+    would make every router download the whole table (pools, replicas, models, keys) every second instead of a
+    304 (``bench/table_fanout.py`` measures that path). This document is a few dozen bytes per link, served from
+    Redis before Django like the table, with an ETag (a 304 when unchanged).
+
+    A measurement older than ``stale_s`` (a failed pull, a 404 because telemetry has not published one, a stopped
+    poller whose document expired) is dropped: the router then routes on the table's own link values (0 when
+    the control plane's table carries none) rather than on an old load.
+    """
+
+    def __init__(self, source: TableSource, *, client: httpx.AsyncClient, url: str, service_token: str | None = None,
+                 interval_s: float = 1.0, stale_s: float = 5.0, clock: Callable[[], float] = time.monotonic):
+        self.source, self.client, self.url = source, client, url
+        self.service_token, self.interval_s, self.stale_s, self.clock = service_token, interval_s, stale_s, clock
+        self.etag: str | None = None
+        self.fetched_at: float | None = None
+        """When the current measurement was last confirmed (a 200 or a 304), on ``clock``."""
+
+    async def refresh(self) -> None:
+        """Pull once; apply a new document, keep the current one on a 304, drop it once stale."""
+        headers = {"Accept": "application/json"}
+        if self.service_token:
+            headers["Authorization"] = f"Bearer {self.service_token}"
+        if self.etag and self.source.link_utilisation is not None:
+            headers["If-None-Match"] = self.etag
+        try:
+            response = await self.client.get(self.url, headers=headers, timeout=2.0)
+            if response.status_code == 304:
+                self.fetched_at = self.clock()
+                return
+            response.raise_for_status()
+            utilisation = parse_link_load(response.json())
+        except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+            log.debug("link load from %s not refreshed: %s", self.url, exc)
+            if self.fetched_at is not None and self.clock() - self.fetched_at > self.stale_s:
+                self.fetched_at, self.etag = None, None
+                self.source.apply_link_load(None)
+            return
+        self.etag, self.fetched_at = response.headers.get("ETag"), self.clock()
+        self.source.apply_link_load(utilisation)
+
+    async def run(self) -> None:
+        """Refresh every ``interval_s`` until cancelled."""
+        while True:
+            await self.refresh()
+            await asyncio.sleep(self.interval_s)
 
 
 SCRAPED = ("ferry_num_requests_waiting", "ferry_num_requests_running", "ferry_kv_cache_usage_ratio")

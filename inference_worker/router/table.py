@@ -18,7 +18,8 @@ JSON shape (served by the control plane at ``GET /api/v1/routing-table/`` or kep
         {"name": "chat-vllm", "role": "colocated", "engine": "vllm", "replicas": [...]}  # engine: ferry (default)
                                                         # | vllm | sglang (inference_worker.engine_kinds)
       ],
-      "links": [{"source": "dc2", "target": "dc1", "bandwidth_gbps": 10, "rtt_ms": 20}],
+      "links": [{"source": "dc2", "target": "dc1", "bandwidth_gbps": 10, "rtt_ms": 20,
+                 "utilisation": 0.25}],                 # optional: measured share in use, 0..1 (see below)
       "length_routing": {"threshold_tokens": 2048},    # fixed threshold, or derived:
       # "length_routing": {"decode_prefill_tokens_per_s": 4000, "max_tokens": 131072},
       "models": {"v1": {"layer_types": [...], "sliding_window": 512, "num_kv_heads": 1, "head_dim": 256,
@@ -37,15 +38,23 @@ JSON shape (served by the control plane at ``GET /api/v1/routing-table/`` or kep
 accepts them besides its own ``--api-keys`` file; a table without it leaves the router with its file's keys.
 
 Pools may also carry ``"routing_weights": {"hit": 1.0, "waiting": 512, ...}`` (scoring weights, see
-:mod:`.scoring`) and ``length_routing`` may carry ``prefill_tokens_per_s`` (the prefill pool's speed).
+:mod:`.scoring`), ``"remote_threshold_min_tokens"`` / ``"remote_threshold_max_tokens"`` (the operator's bounds
+on a decode pool's effective remote-prefill threshold, integers >= 0, min <= max; :mod:`.pipeline`) and ``length_routing`` may carry ``prefill_tokens_per_s`` (the prefill pool's speed).
 The PD decision (local or remote prefill) is :mod:`.pd_cost`'s cost function; ``threshold_tokens`` is an
 operator override applied to the prompt's *uncached* tokens.
+
+**Link load**: a link's ``utilisation`` is the share of its bandwidth the KV hand-offs use (telemetry's
+measurement, :mod:`apps.telemetry.link_load`), fed to the cost function as ``link_share_used``. The control
+plane does not put it in the versioned table (a value that changes every second would publish a new version
+every second to every router); it serves it as a small separate document, ``GET /api/v1/link-load/``, which
+:class:`.source.LinkLoadSource` polls and :meth:`RoutingTable.with_link_utilisation` lays over the table. A
+table read from a file may carry it inline.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from inference_worker.engine_kinds import ENGINE_KINDS, FERRY
 from inference_worker.kv_transfer.layout import KVLayout
@@ -125,6 +134,26 @@ class Link:
     target: str
     bandwidth_gbps: float
     rtt_ms: float = 0.0
+    utilisation: float = 0.0
+    """Measured share of ``bandwidth_gbps`` in use, in [0, 1] (a measurement above 1 is read as 1: saturated)."""
+
+
+@dataclass(frozen=True)
+class ThresholdBounds:
+    """A decode pool's bounds on its effective remote-prefill threshold, in uncached prompt tokens (None: unbounded)."""
+
+    min_tokens: int | None = None
+    """Prompts with at most this many uncached tokens always prefill locally."""
+    max_tokens: int | None = None
+    """Prompts with more uncached tokens than this always prefill remotely (when a prefill replica exists)."""
+
+    def clamp(self, threshold: float) -> float:
+        """``threshold`` (tokens, may be ``-1`` or ``inf``) clamped into ``[min_tokens, max_tokens]``."""
+        if self.min_tokens is not None:
+            threshold = max(threshold, self.min_tokens)
+        if self.max_tokens is not None:
+            threshold = min(threshold, self.max_tokens)
+        return threshold
 
 
 @dataclass(frozen=True)
@@ -147,6 +176,8 @@ class RoutingTable:
     prefill_tokens_per_s: float | None = None
     client_keys: tuple[KeySpec, ...] | None = None
     """The control plane's client API keys (None: the table carries none; :mod:`.auth`)."""
+    pool_bounds: dict[str, ThresholdBounds] = field(default_factory=dict)
+    """Per pool name: remote-prefill threshold bounds (pools without bounds are absent)."""
 
     @classmethod
     def from_dict(cls, data: dict) -> RoutingTable:
@@ -186,7 +217,8 @@ class RoutingTable:
             if len({r.name for r in replicas}) != len(replicas):
                 raise RoutingTableError("replica names must be unique")
             links = tuple(Link(str(x["source"]), str(x["target"]), float(x["bandwidth_gbps"]),
-                               float(x.get("rtt_ms", 0.0))) for x in data.get("links", ()))
+                               float(x.get("rtt_ms", 0.0)), _utilisation(x.get("utilisation", 0.0)))
+                          for x in data.get("links", ()))
             length = data.get("length_routing") or {}
             threshold = length.get("threshold_tokens")
             speed = length.get("decode_prefill_tokens_per_s")
@@ -205,10 +237,11 @@ class RoutingTable:
             if raw_keys is not None and not isinstance(raw_keys, list):
                 raise RoutingTableError("client_keys must be a list of key entries")
             client_keys = None if raw_keys is None else tuple(KeySpec.from_entry(k) for k in raw_keys)
+            pool_bounds = {str(p["name"]): bounds for p in data["pools"] if (bounds := _bounds(p)) is not None}
             return cls(version, tracks, tuple(replicas), links,
                        None if threshold is None else int(threshold), None if speed is None else float(speed),
                        int(length.get("max_tokens", 131072)), models, info, pool_weights,
-                       None if prefill_speed is None else float(prefill_speed), client_keys)
+                       None if prefill_speed is None else float(prefill_speed), client_keys, pool_bounds)
         except RoutingTableError:
             raise
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
@@ -221,15 +254,34 @@ class RoutingTable:
                 return x
         return None
 
-    def profile_for(self, prefill: Replica, decode: Replica) -> PDProfile | None:
+    def profile_for(self, prefill: Replica, decode: Replica, *, prefill_queue_requests: float = 0.0) -> PDProfile | None:
         """The PD cost function's inputs for this pair, or None when the model version's KV layout, the link
-        between the two datacenters or ``decode_prefill_tokens_per_s`` is missing."""
+        between the two datacenters or ``decode_prefill_tokens_per_s`` is missing. The link's measured
+        ``utilisation`` is the profile's ``link_share_used``; ``prefill_queue_requests``: the prefill replica's
+        waiting requests (the router's scrape), charged only when the prefill speed is known."""
         layout = self.models.get(decode.model_version)
         link = self.link(prefill.datacenter, decode.datacenter)
         if layout is None or link is None or not self.decode_prefill_tokens_per_s:
             return None
         return PDProfile(layout, self.decode_prefill_tokens_per_s, link.bandwidth_gbps, link.rtt_ms / 1000,
-                         self.prefill_tokens_per_s)
+                         self.prefill_tokens_per_s, link_share_used=link.utilisation,
+                         prefill_queue_requests=max(prefill_queue_requests, 0.0))
+
+    def bounds_for(self, pool: str) -> ThresholdBounds:
+        """The pool's threshold bounds (unbounded when the table gives none)."""
+        return self.pool_bounds.get(pool, UNBOUNDED)
+
+    def with_link_utilisation(self, utilisation: dict[tuple[str, str], float] | None) -> RoutingTable:
+        """This table with each link's ``utilisation`` replaced by ``utilisation[(source, target)]`` (either
+        direction's key matches; a measurement above 1 is read as 1); links without a measurement keep the
+        table's own value. None or empty: the table unchanged (the same object)."""
+        if not utilisation:
+            return self
+        links = []
+        for x in self.links:
+            measured = utilisation.get((x.source, x.target), utilisation.get((x.target, x.source)))
+            links.append(x if measured is None else replace(x, utilisation=_utilisation(measured)))
+        return replace(self, links=tuple(links))
 
     def threshold_for(self, prefill: Replica, decode: Replica) -> int | None:
         """Cold-fleet remote-prefill threshold for this pair (reporting): the fixed ``threshold_tokens`` when
@@ -249,6 +301,33 @@ def _check_weights(tracks: tuple[Track, ...], raw_models: dict) -> None:
         if any(w < 0 for w in weights) or not math.isclose(sum(weights), 100.0, abs_tol=1e-6):
             where = f" of model {model!r}" if model else ""
             raise RoutingTableError(f"track weights{where} must be >= 0 and sum to 100, got {weights}")
+
+
+UNBOUNDED = ThresholdBounds()
+
+BOUND_FIELDS = ("remote_threshold_min_tokens", "remote_threshold_max_tokens")
+
+
+def _utilisation(value: object) -> float:
+    """A link's measured utilisation: a finite number >= 0, read as at most 1."""
+    share = float(value)  # type: ignore[arg-type]
+    if not (math.isfinite(share) and share >= 0):
+        raise RoutingTableError(f"links[].utilisation must be a finite number >= 0, got {value!r}")
+    return min(share, 1.0)
+
+
+def _bounds(pool: dict) -> ThresholdBounds | None:
+    """The pool's threshold bounds (None when it sets neither); integers >= 0 with min <= max."""
+    low, high = (pool.get(name) for name in BOUND_FIELDS)
+    if low is None and high is None:
+        return None
+    for name, value in zip(BOUND_FIELDS, (low, high), strict=True):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+            raise RoutingTableError(f"pool {pool.get('name')!r}: {name} must be an integer >= 0, got {value!r}")
+    if low is not None and high is not None and low > high:
+        raise RoutingTableError(f"pool {pool.get('name')!r}: remote_threshold_min_tokens ({low}) must be <= "
+                                f"remote_threshold_max_tokens ({high})")
+    return ThresholdBounds(low, high)
 
 
 def _worker_tokens(pool: dict) -> tuple[str, str]:
