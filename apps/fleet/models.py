@@ -284,6 +284,15 @@ class Pool(models.Model):
     worker_token_previous = models.CharField(max_length=WORKER_TOKEN_MAX_LENGTH, blank=True, default="",
                                              editable=False,
                                              help_text="The token before the last rotation, still accepted.")
+    remote_threshold_min_tokens = models.PositiveIntegerField(
+        null=True, blank=True,
+        help_text="Lower bound of the effective remote-prefill threshold (uncached prompt tokens): prompts with at "
+                  "most this many uncached tokens always prefill locally. Empty: no bound. The router applies a "
+                  "decode or colocated pool's bounds.")
+    remote_threshold_max_tokens = models.PositiveIntegerField(
+        null=True, blank=True,
+        help_text="Upper bound of the effective remote-prefill threshold (uncached prompt tokens): longer prompts "
+                  "always prefill remotely when a prefill replica exists. Empty: no bound.")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -294,6 +303,11 @@ class Pool(models.Model):
                                     violation_error_message="This cluster already has a pool with this name."),
             models.CheckConstraint(condition=Q(min_replicas__lte=F("max_replicas")), name="fleet_pool_min_le_max",
                                    violation_error_message="min_replicas must be <= max_replicas."),
+            models.CheckConstraint(
+                condition=Q(remote_threshold_min_tokens__isnull=True) | Q(remote_threshold_max_tokens__isnull=True)
+                | Q(remote_threshold_min_tokens__lte=F("remote_threshold_max_tokens")),
+                name="fleet_pool_remote_threshold_min_le_max",
+                violation_error_message="remote_threshold_min_tokens must be <= remote_threshold_max_tokens."),
         ]
 
     def __str__(self) -> str:
@@ -302,6 +316,10 @@ class Pool(models.Model):
     def clean(self) -> None:
         if self.min_replicas is not None and self.max_replicas is not None and self.min_replicas > self.max_replicas:
             raise ValidationError({"min_replicas": "min_replicas must be <= max_replicas."})
+        low, high = self.remote_threshold_min_tokens, self.remote_threshold_max_tokens
+        if low is not None and high is not None and low > high:
+            raise ValidationError({"remote_threshold_min_tokens": f"remote_threshold_min_tokens ({low}) must be <= "
+                                                                  f"remote_threshold_max_tokens ({high})."})
         if self.gpu_count and not self.gpu_kind:
             raise ValidationError({"gpu_kind": "Say which GPU kind when gpu_count > 0."})
         validate_pool_engine(self.engine, self.role, self.cluster.kind if self.cluster_id else None)

@@ -11,8 +11,11 @@ without the ``version`` (the publish service numbers it). Rules:
 * ``pools``: every pool with its role, its cluster's datacenter (or the cluster name), its worker token
   (``worker_token``, and ``worker_token_previous`` during a rotation: the router sends it to the pool's
   replicas; only the service token's readers get them, :func:`content_redacted`) and its replicas that are
-  alive, ready and have an endpoint (the router must not pick a starting one).
-* ``links``: cluster links by datacenter; ``models``: per model version in use, its KV layout and what the
+  alive, ready and have an endpoint (the router must not pick a starting one), and its remote-prefill threshold
+  bounds (``remote_threshold_min_tokens`` / ``remote_threshold_max_tokens``, each only when set).
+* ``links``: cluster links by datacenter (their measured utilisation is not here: it changes every second, and
+  a new version every second would send every router the whole table; telemetry serves it beside the table,
+  ``GET /api/v1/link-load/``, :mod:`apps.fleet.routing_table_cache`); ``models``: per model version in use, its KV layout and what the
   router needs to route by ``model`` and hash prompts like the workers (:func:`model_entry`);
   ``length_routing``: ``FERRY_REMOTE_PREFILL_THRESHOLD_TOKENS`` when set.
 * ``client_keys``: the active client API keys as ``{"name", "key_sha256", "rate_per_s", "burst"}`` (and
@@ -32,6 +35,8 @@ from apps.fleet.models import ClusterLink, Pool, PoolTrack
 from inference_worker.config import DTYPE_BYTES
 
 ROUTING_ROLES = ("decode", "colocated")
+BOUND_FIELDS = ("remote_threshold_min_tokens", "remote_threshold_max_tokens")
+"""The pool's threshold bounds, under the same names in the model, the API and the table."""
 
 
 def normalize_weights(weights: Sequence[tuple[str, int]]) -> dict[str, int]:
@@ -138,6 +143,9 @@ def routing_table_content(pools: Sequence[Pool], links: Iterable[ClusterLink], *
                  "worker_token": pool.worker_token, "replicas": replicas}
         if pool.worker_token_previous:
             entry["worker_token_previous"] = pool.worker_token_previous
+        for bound in BOUND_FIELDS:  # absent when unset: tables of pools without bounds stay as they were
+            if getattr(pool, bound) is not None:
+                entry[bound] = getattr(pool, bound)
         if pool.engine != Pool.Engine.FERRY:
             entry["engine"] = pool.engine  # absent for Ferry pools: older routers read the table unchanged
         table_pools.append(entry)

@@ -15,10 +15,18 @@ routers are a few hundred of those per second. Instead:
   when ``If-None-Match`` holds its ETag, else 200 with the body — with one Redis round trip and no database
   access. Anything else (a user's token, a session, no cache entry, Redis down) goes to Django unchanged,
   which answers and refills the cache.
+
+The links' measured load (telemetry's, :mod:`apps.telemetry.link_load`) is a second, small document beside the
+table, ``GET /api/v1/link-load/``: the telemetry poller writes it every second (:func:`link_load_store`, with an
+ETag of its content and a ``LINK_LOAD_TTL_S`` expiry, so a stopped poller's numbers vanish) and the same fast
+path answers routers from it. It is not in the table because a value that changes every second would publish a
+new table version every second and turn every router's 304 into a full table download; this document is a few
+dozen bytes per link (routers: :class:`inference_worker.router.source.LinkLoadSource`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import logging
 from datetime import datetime
@@ -33,6 +41,12 @@ logger = logging.getLogger(__name__)
 KEY = "ferry:routing-table"
 TTL_S = 60
 PATH = "/api/v1/routing-table/"
+LINK_LOAD_KEY = "ferry:link-load"
+LINK_LOAD_PATH = "/api/v1/link-load/"
+LINK_LOAD_TTL_S = 10
+"""Seconds a link-load document outlives its last write (the poller writes one a second)."""
+SERVED = {PATH: KEY, LINK_LOAD_PATH: LINK_LOAD_KEY}
+"""Path -> Redis hash the fast path answers it from."""
 
 # KEYS[1]: the hash; ARGV: published_at (epoch s), etag, body, ttl. Writes unless the stored table is newer.
 _STORE_SCRIPT = """
@@ -75,10 +89,37 @@ def routing_table_cache_store(*, version: int, digest: str, content: dict, publi
     return bool(written)
 
 
+def link_load_body(document: dict) -> tuple[bytes, str]:
+    """The link-load document's JSON body (DRF's renderer) and its strong ETag (``"<first 16 hex of its sha256>"``)."""
+    body = JSONRenderer().render(document)
+    return body, f'"{hashlib.sha256(body).hexdigest()[:16]}"'
+
+
+def link_load_store(document: dict) -> bool:
+    """Write the link-load document (``{"at", "window_s", "links": [...]}``, :mod:`apps.telemetry.link_load`) for
+    ``LINK_LOAD_TTL_S`` seconds; True when written. A Redis error is logged and ignored (routers then keep their
+    last measurement until it is stale, then route on the table's link values)."""
+    body, etag = link_load_body(document)
+    try:
+        with _client() as client:
+            client.pipeline().hset(LINK_LOAD_KEY, mapping={"etag": etag, "body": body}).expire(
+                LINK_LOAD_KEY, LINK_LOAD_TTL_S).execute()
+    except redis.RedisError as exc:
+        logger.warning("link load not stored: %s", exc)
+        return False
+    return True
+
+
+def link_load_read() -> bytes | None:
+    """The stored link-load body, or None when none is current (no poller, expired)."""
+    with _client() as client:
+        return client.hget(LINK_LOAD_KEY, "body")
+
+
 def routing_table_cache_clear() -> None:
     """Drop the cached table (tests; the next Django answer refills it)."""
     with _client() as client:
-        client.delete(KEY)
+        client.delete(KEY, LINK_LOAD_KEY)
 
 
 class RoutingTableFastPath:
@@ -94,7 +135,7 @@ class RoutingTableFastPath:
         self._token = settings.FERRY_SERVICE_TOKEN.encode()
 
     def _is_service_get(self, scope: dict) -> tuple[bool, bytes | None]:
-        if scope["type"] != "http" or scope["method"] not in ("GET", "HEAD") or scope["path"] != PATH \
+        if scope["type"] != "http" or scope["method"] not in ("GET", "HEAD") or scope["path"] not in SERVED \
                 or not self._token:
             return False, None
         authorization = if_none_match = None
@@ -117,15 +158,16 @@ class RoutingTableFastPath:
     async def _serve(self, scope: dict, send, if_none_match: bytes | None) -> bool:  # noqa: ANN001
         if self._redis is None:
             self._redis = redis_async.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
+        key = SERVED[scope["path"]]
         try:
-            etag = await self._redis.hget(KEY, "etag")
+            etag = await self._redis.hget(key, "etag")
             if etag is None:
                 return False
             candidates = [tag.strip() for tag in (if_none_match or b"").split(b",")]
             not_modified = etag in candidates or b"*" in candidates
             body = b""
             if not not_modified:  # etag and body of one version
-                etag, body = await self._redis.hmget(KEY, ["etag", "body"])
+                etag, body = await self._redis.hmget(key, ["etag", "body"])
         except redis.RedisError as exc:
             logger.warning("routing table cache unavailable, serving through Django: %s", exc)
             return False

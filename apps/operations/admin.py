@@ -102,7 +102,7 @@ class PoolAdminForm(forms.ModelForm):
         fields = ["name", "cluster", "role", "model_version", "gpu_kind", "gpu_count", "cpu", "memory",
                   "node_selector", "tolerations", "autoscaling_enabled", "min_replicas", "max_replicas",
                   "autoscaling_signal", "autoscaling_target", "schedule_overrides", "schedule_time_zone",
-                  "drain_timeout_s"]
+                  "drain_timeout_s", "remote_threshold_min_tokens", "remote_threshold_max_tokens"]
 
     def clean(self) -> dict[str, Any]:
         data = super().clean()

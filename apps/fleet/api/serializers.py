@@ -78,7 +78,8 @@ class PoolSerializer(StrictFieldsMixin, serializers.ModelSerializer):
                   "cpu", "memory", "node_selector", "tolerations", "autoscaling_enabled", "min_replicas",
                   "max_replicas", "autoscaling_signal", "autoscaling_target", "scale_up_stabilization_s",
                   "scale_down_stabilization_s", "schedule_overrides",
-                  "schedule_time_zone", "drain_timeout_s", "engine", "created_at", "updated_at"]
+                  "schedule_time_zone", "drain_timeout_s", "engine", "remote_threshold_min_tokens",
+                  "remote_threshold_max_tokens", "created_at", "updated_at"]
         read_only_fields = ["created_at", "updated_at"]
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
@@ -90,6 +91,11 @@ class PoolSerializer(StrictFieldsMixin, serializers.ModelSerializer):
                                  cluster.kind if cluster is not None else None)
         except DjangoValidationError as exc:
             raise serializers.ValidationError(exc.message_dict) from exc
+        low, high = (attrs.get(f, getattr(current, f, None)) for f in
+                     ("remote_threshold_min_tokens", "remote_threshold_max_tokens"))
+        if low is not None and high is not None and low > high:
+            raise serializers.ValidationError({"remote_threshold_min_tokens": [
+                f"Must be <= remote_threshold_max_tokens ({high}), got {low}: lower it or raise the maximum."]})
         if self.instance is not None and "replicas" in attrs:
             raise serializers.ValidationError({"replicas": "Change replicas with POST /api/v1/pools/{id}/scale/."})
         if self.instance is None and "replicas" not in attrs:

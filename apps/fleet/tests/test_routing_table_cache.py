@@ -8,9 +8,13 @@ import pytest
 
 from apps.fleet.routing_table_cache import (
     KEY,
+    LINK_LOAD_KEY,
+    LINK_LOAD_PATH,
     PATH,
     RoutingTableFastPath,
     _client,
+    link_load_body,
+    link_load_store,
     routing_table_cache_clear,
     routing_table_cache_store,
     routing_table_etag,
@@ -133,3 +137,29 @@ def test_a_table_published_earlier_never_replaces_a_later_one_but_a_new_database
     assert routing_table_cache_store(version=1, digest="11" * 32, content={"pools": []}, published_at=t0 + 2 * second)
     with _client() as redis:
         assert json.loads(redis.hget(KEY, "body")) == {"version": 1, "pools": []}
+
+
+LOAD = {"at": 1_780_000_000.0, "window_s": 30.0, "links": [
+    {"source": "dc-b", "target": "dc-a", "bandwidth_gbps": 10.0, "kv_gbps": 2.5, "utilisation": 0.25}]}
+
+
+def test_the_link_load_document_reaches_routers_from_redis_with_an_etag_and_viewers_through_django(
+        fast_path, client, viewer_api, django_assert_num_queries):
+    app, downstream = fast_path
+    auth = [("Authorization", f"Bearer {TOKEN}")]
+    assert asgi_get(app, path=LINK_LOAD_PATH, headers=auth)[0] == 299  # none stored yet: Django's turn
+    assert client.get(LINK_LOAD_PATH, HTTP_AUTHORIZATION=f"Bearer {TOKEN}").status_code == 404
+    assert link_load_store(LOAD)
+    body, etag = link_load_body(LOAD)
+    with django_assert_num_queries(0):
+        status, headers, served = asgi_get(app, path=LINK_LOAD_PATH, headers=auth)
+        not_modified = asgi_get(app, path=LINK_LOAD_PATH, headers=[*auth, ("If-None-Match", etag)])
+    assert (status, headers[b"etag"].decode(), served) == (200, etag, body)
+    assert json.loads(served) == LOAD
+    assert not_modified[0] == 304
+    assert downstream.paths == [("GET", LINK_LOAD_PATH)]
+    view = viewer_api.get(LINK_LOAD_PATH)
+    assert (view.status_code, view.json()) == (200, LOAD)
+    assert client.get(LINK_LOAD_PATH).status_code == 401
+    with _client() as redis:
+        assert 0 < redis.ttl(LINK_LOAD_KEY) <= 10  # a stopped poller's measurement expires
