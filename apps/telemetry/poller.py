@@ -16,7 +16,10 @@ actions. Each poll:
 5. evaluates the effective alert rules on the pool-level signals and records transitions;
 6. adds the routers' per-key request counts to the client API keys' use counts and last use
    (:mod:`apps.telemetry.key_uses`: one UPDATE per used key per poll);
-7. every ``slow_every`` polls, collects the slowest recent requests' phases from the replicas and routers
+7. computes each cluster link's KV load (Gbit/s and utilisation, :mod:`apps.telemetry.link_load`) from the
+   pools' received KV bytes/s and stores it for the routers' bandwidth-aware PD decision
+   (``GET /api/v1/link-load/``, :func:`apps.fleet.routing_table_cache.link_load_store`);
+8. every ``slow_every`` polls, collects the slowest recent requests' phases from the replicas and routers
    (``/debug/slow-requests``, :mod:`.slow_requests`) and stores one snapshot per pool for the pool page.
 
 The registered routers are scraped at every poll (for the key use counts), also when every cluster reads
@@ -42,12 +45,14 @@ from django.db import DatabaseError
 
 from apps.accounts.services import client_key_uses_record
 from apps.core.process_loop import loop_iteration_started
+from apps.fleet.routing_table_cache import link_load_store
 from apps.telemetry import metric_names as m
 from apps.telemetry.alerts import AlertEvaluator, RuleSpec
 from apps.telemetry.broadcast import FLEET_GROUP, pool_group, telemetry_broadcast
 from apps.telemetry.endpoints import ReplicaEndpoint, RouterEndpoint, replica_endpoints, router_endpoints
 from apps.telemetry.history import SignalHistory
 from apps.telemetry.key_uses import KeyUseCounter
+from apps.telemetry.link_load import link_load_document
 from apps.telemetry.models import Alert
 from apps.telemetry.selectors import SourceChoice, alert_rules_effective, history_scope, poll_targets
 from apps.telemetry.services import alert_transitions_apply
@@ -125,6 +130,8 @@ class TelemetryPoller:
         self.slow_every = slow_every
         """Collect the slow-request timelines every this many polls (0: never)."""
         self._num_polls = 0
+        self.link_load: dict | None = None
+        """The last poll's link-load document (:mod:`apps.telemetry.link_load`)."""
         for alert in Alert.objects.filter(state=Alert.State.FIRING):
             self.evaluator.restore_firing(str(alert.rule_id), str(alert.pool_id), alert.started_at.timestamp())
 
@@ -176,6 +183,8 @@ class TelemetryPoller:
             transitions = self.evaluator.evaluate(specs, str(target.pool_id), pool_set.values, now)
             if transitions:
                 alert_transitions_apply(pool_id=target.pool_id, transitions=transitions, history=self.history)
+        self.link_load = link_load_document(records, at_s=now, window_s=self.window_s)
+        link_load_store(self.link_load)
         self._num_polls += 1
         if self.slow_every and self._num_polls % self.slow_every == 1 % self.slow_every:
             self.collect_slow(endpoints, now)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
 
@@ -10,6 +11,7 @@ from django.db.models import OuterRef, Prefetch, Subquery
 from django.utils import timezone
 
 from apps.fleet.models import Cluster, Pool, PoolTrack
+from apps.fleet.routing_table_cache import link_load_read
 from apps.telemetry.history import SignalHistory
 from apps.telemetry.models import Alert, AlertRule, AlertSilence, MetricSourceConfig
 from apps.telemetry.signals import SIGNAL_SPECS, Scope
@@ -163,3 +165,10 @@ def telemetry_signal(*, pool_id: int, name: str, track: str | None = None, max_a
         return None
     values = record["signals"] if track is None else record.get("tracks", {}).get(track)
     return None if values is None else values.get(name)
+
+
+def link_load_current() -> dict | None:
+    """The links' measured KV load the poller stored last (:mod:`apps.telemetry.link_load`), or None when none is
+    current (no poller running, or its last document expired)."""
+    body = link_load_read()
+    return None if body is None else json.loads(body)

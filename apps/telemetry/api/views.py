@@ -1,5 +1,6 @@
 """``/api/v1/alert-rules/`` (admin writes), ``/api/v1/alerts/`` (read-only) and
-``/api/v1/signals/`` (the poller's latest signals: fleet, ``{pool_id}/``, ``{pool_id}/history/``).
+``/api/v1/signals/`` (the poller's latest signals: fleet, ``{pool_id}/``, ``{pool_id}/history/``) and
+``/api/v1/link-load/`` (the links' measured KV load).
 
 Views call selectors and services only.
 """
@@ -8,15 +9,20 @@ from __future__ import annotations
 
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.shortcuts import get_object_or_404
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import serializers, viewsets
+from rest_framework.authentication import SessionAuthentication
 from rest_framework.decorators import action
-from rest_framework.exceptions import ValidationError
+from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.views import APIView
 
+from apps.accounts.authentication import TokenAuthentication
 from apps.accounts.roles import ADMIN
 from apps.core.filters import query_float
+from apps.fleet.api.auth import IsServiceOrViewer, ServiceTokenAuthentication
 from apps.fleet.models import Pool
 from apps.telemetry import selectors, services
 from apps.telemetry.api.filtersets import AlertFilterSet, AlertRuleFilterSet
@@ -99,3 +105,22 @@ class SignalsViewSet(viewsets.ViewSet):
         pool = get_object_or_404(Pool, pk=pk)
         since = query_float(request.query_params, "since", min_value=0.0, max_value=MAX_UNIX_TIME_S)
         return Response({"pool_id": pool.pk, "records": selectors.telemetry_history(pool_id=pool.pk, since_s=since)})
+
+
+class LinkLoadView(APIView):
+    """``GET /api/v1/link-load/``: each cluster link's measured KV load (Gbit/s, utilisation), refreshed every poll
+    (:mod:`apps.telemetry.link_load`), for routers' bandwidth-aware PD decision and for viewers.
+
+    The service token's polls are answered before Django from Redis (:mod:`apps.fleet.routing_table_cache`); this
+    view serves the same stored document to the others. 404 when no poller has stored a current one.
+    """
+
+    authentication_classes = [ServiceTokenAuthentication, TokenAuthentication, SessionAuthentication]
+    permission_classes = [IsServiceOrViewer]
+
+    @extend_schema(responses={200: OpenApiTypes.OBJECT, 404: OpenApiResponse(description="No measurement yet")})
+    def get(self, request: Request) -> Response:
+        document = selectors.link_load_current()
+        if document is None:
+            raise NotFound("No link load measured yet: the telemetry poller stores one every second while it runs.")
+        return Response(document)
