@@ -29,7 +29,13 @@ from inference_worker.router.app import Router, RouterConfig
 from inference_worker.router.decisions import LoadTracker
 from inference_worker.router.metrics import RouterMetrics
 from inference_worker.router.pd_cost import PDProfile, pd_costs
-from inference_worker.router.pipeline import LOCAL_PREFILL, REMOTE_PREFILL, PromptInfo, eligibility, plan_route
+from inference_worker.router.pipeline import (
+    LOCAL_PREFILL,
+    REMOTE_PREFILL,
+    PromptInfo,
+    eligibility,
+    plan_route,
+)
 from inference_worker.router.source import LinkLoadSource, TableSource, link_load_url, parse_link_load
 from inference_worker.router.table import RoutingTable, RoutingTableError, ThresholdBounds
 
@@ -56,7 +62,7 @@ def table(**kwargs):
     return RoutingTable.from_dict(table_dict(**kwargs))
 
 
-def decide(t, n, *, queued=0.0, cached=0):
+def decide(t, n, *, queued=0.0):
     """(decision, reason, effective threshold) of a cold-fleet plan for an ``n``-token prompt."""
     loads = LoadTracker()
     if queued:
