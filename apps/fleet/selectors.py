@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections.abc import Collection, Sequence
+from typing import Any, NamedTuple
 
 from django.db.models import Prefetch, QuerySet
 
@@ -30,6 +31,21 @@ def pool_list_serialized() -> QuerySet[Pool]:
     version as ids, so their rows are not joined (issue 21: compiling and reading the two joined tables, the model
     version's JSON architecture included, was about a tenth of a ``GET /api/v1/pools/``)."""
     return Pool.objects.prefetch_related("tracks")
+
+
+def pool_rows() -> QuerySet[Pool]:
+    """Pools without relations, for ``GET /api/v1/pools/``: the view filters and orders them, then reads the
+    serializer's columns with ``values()`` (:class:`apps.core.serializers.ValuesRepresentation`) and their tracks
+    with :func:`pool_track_rows` (2 queries)."""
+    return Pool.objects.all()
+
+
+def pool_track_rows(*, pool_ids: Collection[int], columns: Sequence[str]) -> list[dict[str, Any]]:
+    """``values(pool_id, *columns)`` of the tracks of the pools ``pool_ids`` (one query), in ``PoolTrack``'s
+    order (pool, name): what ``prefetch_related("tracks")`` reads."""
+    if not pool_ids:
+        return []
+    return list(PoolTrack.objects.filter(pool_id__in=pool_ids).values("pool_id", *columns))
 
 
 def replica_list() -> QuerySet[Replica]:

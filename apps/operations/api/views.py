@@ -27,6 +27,8 @@ from apps.fleet.api.serializers import (
     PoolSerializer,
     PoolWorkerTokenRotateSerializer,
     ReplicaSerializer,
+    pool_list_representation,
+    pool_values_representation,
 )
 from apps.operations import pools, selectors, services
 from apps.operations.api.filtersets import ActionFilterSet
@@ -78,9 +80,25 @@ class PoolViewSet(viewsets.ModelViewSet):
     action_roles = {"scale": OPERATOR, "flush_kv_cache": OPERATOR}
 
     def get_queryset(self):
-        if self.action in ("list", "retrieve"):  # reads: ids only, no joined cluster and model version
+        if self.action == "list":  # rows read with values() (list below)
+            return fleet_selectors.pool_rows()
+        if self.action == "retrieve":  # ids only, no joined cluster and model version
             return fleet_selectors.pool_list_serialized()
         return fleet_selectors.pool_list()
+
+    def list(self, request: Request, *args, **kwargs) -> Response:  # noqa: ANN002, ANN003 - DRF signature
+        """DRF's list (the same filters, ordering and pagination) with the page read as ``values()`` rows and
+        represented as :class:`PoolSerializer` does (:func:`apps.fleet.api.serializers.pool_list_representation`):
+        no model instances and no serializer fields built per request (issue 21: per-request cost; the API
+        test compares both field by field)."""
+        pool_representation, track_representation = pool_values_representation()
+        queryset = self.filter_queryset(self.get_queryset()).values(*pool_representation.columns)
+        page = self.paginate_queryset(queryset)
+        rows = list(queryset) if page is None else page
+        tracks = fleet_selectors.pool_track_rows(pool_ids=[row["id"] for row in rows],
+                                                 columns=track_representation.columns)
+        data = pool_list_representation(rows, tracks)
+        return Response(data) if page is None else self.get_paginated_response(data)
 
     def perform_create(self, serializer) -> None:  # noqa: ANN001 - DRF signature
         pool = fleet_services.pool_create(**serializer.validated_data)
