@@ -9,12 +9,14 @@ import json
 
 import pytest
 from django.db import connection
+from django.db.models.sql.compiler import SQLCompiler
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from rest_framework.mixins import ListModelMixin
 from rest_framework.test import APIRequestFactory, force_authenticate
 
 from apps.accounts.services import user_create_with_role
+from apps.core.pagination import Pagination
 from apps.fleet import selectors as fleet_selectors
 from apps.fleet.api.serializers import PoolSerializer, pool_list_representation, pool_values_representation
 from apps.fleet.models import Pool, PoolTrack
@@ -130,3 +132,41 @@ def test_the_pools_list_reads_the_pools_and_their_tracks_in_two_queries_whatever
         pool_create(name=f"p{i}", cluster=cluster, role="decode", model_version=fleet[0].model_version,
                     replicas=1)
     assert tables() == ['"auth_group"', '"fleet_pool"', '"fleet_pooltrack"']
+
+
+@pytest.mark.parametrize("page_size", [2, 5, 50])
+def test_without_parameters_the_first_page_comes_from_queries_compiled_once(fleet, viewer, page_size, monkeypatch):
+    """All pools on the first page: 2 queries compiled once per process; more: the general path (with COUNT)."""
+    monkeypatch.setattr(Pagination, "page_size", page_size)
+    compiled = []
+    original = SQLCompiler.as_sql
+
+    def counted(self, *args, **kwargs):
+        compiled.append(self.query.model.__name__)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(SQLCompiler, "as_sql", counted)
+    assert _list(PoolViewSet, viewer, "") == _list(SerializerPoolViewSet, viewer, "")  # warms up
+    compiled.clear()
+    with CaptureQueriesContext(connection) as queries:
+        status, body = _list(PoolViewSet, viewer, "")
+    tables = [query["sql"].split(" FROM ")[1].split()[0] for query in queries.captured_queries]
+    fits = page_size >= 5
+    assert (status, json.loads(body)["count"], json.loads(body)["next"] is None) == (200, 5, fits)
+    if fits:
+        assert (compiled, tables) == ([], ['"fleet_pool"', '"fleet_pooltrack"'])
+    else:  # the prepared first page, then the list with its count, page and tracks
+        assert tables == ['"fleet_pool"', '"fleet_pooltrack"', '"fleet_pool"', '"fleet_pool"', '"fleet_pooltrack"']
+        assert compiled == ["Pool", "Pool", "PoolTrack"]
+
+
+def test_a_view_with_another_filter_backend_never_takes_the_first_page_path(fleet, viewer):
+    class OnlyDecode(PoolViewSet.filter_backends[0]):
+        def filter_queryset(self, request, queryset, view):
+            return queryset.filter(role="decode")
+
+    class FilteredPoolViewSet(PoolViewSet):
+        filter_backends = [OnlyDecode, *PoolViewSet.filter_backends[1:]]
+
+    status, body = _list(FilteredPoolViewSet, viewer, "")
+    assert (status, [pool["name"] for pool in json.loads(body)["results"]]) == (200, ["decode", "bare"])
