@@ -104,7 +104,8 @@ class PoolViewSet(viewsets.ModelViewSet):
         goes the general way below.
         """
         pool_representation, track_representation = pool_values_representation()
-        if not request.query_params and tuple(self.filter_backends) == FIRST_PAGE_FILTER_BACKENDS:
+        if (not request.query_params and self.paginator is not None
+                and tuple(self.filter_backends) == FIRST_PAGE_FILTER_BACKENDS):
             page_size = self.paginator.get_page_size(request)
             rows, tracks = fleet_selectors.pool_first_rows(
                 ordering=self.ordering, limit=page_size + 1, columns=pool_representation.columns,

@@ -170,3 +170,16 @@ def test_a_view_with_another_filter_backend_never_takes_the_first_page_path(flee
 
     status, body = _list(FilteredPoolViewSet, viewer, "")
     assert (status, [pool["name"] for pool in json.loads(body)["results"]]) == (200, ["decode", "bare"])
+
+
+def test_without_pagination_the_list_is_the_serializers_list(fleet, viewer):
+    class Unpaged(PoolViewSet):
+        pagination_class = None
+
+    class UnpagedReference(SerializerPoolViewSet):
+        pagination_class = None
+
+    for query in ("", "?role=colocated"):
+        status, body = _list(Unpaged, viewer, query)
+        assert (status, body) == _list(UnpagedReference, viewer, query)
+    assert [pool["name"] for pool in json.loads(body)] == ["colocated", "canary"]
