@@ -32,6 +32,13 @@ MAX_DEFAULT_WORKERS = 8
 DATABASE_POOL_MAX_SIZE = 4
 """PostgreSQL connections per worker process: requests in flight beyond it wait for one (up to the pool's 10 s
 timeout, then 503)."""
+WORKER_HEALTHCHECK_TIMEOUT_S = 30
+"""Seconds uvicorn's supervisor waits for a worker to answer its health ping before killing it (uvicorn's default:
+5). The answer comes from a thread of the worker that needs the GIL, which every request in flight also wants
+(each runs its sync view on a thread of its own, :mod:`apps.core.asgi_handler`): under overload on a small machine a
+busy, healthy worker answered after more than 5 s and was killed, cutting every connection it held, so an overload
+turned into connection errors and a cold worker (issue 21's load runs). 30 s still replaces a worker that is really
+hung; its requests time out at the client meanwhile."""
 
 
 def available_cores() -> int:
@@ -100,7 +107,8 @@ def main(argv: list[str] | None = None) -> None:
     uvicorn.run(APP, host=args.host, port=args.port, workers=workers, lifespan="off", ws="websockets-sansio",
                 loop="uvloop", http="httptools",
                 log_config=log_config(args.access_log), access_log=bool(args.access_log),
-                log_level=args.log_level, timeout_graceful_shutdown=10, proxy_headers=False)
+                log_level=args.log_level, timeout_graceful_shutdown=10, proxy_headers=False,
+                timeout_worker_healthcheck=WORKER_HEALTHCHECK_TIMEOUT_S)
 
 
 if __name__ == "__main__":

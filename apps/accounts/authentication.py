@@ -7,7 +7,9 @@ expire (``REST_KNOX["TOKEN_TTL"]`` is None: a token works until it is rotated), 
 :class:`TokenAuthentication` skips it (the request's own token is still refused and deleted if it carries an
 expiry in the past) and aggregates the user's role group names into the token query (PostgreSQL
 ``array_agg``), caching the role on the user (:func:`apps.accounts.roles.user_role` reads it). An API request
-authenticates with one query (issue 21: per-request cost).
+authenticates with one query (issue 21: per-request cost), which the ORM builds and compiles once per process
+(:class:`apps.core.queries.PreparedQuery`; building and compiling it was half of the authentication's CPU): each
+request runs it with its token's key and builds the token and user from the row as ``select_related`` does.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import binascii
 from hmac import compare_digest
 
 from django.contrib.postgres.aggregates import ArrayAgg
-from django.db.models import Q
+from django.db.models import Model, Q, QuerySet
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 from knox.auth import TokenAuthentication as KnoxTokenAuthentication
@@ -27,6 +29,35 @@ from knox.signals import token_expired
 from rest_framework.exceptions import AuthenticationFailed
 
 from apps.accounts.roles import ROLES, role_of
+from apps.core.queries import PreparedQuery
+
+
+def _token_candidates(*, token_key: str) -> QuerySet:
+    """The tokens whose key (the first ``TOKEN_KEY_LENGTH`` characters) is ``token_key``: every column of the token
+    and of its user, and the user's role group names (``role_names``), as ``values()``."""
+    token_model = get_token_model()
+    user_model = token_model._meta.get_field("user").related_model
+    return (token_model.objects.filter(token_key=token_key)
+            .values(*(field.attname for field in token_model._meta.concrete_fields),
+                    *(f"user__{field.attname}" for field in user_model._meta.concrete_fields))
+            .annotate(role_names=ArrayAgg("user__groups__name", filter=Q(user__groups__name__in=ROLES), default=[])))
+
+
+TOKEN_CANDIDATES = PreparedQuery(_token_candidates)
+"""Built and compiled once per process (:class:`apps.core.queries.PreparedQuery`)."""
+
+
+def _token_and_user(row: dict) -> tuple[Model, Model]:
+    """The token and its user (cached on it, as ``select_related`` does) from a :data:`TOKEN_CANDIDATES` row."""
+    token_model = get_token_model()
+    user_field = token_model._meta.get_field("user")
+    user_model = user_field.related_model
+    token_names = [field.attname for field in token_model._meta.concrete_fields]
+    user_names = [field.attname for field in user_model._meta.concrete_fields]
+    token = token_model.from_db(TOKEN_CANDIDATES.using, token_names, [row[name] for name in token_names])
+    user = user_model.from_db(TOKEN_CANDIDATES.using, user_names, [row[f"user__{name}"] for name in user_names])
+    user_field.set_cached_value(token, user)
+    return token, user
 
 
 class TokenAuthentication(KnoxTokenAuthentication):
@@ -44,15 +75,12 @@ class TokenAuthentication(KnoxTokenAuthentication):
             digest = hash_token(text)
         except (UnicodeDecodeError, TypeError, binascii.Error):
             raise AuthenticationFailed(msg) from None
-        candidates = (get_token_model().objects.filter(token_key=text[:CONSTANTS.TOKEN_KEY_LENGTH])
-                      .select_related("user")
-                      .annotate(role_names=ArrayAgg("user__groups__name", filter=Q(user__groups__name__in=ROLES),
-                                                    default=[])))
-        for auth_token in candidates:
+        for row in TOKEN_CANDIDATES.rows(token_key=text[:CONSTANTS.TOKEN_KEY_LENGTH]):
+            auth_token, user = _token_and_user(row)
             if self._cleanup_token(auth_token):
                 continue
             if compare_digest(digest, auth_token.digest):
-                auth_token.user._ferry_role = role_of(auth_token.role_names, is_superuser=auth_token.user.is_superuser)
+                user._ferry_role = role_of(row["role_names"], is_superuser=user.is_superuser)
                 return self.validate_user(auth_token)
         raise AuthenticationFailed(msg)
 

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections.abc import Collection, Sequence
+from functools import cache
+from typing import Any, NamedTuple
 
 from django.db.models import Prefetch, QuerySet
 
+from apps.core.queries import PreparedQuery
 from apps.fleet.models import Cluster, ClusterLink, Pool, PoolTrack, Replica, Router, RoutingTable
 
 
@@ -30,6 +33,47 @@ def pool_list_serialized() -> QuerySet[Pool]:
     version as ids, so their rows are not joined (issue 21: compiling and reading the two joined tables, the model
     version's JSON architecture included, was about a tenth of a ``GET /api/v1/pools/``)."""
     return Pool.objects.prefetch_related("tracks")
+
+
+def pool_rows() -> QuerySet[Pool]:
+    """Pools without relations, for ``GET /api/v1/pools/``: the view filters and orders them, then reads the
+    serializer's columns with ``values()`` (:class:`apps.core.serializers.ValuesRepresentation`) and their tracks
+    with :func:`pool_track_rows` (2 queries)."""
+    return Pool.objects.all()
+
+
+def pool_track_rows(*, pool_ids: Collection[int], columns: Sequence[str]) -> list[dict[str, Any]]:
+    """``values(pool_id, *columns)`` of the tracks of the pools ``pool_ids`` (one query), in ``PoolTrack``'s
+    order (pool, name): what ``prefetch_related("tracks")`` reads."""
+    if not pool_ids:
+        return []
+    return list(PoolTrack.objects.filter(pool_id__in=pool_ids).values("pool_id", *columns))
+
+
+@cache
+def _pool_first_queries(ordering: tuple[str, ...], limit: int, columns: tuple[str, ...],
+                        track_columns: tuple[str, ...]) -> tuple[PreparedQuery, PreparedQuery]:
+    def first_ids() -> QuerySet:
+        return pool_rows().order_by(*ordering).values("id")[:limit]
+
+    def pools() -> QuerySet:
+        return pool_rows().order_by(*ordering).values(*columns)[:limit]
+
+    def tracks() -> QuerySet:
+        return PoolTrack.objects.filter(pool_id__in=first_ids()).values("pool_id", *track_columns)
+
+    return PreparedQuery(pools), PreparedQuery(tracks)
+
+
+def pool_first_rows(*, ordering: Sequence[str], limit: int, columns: Sequence[str],
+                    track_columns: Sequence[str]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The first ``limit`` pools in ``ordering`` as ``values(*columns)``, and the tracks of those pools as
+    :func:`pool_track_rows` gives them: 2 queries, built and compiled once per process and arguments
+    (:class:`apps.core.queries.PreparedQuery`) — ``GET /api/v1/pools/`` without parameters, what routers and
+    dashboards send. A pool created between the two queries may bring tracks of a pool not in the first list:
+    callers match tracks to pools by ``pool_id``."""
+    pools, tracks = _pool_first_queries(tuple(ordering), limit, tuple(columns), tuple(track_columns))
+    return pools.rows(), tracks.rows()
 
 
 def replica_list() -> QuerySet[Replica]:

@@ -52,3 +52,18 @@ def test_the_api_answers_by_the_tokens_role(client):
     created = client.post("/api/v1/clusters/", {"name": "x", "kind": "local", "agent_url": "http://127.0.0.1:9300"},
                           content_type="application/json", HTTP_AUTHORIZATION=f"Token {viewer}")
     assert created.status_code == 403
+
+
+def test_the_token_and_its_user_equal_the_orms_field_by_field_and_need_no_further_query(django_assert_num_queries):
+    key = _token("u", "operator")
+    User.objects.filter(username="u").update(first_name="Ünal", email="u@example.org", is_staff=True,
+                                             last_login="2026-01-02T03:04:05.000006Z")
+    AuthToken.objects.filter(token_key=key[:15]).update(expiry="2999-01-01T00:00:00Z")
+    with django_assert_num_queries(1):
+        user, token = TokenAuthentication().authenticate_credentials(key.encode())
+        assert (token.user is user, user.username, user_role(user)) == (True, "u", "operator")
+    orm_token = AuthToken.objects.select_related("user").get(token_key=key[:15])
+    for model, got, want in ((AuthToken, token, orm_token), (User, user, orm_token.user)):
+        for field in model._meta.concrete_fields:
+            assert (field.attname, getattr(got, field.attname)) == (field.attname, getattr(want, field.attname))
+        assert (got._state.adding, got._state.db) == (False, "default")

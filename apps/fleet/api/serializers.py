@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
+from functools import cache
 from typing import Any
 
 from django.core.exceptions import ValidationError as DjangoValidationError
 from rest_framework import serializers
 
-from apps.core.serializers import StrictFieldsMixin
+from apps.core.serializers import StrictFieldsMixin, ValuesRepresentation
 from apps.fleet.models import (
     MAX_REPLICAS,
     Cluster,
@@ -101,6 +103,37 @@ class PoolSerializer(StrictFieldsMixin, serializers.ModelSerializer):
         if self.instance is None and "replicas" not in attrs:
             raise serializers.ValidationError({"replicas": "This field is required."})
         return attrs
+
+
+@cache
+def pool_values_representation() -> tuple[ValuesRepresentation, ValuesRepresentation]:
+    """(pool, track) :class:`ValuesRepresentation` of :class:`PoolSerializer` and :class:`PoolTrackSerializer`,
+    built once per process; a pool's ``replicas`` and ``tracks`` are computed from its track rows."""
+    return (ValuesRepresentation(PoolSerializer, provided=("replicas", "tracks")),
+            ValuesRepresentation(PoolTrackSerializer))
+
+
+def pool_list_representation(pool_rows: Iterable[Mapping[str, Any]],
+                             track_rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """``PoolSerializer(pools, many=True).data`` (as plain dicts) from ``values()`` rows: ``pool_rows`` with the
+    pool representation's ``columns``, ``track_rows`` with ``pool_id`` and the track representation's ``columns``
+    in ``PoolTrack``'s order (every track of those pools). ``replicas`` is the sum of the tracks' replicas
+    (:attr:`apps.fleet.models.Pool.replicas`).
+
+    Raises:
+        KeyError: a row lacks a column.
+    """
+    pool_representation, track_representation = pool_values_representation()
+    tracks_by_pool: dict[int, list[Mapping[str, Any]]] = {}
+    for track in track_rows:
+        tracks_by_pool.setdefault(track["pool_id"], []).append(track)
+    out = []
+    for pool in pool_rows:
+        tracks = tracks_by_pool.get(pool["id"], [])
+        out.append(pool_representation.represent({
+            **pool, "replicas": sum(track["replicas"] for track in tracks),
+            "tracks": [track_representation.represent(track) for track in tracks]}))
+    return out
 
 
 class PoolScaleSerializer(serializers.Serializer):

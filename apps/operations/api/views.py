@@ -13,11 +13,12 @@ import logging
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import status, viewsets
 from rest_framework.decorators import action
+from rest_framework.filters import OrderingFilter
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from apps.accounts.roles import ADMIN, OPERATOR
-from apps.core.filters import query_int
+from apps.core.filters import FilterBackend, query_int
 from apps.core.idempotency import HEADER, idempotency_key_from_request
 from apps.fleet import selectors as fleet_selectors
 from apps.fleet import services as fleet_services
@@ -27,6 +28,8 @@ from apps.fleet.api.serializers import (
     PoolSerializer,
     PoolWorkerTokenRotateSerializer,
     ReplicaSerializer,
+    pool_list_representation,
+    pool_values_representation,
 )
 from apps.operations import pools, selectors, services
 from apps.operations.api.filtersets import ActionFilterSet
@@ -69,6 +72,11 @@ class ActionViewSet(viewsets.ReadOnlyModelViewSet):
         return Response(ActionSerializer(cancelled).data)
 
 
+FIRST_PAGE_FILTER_BACKENDS = (FilterBackend, OrderingFilter)
+"""The filter backends under which a list request without parameters is the first page of every row in the view's
+``ordering`` (a backend that filtered without parameters would make that untrue)."""
+
+
 class PoolViewSet(viewsets.ModelViewSet):
     serializer_class = PoolSerializer
     filterset_class = PoolFilterSet
@@ -78,9 +86,40 @@ class PoolViewSet(viewsets.ModelViewSet):
     action_roles = {"scale": OPERATOR, "flush_kv_cache": OPERATOR}
 
     def get_queryset(self):
-        if self.action in ("list", "retrieve"):  # reads: ids only, no joined cluster and model version
+        if self.action == "list":  # rows read with values() (list below)
+            return fleet_selectors.pool_rows()
+        if self.action == "retrieve":  # ids only, no joined cluster and model version
             return fleet_selectors.pool_list_serialized()
         return fleet_selectors.pool_list()
+
+    def list(self, request: Request, *args, **kwargs) -> Response:  # noqa: ANN002, ANN003 - DRF signature
+        """DRF's list (the same filters, ordering and pagination) with the page read as ``values()`` rows and
+        represented as :class:`PoolSerializer` does (:func:`apps.fleet.api.serializers.pool_list_representation`):
+        no model instances and no serializer fields built per request (issue 21: per-request cost; the API
+        test compares both byte for byte).
+
+        Without query parameters (routers, dashboards) the first page is read with queries compiled once per
+        process (:func:`apps.fleet.selectors.pool_first_rows`); when it holds every pool, DRF's paginator answers
+        from those rows (no ``COUNT``, as :class:`apps.core.pagination.FirstPagePaginator` does), else the list
+        goes the general way below.
+        """
+        pool_representation, track_representation = pool_values_representation()
+        if (not request.query_params and self.paginator is not None
+                and tuple(self.filter_backends) == FIRST_PAGE_FILTER_BACKENDS):
+            page_size = self.paginator.get_page_size(request)
+            rows, tracks = fleet_selectors.pool_first_rows(
+                ordering=self.ordering, limit=page_size + 1, columns=pool_representation.columns,
+                track_columns=track_representation.columns)
+            if len(rows) <= page_size:  # the whole list: its length is the count
+                page = self.paginate_queryset(rows)
+                return self.get_paginated_response(pool_list_representation(page, tracks))
+        queryset = self.filter_queryset(self.get_queryset()).values(*pool_representation.columns)
+        page = self.paginate_queryset(queryset)
+        rows = list(queryset) if page is None else page
+        tracks = fleet_selectors.pool_track_rows(pool_ids=[row["id"] for row in rows],
+                                                 columns=track_representation.columns)
+        data = pool_list_representation(rows, tracks)
+        return Response(data) if page is None else self.get_paginated_response(data)
 
     def perform_create(self, serializer) -> None:  # noqa: ANN001 - DRF signature
         pool = fleet_services.pool_create(**serializer.validated_data)

@@ -6,6 +6,7 @@ import logging.config
 import pytest
 import yaml
 
+import controlplane.web
 from apps.setup.kube_manifests import process_commands
 from apps.setup.procfile import BASE_DIR
 from controlplane.web import default_web_workers, log_config, web_workers
@@ -55,3 +56,15 @@ def test_compose_runs_the_process_lists_web_command_without_its_access_log_file(
     compose = yaml.safe_load((BASE_DIR / "docker-compose.yml").read_text())
     assert compose["services"]["web"]["command"] == web[:at] + web[at + 2:]
     assert compose["services"]["web"]["command"][:3] == ["python", "-m", "controlplane.web"]
+
+
+def test_uvicorn_gets_the_worker_count_and_a_health_check_a_busy_worker_can_answer(monkeypatch):
+    """A worker's health answer waits for the GIL behind every request in flight: 30 s, not uvicorn's 5 s, before the
+    supervisor kills it (controlplane.web.WORKER_HEALTHCHECK_TIMEOUT_S)."""
+    calls = []
+    monkeypatch.setattr(controlplane.web.uvicorn, "run", lambda app, **options: calls.append((app, options)))
+    monkeypatch.delenv("FERRY_WEB_WORKERS", raising=False)
+    controlplane.web.main(["--port", "21001", "--workers", "3"])
+    [(app, options)] = calls
+    assert (app, options["port"], options["workers"], options["timeout_worker_healthcheck"]) == (
+        "controlplane.asgi:application", 21001, 3, 30)
