@@ -73,6 +73,66 @@ def test_ratio_zero_installs_no_sdk_provider_and_spans_are_no_ops():
         tracing.configure("test", 1.5)
 
 
+def finished_spans() -> list:
+    """SDK spans of every shape the exporter must carry: a remote parent with a trace state, a child span with
+    attributes of each type, an event, a link and an error status, under two resources and two scopes."""
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    out = []
+    for service in ("ferry-router", "ferry-worker-decode"):
+        memory = InMemorySpanExporter()
+        provider = TracerProvider(resource=Resource.create({"service.name": service}))
+        provider.add_span_processor(SimpleSpanProcessor(memory))
+        remote = trace.SpanContext(0x1F, 0x2E, True, trace.TraceFlags(1), trace.TraceState([("ven", "x1")]))
+        parent_ctx = trace.set_span_in_context(trace.NonRecordingSpan(remote))
+        tracer = provider.get_tracer("ferry", "1.2", schema_url="https://opentelemetry.io/schemas/1.21.0")
+        root = tracer.start_span(f"{service}.request", context=parent_ctx, kind=trace.SpanKind.SERVER,
+                                 start_time=1_000, attributes={"ferry.tokens": 7, "ferry.ok": True,
+                                                               "ferry.share": 0.5, "ferry.names": ("a", "b")})
+        root.add_event("retry", {"attempt": 2}, timestamp=1_500)
+        root.set_status(trace.Status(trace.StatusCode.ERROR, "status 502"))
+        child = provider.get_tracer("other").start_span(
+            "kv.send", context=trace.set_span_in_context(root), start_time=1_100,
+            links=[trace.Link(remote, {"link.kind": "follows"})], attributes={"bytes_wire": 4096})
+        child.end(end_time=1_900)
+        root.end(end_time=2_000)
+        out += memory.get_finished_spans()
+    return out
+
+
+def test_span_records_round_trip_to_the_same_otlp_bytes():
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+
+    spans = finished_spans()
+    rebuilt = tracing.spans_from_records(*tracing.span_records(spans))
+    assert encode_spans(rebuilt).SerializeToString() == encode_spans(spans).SerializeToString()
+    assert [s.name for s in rebuilt] == ["kv.send", "ferry-router.request", "kv.send", "ferry-worker-decode.request"]
+
+
+def test_the_process_exporter_posts_the_spans_from_its_child_process(collector, monkeypatch):
+    url, received = collector
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", url + "/v1/traces")
+    exporter = tracing.ProcessSpanExporter()
+    try:
+        before = len(received)
+        assert exporter.export(finished_spans()).name == "SUCCESS"
+        assert exporter.force_flush(30_000) is True
+        got = received[before:]
+    finally:
+        exporter.shutdown()
+    assert exporter._process.returncode == 0
+    assert [(s["service"], s["scope"], s["name"], s["parent"], s["start"], s["end"]) for s in got] == [
+        ("ferry-router", "other", "kv.send", got[1]["span_id"], 1_100, 1_900),
+        ("ferry-router", "ferry", "ferry-router.request", f"{0x2E:016x}", 1_000, 2_000),
+        ("ferry-worker-decode", "other", "kv.send", got[3]["span_id"], 1_100, 1_900),
+        ("ferry-worker-decode", "ferry", "ferry-worker-decode.request", f"{0x2E:016x}", 1_000, 2_000)]
+    assert got[1]["trace_id"] == f"{0x1F:032x}"
+    assert got[1]["attrs"]["ferry.tokens"] == 7 and got[0]["attrs"] == {"bytes_wire": 4096}
+
+
 # ---- one completion through the router with remote prefill, real processes ---------------------------------
 
 class _Receiver(BaseHTTPRequestHandler):
