@@ -120,7 +120,8 @@ def shutdown() -> None:
 
 
 def _context_record(context: trace.SpanContext) -> tuple:
-    return (context.trace_id, context.span_id, int(context.trace_flags), tuple(context.trace_state.items()),
+    state = context.trace_state
+    return (context.trace_id, context.span_id, context.trace_flags, tuple(state.items()) if state else (),
             context.is_remote)
 
 
@@ -148,12 +149,13 @@ def span_records(spans: Any) -> tuple[list, list, list]:
             scopes[id(scope)] = len(scope_rows)
             scope_rows.append(None if scope is None else (scope.name, scope.version, scope.schema_url,
                                                           dict(scope.attributes or {})))
-        parent = span.parent
+        parent, attributes, events, links, status = span.parent, span.attributes, span.events, span.links, span.status
         records.append((span.name, _context_record(span.context), parent and _context_record(parent),
-                        dict(span.attributes or {}),
-                        [(e.name, dict(e.attributes or {}), e.timestamp) for e in span.events],
-                        [(_context_record(link.context), dict(link.attributes or {})) for link in span.links],
-                        span.kind.value, span.status.status_code.value, span.status.description,
+                        attributes.copy() if attributes else {},
+                        [(e.name, dict(e.attributes or {}), e.timestamp) for e in events] if events else (),
+                        [(_context_record(link.context), dict(link.attributes or {})) for link in links]
+                        if links else (),
+                        span.kind.value, status.status_code.value, status.description,
                         span.start_time, span.end_time, resources[id(resource)], scopes[id(scope)]))
     return resource_rows, scope_rows, records
 
