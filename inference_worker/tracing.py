@@ -48,7 +48,7 @@ MAX_SLOW_LIMIT = 200
 tracer = trace.get_tracer("ferry")
 """Ferry's tracer: the API's proxy, no-op until :func:`configure` installs an SDK provider."""
 _propagator = TraceContextTextMapPropagator()
-_state = {"enabled": False}
+_state: dict[str, Any] = {"enabled": False, "phases_to": None}
 
 
 def request_id(headers: Mapping[str, str]) -> str:
@@ -88,7 +88,9 @@ def configure(service_name: str, ratio: float, *, exporter: Any = None) -> bool:
     with a ``BatchSpanProcessor`` around ``exporter``. Default exporter: :class:`ProcessSpanExporter`, which hands
     each batch to a child process running the SDK's ``OTLPSpanExporter`` (HTTP/protobuf, configured by the standard
     ``OTEL_EXPORTER_OTLP_*`` variables), so the protobuf encoding and the HTTP POST of the spans (about 17 us of
-    CPU per span, and a thread that takes the GIL for milliseconds at each export) stay off the serving process.
+    CPU per span, and a thread that takes the GIL for milliseconds at each export) stay off the serving process;
+    with it, a request's phases are also made into spans there (:meth:`ProcessSpanExporter.add_phases`: about
+    25 us of SDK work per span), not in the serving process (:func:`emit_phases`, with any other exporter).
     With ``ratio`` 0 nothing is imported from the SDK, nothing is installed and no process is started.
 
     Raises:
@@ -104,6 +106,7 @@ def configure(service_name: str, ratio: float, *, exporter: Any = None) -> bool:
 
     if exporter is None:
         exporter = ProcessSpanExporter()
+    _state["phases_to"] = exporter if isinstance(exporter, ProcessSpanExporter) else None
     provider = TracerProvider(resource=Resource.create({"service.name": service_name}),
                               sampler=ParentBased(TraceIdRatioBased(ratio)))
     provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=500))
@@ -130,17 +133,19 @@ def _context_from(record: tuple) -> trace.SpanContext:
     return trace.SpanContext(trace_id, span_id, remote, trace.TraceFlags(flags), trace.TraceState(list(state)))
 
 
-def span_records(spans: Any) -> tuple[list, list, list]:
-    """Finished SDK spans (``ReadableSpan``) as plain, picklable tuples: ``(resources, scopes, records)``, each
-    resource ``(attributes, schema_url)`` and scope ``(name, version, schema_url, attributes)`` once per batch, a
-    record naming them by index (:func:`spans_from_records` inverts it). Dropped-attribute counts are not carried
-    (Ferry's spans stay far under the SDK's limit of 128 attributes)."""
+def span_records(spans: Any, phases: Any = ()) -> tuple[list, list, list, list]:
+    """Finished SDK spans (``ReadableSpan``) as plain, picklable tuples: ``(resources, scopes, records,
+    phase_records)``, each resource ``(attributes, schema_url)`` and scope ``(name, version, schema_url,
+    attributes)`` once per batch, a record naming them by index (:func:`spans_from_records` inverts it).
+    ``phases``: ``(parent, [(name, start_ns, end_ns, attributes), ...])`` pairs, ``parent`` an SDK span, each
+    becoming ``(resource, scope, parent_context, phases)``. Dropped-attribute counts are not carried (Ferry's
+    spans stay far under the SDK's limit of 128 attributes)."""
     resources: dict[int, int] = {}
     scopes: dict[int, int] = {}
     resource_rows: list = []
     scope_rows: list = []
-    records = []
-    for span in spans:
+
+    def indices(span: Any) -> tuple[int, int]:
         resource, scope = span.resource, span.instrumentation_scope
         if id(resource) not in resources:
             resources[id(resource)] = len(resource_rows)
@@ -149,6 +154,10 @@ def span_records(spans: Any) -> tuple[list, list, list]:
             scopes[id(scope)] = len(scope_rows)
             scope_rows.append(None if scope is None else (scope.name, scope.version, scope.schema_url,
                                                           dict(scope.attributes or {})))
+        return resources[id(resource)], scopes[id(scope)]
+
+    records = []
+    for span in spans:
         parent, attributes, events, links, status = span.parent, span.attributes, span.events, span.links, span.status
         records.append((span.name, _context_record(span.context), parent and _context_record(parent),
                         attributes.copy() if attributes else {},
@@ -156,12 +165,16 @@ def span_records(spans: Any) -> tuple[list, list, list]:
                         [(_context_record(link.context), dict(link.attributes or {})) for link in links]
                         if links else (),
                         span.kind.value, status.status_code.value, status.description,
-                        span.start_time, span.end_time, resources[id(resource)], scopes[id(scope)]))
-    return resource_rows, scope_rows, records
+                        span.start_time, span.end_time, *indices(span)))
+    phase_records = [(*indices(parent), _context_record(parent.get_span_context()), rows) for parent, rows in phases]
+    return resource_rows, scope_rows, records, phase_records
 
 
-def spans_from_records(resource_rows: list, scope_rows: list, records: list) -> list:
-    """The SDK ``ReadableSpan`` objects of :func:`span_records`' tuples (for the SDK's exporters)."""
+def spans_from_records(resource_rows: list, scope_rows: list, records: list, phase_records: list = ()) -> list:
+    """The SDK ``ReadableSpan`` objects of :func:`span_records`' tuples (for the SDK's exporters): the records'
+    spans, then each phase as a child span of its parent made by an SDK ``Tracer`` of the parent's resource and
+    scope (new span ids; the parent's trace id; the phase's start, end and attributes), as :func:`emit_phases`
+    makes them in the serving process."""
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import Event, ReadableSpan
     from opentelemetry.sdk.util.instrumentation import InstrumentationScope
@@ -177,11 +190,45 @@ def spans_from_records(resource_rows: list, scope_rows: list, records: list) -> 
             [trace.Link(_context_from(l_context), l_attributes) for l_context, l_attributes in links],
             trace.SpanKind(kind), status=trace.Status(trace.StatusCode(code), description), start_time=start,
             end_time=end, instrumentation_scope=scopes[scope]))
+    for resource, scope, parent, rows in phase_records:
+        tracer, finished = _phase_tracer(resource_rows[resource], scope_rows[scope])
+        ctx = trace.set_span_in_context(trace.NonRecordingSpan(_context_from(parent)))
+        for name, start, end, attributes in rows:
+            tracer.start_span(name, context=ctx, start_time=start, attributes=attributes).end(end_time=end)
+        spans += finished
+        finished.clear()
     return spans
 
 
+_phase_tracers: dict[str, tuple[Any, list]] = {}
+
+
+def _phase_tracer(resource_row: tuple, scope_row: tuple | None) -> tuple[Any, list]:
+    """An SDK tracer of this resource and scope whose finished spans are appended to the returned list (one
+    provider per resource, kept: a serving process has one)."""
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+
+    key = repr((resource_row, scope_row))
+    if key not in _phase_tracers:
+        finished: list = []
+
+        class Collect(SpanExporter):
+            def export(self, spans: Any) -> SpanExportResult:
+                finished.extend(spans)
+                return SpanExportResult.SUCCESS
+
+        provider = TracerProvider(resource=Resource(*resource_row))
+        provider.add_span_processor(SimpleSpanProcessor(Collect()))
+        name, version, schema_url, attributes = scope_row or ("", None, None, None)
+        _phase_tracers[key] = provider.get_tracer(name, version, schema_url, attributes), finished
+    return _phase_tracers[key]
+
+
 class ProcessSpanExporter:
-    """An SDK span exporter that runs the real one (``OTLPSpanExporter()``) in a child process.
+    """An SDK span exporter that runs the real one (``OTLPSpanExporter()``) in a child process, where it also makes
+    the spans of the phases queued with :meth:`add_phases`.
 
     ``export(spans)`` (called on the ``BatchSpanProcessor``'s thread) turns the batch into plain tuples
     (:func:`span_records`, about 1 us per span) and writes it, pickled, to the child's stdin; the child
@@ -203,6 +250,17 @@ class ProcessSpanExporter:
         self._process = subprocess.Popen(command or [sys.executable, "-c", code], stdin=subprocess.PIPE,
                                          stdout=subprocess.PIPE)
         self._lock = threading.Lock()
+        self._phases: collections.deque = collections.deque(maxlen=self.MAX_PENDING_PHASES)
+
+    MAX_PENDING_PHASES = 8192
+    """Requests whose phases wait for the next export at most (beyond: the oldest are dropped, as the batch
+    processor drops spans when its queue is full)."""
+
+    def add_phases(self, parent: Any, phases: list[tuple[str, int, int, dict]]) -> None:
+        """Queue ``phases`` (``(name, start_ns, end_ns, attributes)``) to become child spans of the SDK span
+        ``parent`` in the child process; they go with the next :meth:`export`, so call this before ending
+        ``parent`` (O(1), no I/O: safe on the event loop)."""
+        self._phases.append((parent, phases))
 
     def _send(self, message: Any) -> bool:
         import pickle
@@ -218,7 +276,10 @@ class ProcessSpanExporter:
     def export(self, spans: Any) -> Any:
         from opentelemetry.sdk.trace.export import SpanExportResult
 
-        ok = self._send(("spans", *span_records(spans)))
+        phases = []
+        while self._phases:
+            phases.append(self._phases.popleft())
+        ok = self._send(("spans", *span_records(spans, phases)))
         return SpanExportResult.SUCCESS if ok else SpanExportResult.FAILURE
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
@@ -248,7 +309,8 @@ class ProcessSpanExporter:
 
 def export_child() -> None:
     """The child process of :class:`ProcessSpanExporter`: reads pickled messages from stdin until it closes,
-    exports each ``("spans", resources, scopes, records)`` batch with ``OTLPSpanExporter()``, and answers each
+    exports each ``("spans", resources, scopes, records, phases)`` batch (:func:`spans_from_records`) with
+    ``OTLPSpanExporter()``, and answers each
     ``("flush",)`` with one byte ``1`` on stdout once everything before it is exported."""
     import pickle
     import sys
@@ -392,7 +454,11 @@ class RequestSpan:
         span.set_attribute("ferry.request_id", timeline.request_id)
         if error:
             span.set_status(trace.Status(trace.StatusCode.ERROR, error))
-        emit_phases(span, timeline)
+        if (to := _state["phases_to"]) is not None:
+            to.add_phases(span, [(p.name, p.start_ns, p.end_ns, dict(p.attributes)) for p in timeline.phases
+                                  if p.span])
+        else:
+            emit_phases(span, timeline)
         span.end(end_time=timeline.end_ns)
 
 
