@@ -231,26 +231,32 @@ class ProcessSpanExporter:
     the spans of the phases queued with :meth:`add_phases`.
 
     ``export(spans)`` (called on the ``BatchSpanProcessor``'s thread) turns the batch into plain tuples
-    (:func:`span_records`, about 1 us per span) and writes it, pickled, to the child's stdin; the child
+    (:func:`span_records`, a few microseconds per span) and writes it, pickled, to the child's stdin; the child
     (:func:`export_child`, niced by 10: span export yields the CPU to serving) rebuilds the SDK's ``ReadableSpan``
     objects and exports them. A full pipe blocks the processor's thread (without the GIL), and the processor's
     bounded queue then drops spans, as it does for a slow collector. The child inherits the environment, so the
     ``OTEL_EXPORTER_OTLP_*`` variables configure it; it exits when its stdin closes (also when this process dies).
+    A forked copy of this process starts a child of its own at its first export.
 
     ``command``: the child's command line (default: this interpreter running :func:`export_child`).
     """
 
     def __init__(self, command: list[str] | None = None):
-        import subprocess
         import sys
 
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         code = f"import sys; sys.path.insert(0, {root!r}); from inference_worker.tracing import export_child; " \
                "export_child()"
-        self._process = subprocess.Popen(command or [sys.executable, "-c", code], stdin=subprocess.PIPE,
-                                         stdout=subprocess.PIPE)
+        self._command = command or [sys.executable, "-c", code]
         self._lock = threading.Lock()
         self._phases: collections.deque = collections.deque(maxlen=self.MAX_PENDING_PHASES)
+        self._start()
+
+    def _start(self) -> None:
+        import subprocess
+
+        self._pid = os.getpid()
+        self._process = subprocess.Popen(self._command, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
 
     MAX_PENDING_PHASES = 8192
     """Requests whose phases wait for the next export at most (beyond: the oldest are dropped, as the batch
@@ -273,9 +279,22 @@ class ProcessSpanExporter:
             except (BrokenPipeError, OSError, ValueError):  # the child is gone or the pipe closed at shutdown
                 return False
 
+    def _own_process(self) -> None:
+        """In a forked copy of this process (e.g. a Celery prefork child), start its own child process and drop
+        what was pending in the parent: interleaved writes of two processes on one pipe would corrupt it."""
+        with self._lock:
+            if os.getpid() != self._pid:
+                try:
+                    self._process.stdin.close()  # this copy's descriptor only: the parent's child keeps running
+                except OSError:
+                    pass
+                self._phases.clear()
+                self._start()
+
     def export(self, spans: Any) -> Any:
         from opentelemetry.sdk.trace.export import SpanExportResult
 
+        self._own_process()
         phases = []
         while self._phases:
             phases.append(self._phases.popleft())
@@ -286,6 +305,7 @@ class ProcessSpanExporter:
         """Wait until the child has exported everything sent so far (True), at most ``timeout_millis``."""
         import select
 
+        self._own_process()
         if not self._send(("flush",)):
             return False
         ready, _, _ = select.select([self._process.stdout], [], [], timeout_millis / 1000)

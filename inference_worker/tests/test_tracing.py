@@ -176,6 +176,33 @@ def test_the_process_exporter_posts_the_spans_from_its_child_process(collector, 
     assert got[2]["attrs"] == {"decision": "remote_prefill"}
 
 
+def test_a_forked_process_exports_through_a_child_of_its_own(collector, monkeypatch):
+    url, received = collector
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", url + "/v1/traces")
+    exporter = tracing.ProcessSpanExporter()
+    spans = finished_spans()
+    before = len(received)
+    try:
+        pid = os.fork()
+        if pid == 0:  # the forked copy: its spans must arrive whole, through another exporter process
+            code = 1
+            try:
+                inherited = exporter._process.pid
+                ok = exporter.export(spans[:2]).name == "SUCCESS" and exporter.force_flush(30_000)
+                code = 0 if ok and exporter._process.pid != inherited else 1
+                exporter.shutdown()
+            finally:
+                os._exit(code)
+        assert os.waitpid(pid, 0)[1] == 0
+        assert exporter.export(spans[2:]).name == "SUCCESS"
+        assert exporter.force_flush(30_000) is True
+    finally:
+        exporter.shutdown()
+    assert sorted((s["service"], s["name"]) for s in received[before:]) == [
+        ("ferry-router", "ferry-router.request"), ("ferry-router", "kv.send"),
+        ("ferry-worker-decode", "ferry-worker-decode.request"), ("ferry-worker-decode", "kv.send")]
+
+
 # ---- one completion through the router with remote prefill, real processes ---------------------------------
 
 class _Receiver(BaseHTTPRequestHandler):
