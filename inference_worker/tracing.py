@@ -204,8 +204,8 @@ _phase_tracers: dict[str, tuple[Any, list]] = {}
 
 
 def _phase_tracer(resource_row: tuple, scope_row: tuple | None) -> tuple[Any, list]:
-    """An SDK tracer of this resource and scope whose finished spans are appended to the returned list (one
-    provider per resource, kept: a serving process has one)."""
+    """An SDK tracer of this resource and scope whose finished spans are appended to the returned list (made once
+    per resource and scope and kept: an exporter child serves one process, of one resource and one scope)."""
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
