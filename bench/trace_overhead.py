@@ -10,11 +10,13 @@ noise hits both alike. Reported per stack: request throughput and e2e p50 of eve
 throughput ratio traced/off (acceptance: within 5%) and the p50 difference (acceptance: at most +2 ms),
 with ``uptime`` before and after (the host is shared). JSON to ``bench/results/trace_overhead.json``.
 
-``--micro``: the CPU cost of the tracing code itself, free of serving noise: one child process per mode
-(tracing off; 100% with the SDK's batch processor and an exporter that drops the spans) runs ``--iterations``
-times what one remote-prefill request does in the three processes (router, decode and prefill timelines: 3
-request spans with ``traceparent`` extraction and injection, 15 phases, the slow-request rings) and prints the
-CPU microseconds per request (``time.process_time``, best of 3 passes).
+``--micro``: the CPU cost of the tracing code itself, free of serving noise: one child process per mode runs
+``--iterations`` times what one remote-prefill request does in the three processes (router, decode and prefill
+timelines: 3 request spans with ``traceparent`` extraction and injection, 15 phases, the slow-request rings) and
+prints the CPU microseconds per request (``time.process_time``, best of 3 passes). Modes: tracing off; 100% with
+the SDK's batch processor and an exporter that drops the spans (the span-making cost alone); 100% with the default
+exporter of :func:`inference_worker.tracing.configure` posting to a sink, flushed every 50 requests so the batch
+queue drops nothing (the whole cost: since the exporter runs in a child process, that child's CPU is printed too).
 
 Every worker runs with ``--no-prefix-caching``: the runs repeat their prompts, and a cached prompt would make
 later runs (and the paired arms sharing the traced stack) cheaper than earlier ones. Warm-up: the whole workload
@@ -29,6 +31,10 @@ median paired traced - off **+4.48 ms** (95% +1.27..+9.46), traced - unsampled +
 off +3.44 (-1.93..+9.68). Earlier the same day at load 12-28 the serving runs spread +-30% (see git history).
 ``--micro --iterations 2000``: off 20.6 us, 100% 755.8 us CPU per remote-prefill request over the three
 processes (+735 us, about a quarter of it in each process's request path; the export runs on the SDK's thread).
+That figure dropped the spans: with the OTLP export (2026-12-02 01:03-01:06, load average 9-10, this script run
+on the tree before and after, alternating, twice), the serving processes spent 978.5 and 1193.9 us per request
+with the in-process ``OTLPSpanExporter``; 244.8 and 295.0 us with the export and the phases' spans in the
+exporter's child process (:class:`inference_worker.tracing.ProcessSpanExporter`), which spent 900 and 1080 us.
 
 Example::
 
@@ -193,10 +199,30 @@ async def paired_latency(urls: dict[str, str], args: argparse.Namespace) -> dict
             "unsampled_minus_off": paired("unsampled", "off"), "e2e_ms": e2e_ms}
 
 
-def micro_child(mode: str, iterations: int) -> float:
-    """CPU microseconds per request of the tracing path (see the module docstring), ``mode`` ``on`` or ``off``."""
+def _children_cpu_s() -> float:
+    """CPU seconds (user + system) used so far by this process's live children (Linux ``/proc``)."""
+    import os
+
+    total = 0.0
+    with open(f"/proc/{os.getpid()}/task/{os.getpid()}/children") as f:
+        for pid in f.read().split():
+            try:
+                with open(f"/proc/{pid}/stat") as stat:
+                    fields = stat.read().rsplit(")", 1)[1].split()
+            except FileNotFoundError:
+                continue
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+def micro_child(mode: str, iterations: int) -> tuple[float, float]:
+    """CPU microseconds per request of the tracing path (see the module docstring), ``mode`` ``off``, ``on``
+    (exporter that drops the spans) or ``otlp`` (the default exporter of :func:`inference_worker.tracing.configure`,
+    posting to ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``, flushed every 50 requests so none is dropped): ``(this
+    process, its child processes)``, from the pass with the least CPU in this process."""
     import time
 
+    from opentelemetry import trace
     from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
     from inference_worker import tracing
@@ -206,7 +232,9 @@ def micro_child(mode: str, iterations: int) -> float:
         def export(self, spans):
             return SpanExportResult.SUCCESS
 
-    tracing.configure("bench", 1.0 if mode == "on" else 0.0, exporter=Drop())
+    tracing.configure("bench", 0.0 if mode == "off" else 1.0, exporter=Drop() if mode == "on" else None)
+    provider = trace.get_tracer_provider()
+    flush = getattr(provider, "force_flush", None) if mode == "otlp" else None
     rings = [SlowRequests() for _ in range(3)]
     phases = {"router": ("router.admit", "router.route", "router.upstream", "router.relay"),
               "decode": ("worker.parse", "kv.handoff", "kv.transfer", "prefill.compute", "prefill.queue",
@@ -229,30 +257,45 @@ def micro_child(mode: str, iterations: int) -> float:
             ring.record(timeline)
             headers = outgoing
 
-    best = float("inf")
+    best = (float("inf"), float("inf"))
     for _ in range(3):
-        started = time.process_time()
+        started, children = time.process_time(), _children_cpu_s()
         for i in range(iterations):
             one_request(i)
-        best = min(best, (time.process_time() - started) / iterations * 1e6)
+            if flush is not None and i % 50 == 49:
+                flush()
+        if flush is not None:
+            flush()
+        best = min(best, ((time.process_time() - started) / iterations * 1e6,
+                          (_children_cpu_s() - children) / iterations * 1e6))
     tracing.shutdown()
     return best
 
 
 def micro(iterations: int) -> dict:
-    """Run :func:`micro_child` for both modes in child processes (one tracer provider per process)."""
+    """Run :func:`micro_child` for each mode in child processes (one tracer provider per process), ``otlp``
+    against a span sink in a process of its own."""
+    import os
+
+    sink_url, sink, received = start_sink()
+    env = dict(os.environ, OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=sink_url + "/v1/traces")
     out = {}
-    for mode in ("off", "on"):
-        done = subprocess.run([sys.executable, __file__, "--micro-child", mode, "--iterations", str(iterations)],
-                              capture_output=True, text=True, check=True)
-        out[mode] = float(done.stdout.strip().splitlines()[-1])
+    try:
+        for mode in ("off", "on", "otlp"):
+            done = subprocess.run([sys.executable, __file__, "--micro-child", mode, "--iterations", str(iterations)],
+                                  capture_output=True, text=True, check=True, env=env)
+            own, children = done.stdout.strip().splitlines()[-1].split()
+            out[mode] = {"process_us": float(own), "children_us": float(children)}
+    finally:
+        sink.terminate()
+    out["span_bytes_exported"] = received.value
     return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--micro", action="store_true", help="only the tracing path's CPU cost per request")
-    parser.add_argument("--micro-child", choices=("on", "off"), help=argparse.SUPPRESS)
+    parser.add_argument("--micro-child", choices=("on", "off", "otlp"), help=argparse.SUPPRESS)
     parser.add_argument("--iterations", type=int, default=2000)
     parser.add_argument("--runs", type=int, default=3, help="runs per stack (alternating)")
     parser.add_argument("--num-prompts", type=int, default=16)
@@ -271,13 +314,17 @@ def main() -> None:
     parser.add_argument("--out", default="bench/results/trace_overhead.json")
     args = parser.parse_args()
     if args.micro_child:
-        print(f"{micro_child(args.micro_child, args.iterations):.2f}")
+        own, children = micro_child(args.micro_child, args.iterations)
+        print(f"{own:.2f} {children:.2f}")
         return
     if args.micro:
         before = uptime()
         cost = micro(args.iterations)
-        print(f"uptime: {before}\ntracing path, CPU per remote-prefill request (router + decode + prefill): "
-              f"off {cost['off']:.1f} us, 100% {cost['on']:.1f} us, added {cost['on'] - cost['off']:.1f} us")
+        off, on, otlp = (cost[mode]["process_us"] for mode in ("off", "on", "otlp"))
+        print(f"uptime: {before}\ntracing path, CPU per remote-prefill request (router + decode + prefill), in the "
+              f"serving process: off {off:.1f} us, 100% (spans dropped) {on:.1f} us, 100% (default OTLP export) "
+              f"{otlp:.1f} us, added {otlp - off:.1f} us; in its child processes (the exporter, when one runs): "
+              f"{cost['otlp']['children_us']:.1f} us; {cost['span_bytes_exported']} bytes of spans exported")
         return
 
     sink_url, sink, received = start_sink()

@@ -48,7 +48,7 @@ MAX_SLOW_LIMIT = 200
 tracer = trace.get_tracer("ferry")
 """Ferry's tracer: the API's proxy, no-op until :func:`configure` installs an SDK provider."""
 _propagator = TraceContextTextMapPropagator()
-_state = {"enabled": False}
+_state: dict[str, Any] = {"enabled": False, "phases_to": None}
 
 
 def request_id(headers: Mapping[str, str]) -> str:
@@ -85,9 +85,13 @@ def configure(service_name: str, ratio: float, *, exporter: Any = None) -> bool:
     """Turn tracing on for this process when ``ratio`` > 0; returns whether it is on.
 
     Installs an SDK ``TracerProvider`` (resource ``service.name``; sampler ``ParentBased(TraceIdRatioBased(ratio))``)
-    with a ``BatchSpanProcessor`` around ``exporter`` (default: ``OTLPSpanExporter()`` over HTTP/protobuf,
-    configured by the standard ``OTEL_EXPORTER_OTLP_*`` variables). With ``ratio`` 0 nothing is imported from
-    the SDK and nothing is installed.
+    with a ``BatchSpanProcessor`` around ``exporter``. Default exporter: :class:`ProcessSpanExporter`, which hands
+    each batch to a child process running the SDK's ``OTLPSpanExporter`` (HTTP/protobuf, configured by the standard
+    ``OTEL_EXPORTER_OTLP_*`` variables), so the protobuf encoding and the HTTP POST of the spans (about 17 us of
+    CPU per span, and a thread that takes the GIL for milliseconds at each export) stay off the serving process;
+    with it, a request's phases are also made into spans there (:meth:`ProcessSpanExporter.add_phases`: about
+    25 us of SDK work per span), not in the serving process (:func:`emit_phases`, with any other exporter).
+    With ``ratio`` 0 nothing is imported from the SDK, nothing is installed and no process is started.
 
     Raises:
         ValueError: ``ratio`` outside [0, 1].
@@ -101,9 +105,8 @@ def configure(service_name: str, ratio: float, *, exporter: Any = None) -> bool:
     from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 
     if exporter is None:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
-        exporter = OTLPSpanExporter()
+        exporter = ProcessSpanExporter()
+    _state["phases_to"] = exporter if isinstance(exporter, ProcessSpanExporter) else None
     provider = TracerProvider(resource=Resource.create({"service.name": service_name}),
                               sampler=ParentBased(TraceIdRatioBased(ratio)))
     provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=500))
@@ -117,6 +120,240 @@ def shutdown() -> None:
     provider = trace.get_tracer_provider()
     if hasattr(provider, "shutdown"):
         provider.shutdown()
+
+
+def _context_record(context: trace.SpanContext) -> tuple:
+    state = context.trace_state
+    return (context.trace_id, context.span_id, context.trace_flags, tuple(state.items()) if state else (),
+            context.is_remote)
+
+
+def _context_from(record: tuple) -> trace.SpanContext:
+    trace_id, span_id, flags, state, remote = record
+    return trace.SpanContext(trace_id, span_id, remote, trace.TraceFlags(flags), trace.TraceState(list(state)))
+
+
+def span_records(spans: Any, phases: Any = ()) -> tuple[list, list, list, list]:
+    """Finished SDK spans (``ReadableSpan``) as plain, picklable tuples: ``(resources, scopes, records,
+    phase_records)``, each resource ``(attributes, schema_url)`` and scope ``(name, version, schema_url,
+    attributes)`` once per batch, a record naming them by index (:func:`spans_from_records` inverts it).
+    ``phases``: ``(parent, [(name, start_ns, end_ns, attributes), ...])`` pairs, ``parent`` an SDK span, each
+    becoming ``(resource, scope, parent_context, phases)``. Dropped-attribute counts are not carried (Ferry's
+    spans stay far under the SDK's limit of 128 attributes)."""
+    resources: dict[int, int] = {}
+    scopes: dict[int, int] = {}
+    resource_rows: list = []
+    scope_rows: list = []
+
+    def indices(span: Any) -> tuple[int, int]:
+        resource, scope = span.resource, span.instrumentation_scope
+        if id(resource) not in resources:
+            resources[id(resource)] = len(resource_rows)
+            resource_rows.append((dict(resource.attributes), resource.schema_url))
+        if id(scope) not in scopes:
+            scopes[id(scope)] = len(scope_rows)
+            scope_rows.append(None if scope is None else (scope.name, scope.version, scope.schema_url,
+                                                          dict(scope.attributes or {})))
+        return resources[id(resource)], scopes[id(scope)]
+
+    records = []
+    for span in spans:
+        parent, attributes, events, links, status = span.parent, span.attributes, span.events, span.links, span.status
+        records.append((span.name, _context_record(span.context), parent and _context_record(parent),
+                        attributes.copy() if attributes else {},
+                        [(e.name, dict(e.attributes or {}), e.timestamp) for e in events] if events else (),
+                        [(_context_record(link.context), dict(link.attributes or {})) for link in links]
+                        if links else (),
+                        span.kind.value, status.status_code.value, status.description,
+                        span.start_time, span.end_time, *indices(span)))
+    phase_records = [(*indices(parent), _context_record(parent.get_span_context()), rows) for parent, rows in phases]
+    return resource_rows, scope_rows, records, phase_records
+
+
+def spans_from_records(resource_rows: list, scope_rows: list, records: list, phase_records: list = ()) -> list:
+    """The SDK ``ReadableSpan`` objects of :func:`span_records`' tuples (for the SDK's exporters): the records'
+    spans, then each phase as a child span of its parent made by an SDK ``Tracer`` of the parent's resource and
+    scope (new span ids; the parent's trace id; the phase's start, end and attributes), as :func:`emit_phases`
+    makes them in the serving process."""
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import Event, ReadableSpan
+    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+    resources = [Resource(attributes, schema_url) for attributes, schema_url in resource_rows]
+    scopes = [None if row is None else InstrumentationScope(row[0], row[1], row[2], row[3]) for row in scope_rows]
+    spans = []
+    for (name, context, parent, attributes, events, links, kind, code, description, start, end, resource,
+         scope) in records:
+        spans.append(ReadableSpan(
+            name, _context_from(context), parent and _context_from(parent), resources[resource], attributes,
+            [Event(e_name, e_attributes, timestamp) for e_name, e_attributes, timestamp in events],
+            [trace.Link(_context_from(l_context), l_attributes) for l_context, l_attributes in links],
+            trace.SpanKind(kind), status=trace.Status(trace.StatusCode(code), description), start_time=start,
+            end_time=end, instrumentation_scope=scopes[scope]))
+    for resource, scope, parent, rows in phase_records:
+        tracer, finished = _phase_tracer(resource_rows[resource], scope_rows[scope])
+        ctx = trace.set_span_in_context(trace.NonRecordingSpan(_context_from(parent)))
+        for name, start, end, attributes in rows:
+            tracer.start_span(name, context=ctx, start_time=start, attributes=attributes).end(end_time=end)
+        spans += finished
+        finished.clear()
+    return spans
+
+
+_phase_tracers: dict[str, tuple[Any, list]] = {}
+
+
+def _phase_tracer(resource_row: tuple, scope_row: tuple | None) -> tuple[Any, list]:
+    """An SDK tracer of this resource and scope whose finished spans are appended to the returned list (made once
+    per resource and scope and kept: an exporter child serves one process, of one resource and one scope)."""
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+
+    key = repr((resource_row, scope_row))
+    if key not in _phase_tracers:
+        finished: list = []
+
+        class Collect(SpanExporter):
+            def export(self, spans: Any) -> SpanExportResult:
+                finished.extend(spans)
+                return SpanExportResult.SUCCESS
+
+        provider = TracerProvider(resource=Resource(*resource_row))
+        provider.add_span_processor(SimpleSpanProcessor(Collect()))
+        name, version, schema_url, attributes = scope_row or ("", None, None, None)
+        _phase_tracers[key] = provider.get_tracer(name, version, schema_url, attributes), finished
+    return _phase_tracers[key]
+
+
+class ProcessSpanExporter:
+    """An SDK span exporter that runs the real one (``OTLPSpanExporter()``) in a child process, where it also makes
+    the spans of the phases queued with :meth:`add_phases`.
+
+    ``export(spans)`` (called on the ``BatchSpanProcessor``'s thread) turns the batch into plain tuples
+    (:func:`span_records`, a few microseconds per span) and writes it, pickled, to the child's stdin; the child
+    (:func:`export_child`, niced by 10: span export yields the CPU to serving) rebuilds the SDK's ``ReadableSpan``
+    objects and exports them. A full pipe blocks the processor's thread (without the GIL), and the processor's
+    bounded queue then drops spans, as it does for a slow collector. The child inherits the environment, so the
+    ``OTEL_EXPORTER_OTLP_*`` variables configure it; it exits when its stdin closes (also when this process dies).
+    A forked copy of this process starts a child of its own at its first export.
+
+    ``command``: the child's command line (default: this interpreter running :func:`export_child`).
+    """
+
+    def __init__(self, command: list[str] | None = None):
+        import sys
+
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        code = f"import sys; sys.path.insert(0, {root!r}); from inference_worker.tracing import export_child; " \
+               "export_child()"
+        self._command = command or [sys.executable, "-c", code]
+        self._lock = threading.Lock()
+        self._phases: collections.deque = collections.deque(maxlen=self.MAX_PENDING_PHASES)
+        self._start()
+
+    def _start(self) -> None:
+        import subprocess
+
+        self._pid = os.getpid()
+        self._process = subprocess.Popen(self._command, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+
+    MAX_PENDING_PHASES = 8192
+    """Requests whose phases wait for the next export at most (beyond: the oldest are dropped, as the batch
+    processor drops spans when its queue is full)."""
+
+    def add_phases(self, parent: Any, phases: list[tuple[str, int, int, dict]]) -> None:
+        """Queue ``phases`` (``(name, start_ns, end_ns, attributes)``) to become child spans of the SDK span
+        ``parent`` in the child process; they go with the next :meth:`export`, so call this before ending
+        ``parent`` (O(1), no I/O: safe on the event loop)."""
+        self._phases.append((parent, phases))
+
+    def _send(self, message: Any) -> bool:
+        import pickle
+
+        with self._lock:
+            try:
+                pickle.dump(message, self._process.stdin, protocol=pickle.HIGHEST_PROTOCOL)
+                self._process.stdin.flush()
+                return True
+            except (BrokenPipeError, OSError, ValueError):  # the child is gone or the pipe closed at shutdown
+                return False
+
+    def _own_process(self) -> None:
+        """In a forked copy of this process (e.g. a Celery prefork child), start its own child process and drop
+        what was pending in the parent: interleaved writes of two processes on one pipe would corrupt it."""
+        with self._lock:
+            if os.getpid() != self._pid:
+                try:
+                    self._process.stdin.close()  # this copy's descriptor only: the parent's child keeps running
+                except OSError:
+                    pass
+                self._phases.clear()
+                self._start()
+
+    def export(self, spans: Any) -> Any:
+        from opentelemetry.sdk.trace.export import SpanExportResult
+
+        self._own_process()
+        phases = []
+        while self._phases:
+            phases.append(self._phases.popleft())
+        ok = self._send(("spans", *span_records(spans, phases)))
+        return SpanExportResult.SUCCESS if ok else SpanExportResult.FAILURE
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        """Wait until the child has exported everything sent so far (True), at most ``timeout_millis``."""
+        import select
+
+        self._own_process()
+        if not self._send(("flush",)):
+            return False
+        ready, _, _ = select.select([self._process.stdout], [], [], timeout_millis / 1000)
+        return bool(ready) and self._process.stdout.read(1) == b"1"
+
+    def shutdown(self) -> None:
+        """Close the child's stdin; it exports what it holds and exits (killed after 30 s)."""
+        import subprocess
+
+        with self._lock:
+            try:
+                self._process.stdin.close()
+            except OSError:
+                pass
+        try:
+            self._process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait()
+
+
+def export_child() -> None:
+    """The child process of :class:`ProcessSpanExporter`: reads pickled messages from stdin until it closes,
+    exports each ``("spans", resources, scopes, records, phases)`` batch (:func:`spans_from_records`) with
+    ``OTLPSpanExporter()``, and answers each
+    ``("flush",)`` with one byte ``1`` on stdout once everything before it is exported."""
+    import pickle
+    import sys
+
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    try:
+        os.nice(10)
+    except OSError:
+        pass
+    exporter = OTLPSpanExporter()
+    stream = sys.stdin.buffer
+    while True:
+        try:
+            message = pickle.load(stream)
+        except EOFError:
+            break
+        if message[0] == "spans":
+            exporter.export(spans_from_records(*message[1:]))
+        elif message[0] == "flush":
+            sys.stdout.buffer.write(b"1")
+            sys.stdout.buffer.flush()
+    exporter.shutdown()
 
 
 def extract(headers: Mapping[str, str]) -> otel_context.Context:
@@ -237,7 +474,11 @@ class RequestSpan:
         span.set_attribute("ferry.request_id", timeline.request_id)
         if error:
             span.set_status(trace.Status(trace.StatusCode.ERROR, error))
-        emit_phases(span, timeline)
+        if (to := _state["phases_to"]) is not None:
+            to.add_phases(span, [(p.name, p.start_ns, p.end_ns, dict(p.attributes)) for p in timeline.phases
+                                  if p.span])
+        else:
+            emit_phases(span, timeline)
         span.end(end_time=timeline.end_ns)
 
 

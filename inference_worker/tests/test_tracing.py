@@ -73,6 +73,136 @@ def test_ratio_zero_installs_no_sdk_provider_and_spans_are_no_ops():
         tracing.configure("test", 1.5)
 
 
+def finished_spans() -> list:
+    """SDK spans of every shape the exporter must carry: a remote parent with a trace state, a child span with
+    attributes of each type, an event, a link and an error status, under two resources and two scopes."""
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    out = []
+    for service in ("ferry-router", "ferry-worker-decode"):
+        memory = InMemorySpanExporter()
+        provider = TracerProvider(resource=Resource.create({"service.name": service}))
+        provider.add_span_processor(SimpleSpanProcessor(memory))
+        remote = trace.SpanContext(0x1F, 0x2E, True, trace.TraceFlags(1), trace.TraceState([("ven", "x1")]))
+        parent_ctx = trace.set_span_in_context(trace.NonRecordingSpan(remote))
+        tracer = provider.get_tracer("ferry", "1.2", schema_url="https://opentelemetry.io/schemas/1.21.0")
+        root = tracer.start_span(f"{service}.request", context=parent_ctx, kind=trace.SpanKind.SERVER,
+                                 start_time=1_000, attributes={"ferry.tokens": 7, "ferry.ok": True,
+                                                               "ferry.share": 0.5, "ferry.names": ("a", "b")})
+        root.add_event("retry", {"attempt": 2}, timestamp=1_500)
+        root.set_status(trace.Status(trace.StatusCode.ERROR, "status 502"))
+        child = provider.get_tracer("other").start_span(
+            "kv.send", context=trace.set_span_in_context(root), start_time=1_100,
+            links=[trace.Link(remote, {"link.kind": "follows"})], attributes={"bytes_wire": 4096})
+        child.end(end_time=1_900)
+        root.end(end_time=2_000)
+        out += memory.get_finished_spans()
+    return out
+
+
+def test_span_records_round_trip_to_the_same_otlp_bytes():
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+
+    spans = finished_spans()
+    rebuilt = tracing.spans_from_records(*tracing.span_records(spans))
+    assert encode_spans(rebuilt).SerializeToString() == encode_spans(spans).SerializeToString()
+    assert [s.name for s in rebuilt] == ["kv.send", "ferry-router.request", "kv.send", "ferry-worker-decode.request"]
+
+
+def test_phases_become_child_spans_like_emit_phases_makes_them(monkeypatch):
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    memory = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource.create({"service.name": "ferry-worker-prefill"}))
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    timeline = Timeline("prefill", "r1", start_ns=1_000)
+    timeline.add("prefill.queue", 1_000, 1_400, depth=2)
+    timeline.add("kv.send", 1_400, 1_300, bytes_raw=8192, bytes_wire=4096)  # clamped: ends at its start
+    timeline.phases.append(tracing.Phase("decode", 1_500, 1_600, span=False))  # another process's phase
+    timeline.finish(2_000)
+    monkeypatch.setattr(tracing, "tracer", provider.get_tracer("ferry"))  # emit_phases' tracer, of this provider
+    root = tracing.tracer.start_span("prefill.request", start_time=1_000)
+    tracing.emit_phases(root, timeline)
+    root.end(end_time=2_000)
+    in_process = memory.get_finished_spans()[:2]
+    rows = [(p.name, p.start_ns, p.end_ns, p.attributes) for p in timeline.phases if p.span]
+    rebuilt = tracing.spans_from_records(*tracing.span_records([], [(root, rows)]))
+
+    def without_span_ids(span):  # the span ids are random in both
+        return encode_spans([span]).resource_spans[0].scope_spans[0].spans[0]
+
+    assert len(rebuilt) == 2
+    for made, expected in zip(rebuilt, in_process, strict=True):
+        got, want = without_span_ids(made), without_span_ids(expected)
+        assert len(got.span_id) == 8 and got.span_id != want.span_id
+        got.span_id = want.span_id
+        assert got == want
+        assert made.resource.attributes == expected.resource.attributes
+        assert made.instrumentation_scope == expected.instrumentation_scope
+    assert [(s.name, s.start_time, s.end_time, s.parent.span_id) for s in rebuilt] == [
+        ("prefill.queue", 1_000, 1_400, root.context.span_id), ("kv.send", 1_400, 1_400, root.context.span_id)]
+
+
+def test_the_process_exporter_posts_the_spans_from_its_child_process(collector, monkeypatch):
+    url, received = collector
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", url + "/v1/traces")
+    exporter = tracing.ProcessSpanExporter()
+    spans = finished_spans()
+    try:
+        before = len(received)
+        exporter.add_phases(spans[1], [("router.route", 1_050, 1_090, {"decision": "remote_prefill"})])
+        assert exporter.export(spans).name == "SUCCESS"
+        assert exporter.force_flush(30_000) is True
+        got = received[before:]
+    finally:
+        exporter.shutdown()
+    assert exporter._process.returncode == 0
+    root = f"{0x2E:016x}"
+    assert [(s["service"], s["scope"], s["name"], s["parent"], s["start"], s["end"]) for s in got] == [
+        ("ferry-router", "other", "kv.send", got[1]["span_id"], 1_100, 1_900),
+        ("ferry-router", "ferry", "ferry-router.request", root, 1_000, 2_000),
+        ("ferry-router", "ferry", "router.route", got[1]["span_id"], 1_050, 1_090),
+        ("ferry-worker-decode", "other", "kv.send", got[4]["span_id"], 1_100, 1_900),
+        ("ferry-worker-decode", "ferry", "ferry-worker-decode.request", root, 1_000, 2_000)]
+    assert {s["trace_id"] for s in got} == {f"{0x1F:032x}"}
+    assert got[1]["attrs"]["ferry.tokens"] == 7 and got[0]["attrs"] == {"bytes_wire": 4096}
+    assert got[2]["attrs"] == {"decision": "remote_prefill"}
+
+
+def test_a_forked_process_exports_through_a_child_of_its_own(collector, monkeypatch):
+    url, received = collector
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", url + "/v1/traces")
+    exporter = tracing.ProcessSpanExporter()
+    spans = finished_spans()
+    before = len(received)
+    try:
+        pid = os.fork()
+        if pid == 0:  # the forked copy: its spans must arrive whole, through another exporter process
+            code = 1
+            try:
+                inherited = exporter._process.pid
+                ok = exporter.export(spans[:2]).name == "SUCCESS" and exporter.force_flush(30_000)
+                code = 0 if ok and exporter._process.pid != inherited else 1
+                exporter.shutdown()
+            finally:
+                os._exit(code)
+        assert os.waitpid(pid, 0)[1] == 0
+        assert exporter.export(spans[2:]).name == "SUCCESS"
+        assert exporter.force_flush(30_000) is True
+    finally:
+        exporter.shutdown()
+    assert sorted((s["service"], s["name"]) for s in received[before:]) == [
+        ("ferry-router", "ferry-router.request"), ("ferry-router", "kv.send"),
+        ("ferry-worker-decode", "ferry-worker-decode.request"), ("ferry-worker-decode", "kv.send")]
+
+
 # ---- one completion through the router with remote prefill, real processes ---------------------------------
 
 class _Receiver(BaseHTTPRequestHandler):
