@@ -1,9 +1,9 @@
 """Filters for ``/api/v1/profiles/`` and ``/api/v1/plans/``."""
 
-import django_filters
 from django.db.models import Q
 
-from apps.core.filters import FilterSet
+from apps.core.filters import FilterSet, IntegerFilter, integer_range
+from apps.fleet.models import Pool
 from apps.planning.models import PlanResult, Profile
 
 
@@ -14,7 +14,9 @@ class ProfileFilterSet(FilterSet):
 
 
 class PlanResultFilterSet(FilterSet):
-    pool = django_filters.NumberFilter(method="filter_pool")
+    pool = IntegerFilter(method="filter_pool", min_value=integer_range(Pool._meta.pk)[0],
+                         max_value=integer_range(Pool._meta.pk)[1],
+                         label="Plans whose prefill or decode pool is this pool.")
 
     class Meta:
         model = PlanResult
