@@ -14,7 +14,7 @@ import io
 import json
 
 import pytest
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 
 from apps.dashboard.tests.live_stack import (
     ARTIFACTS,
@@ -119,8 +119,11 @@ def test_apply_from_the_planning_page_scales_both_pools_to_the_recommendation(
     assert wait_for(lambda: ready(prefill.pk) == 1 and ready(decode.pk) == 1, READY_TIMEOUT_S), (
         stack["celery"].log()[-3000:], stack["loop"].errors)
     assert wait_for(lambda: not Action.objects.filter(status__in=Action.ACTIVE_STATUSES).exists(), 60)
-    assert {(a.kind, a.status) for a in Action.objects.filter(pool__in=[prefill, decode])} == {
-        ("pool.scale", "succeeded"), ("pool.track_set", "succeeded")}
+    # Each pool.scale ran one pool.track_set (stable: 0 -> 1) on its pool, requested by olga; all succeeded.
+    assert sorted((a.kind, a.target_id, a.params["track"] if a.kind == "pool.track_set" else "", a.status)
+                  for a in Action.objects.all()) == sorted(
+        [("pool.scale", str(p.pk), "", "succeeded") for p in (prefill, decode)]
+        + [("pool.track_set", str(p.pk), "stable", "succeeded") for p in (prefill, decode)])
     assert [t.replicas for t in prefill.tracks.all()] == [1] and [t.replicas for t in decode.tracks.all()] == [1]
     page.wait_for_function("document.querySelectorAll('#measured tbody tr').length === 2", timeout=30_000,
                            polling=500)
@@ -129,8 +132,11 @@ def test_apply_from_the_planning_page_scales_both_pools_to_the_recommendation(
 
     # ferry_profile on the decode pool's real worker: a short sweep, stored as a measured profile.
     out = io.StringIO()
-    call_command("ferry_profile", "dc-d/decode", "--hardware-label", "cpu-test", "--lengths", "16,32,64",
-                 "--batch-sizes", "1,2", "--max-new-tokens", "6", stdout=out)
+    try:
+        call_command("ferry_profile", "dc-d/decode", "--hardware-label", "cpu-test", "--lengths", "16,32,64",
+                     "--batch-sizes", "1,2", "--max-new-tokens", "6", stdout=out)
+    except CommandError as exc:
+        raise AssertionError(f"{exc}; log: {Action.objects.get(kind='pool.profile').log}") from exc
     measured = Profile.objects.get(source="measured")
     assert (measured.pool_id, measured.pool_kind, measured.hardware_label) == (decode.pk, "decode", "cpu-test")
     assert [n for n, _ in measured.prefill_points] == [16, 32, 64]

@@ -29,6 +29,7 @@
     event.preventDefault();
     const file = $("import-file").files[0];
     if (!file) { $("import-result").textContent = "Choose a JSON file first."; return; }
+    $("import-result").textContent = `Importing ${file.name}…`;
     let profile;
     try { profile = JSON.parse(await file.text()); } catch (e) {
       $("import-result").textContent = `${file.name} is not valid JSON: ${e.message}`; return;
@@ -41,6 +42,7 @@
   const measureForm = $("profile-measure");
   if (measureForm) measureForm.addEventListener("submit", async (event) => {
     event.preventDefault();
+    $("measure-result").textContent = "Requesting…";
     const result = await Ferry.api("POST", "/api/v1/profiles/measure/",
       {pool: Number($("measure-pool").value), hardware_label: $("measure-hardware").value.trim()});
     $("measure-result").textContent = result.ok
