@@ -143,5 +143,7 @@ def test_apply_from_the_planning_page_scales_both_pools_to_the_recommendation(
     assert [b for b, _ in measured.decode_points] == [1, 2]
     assert all(s > 0 for _, s in measured.prefill_points + measured.decode_points)
     action = Action.objects.get(kind="pool.profile")
-    assert action.status == "succeeded" and action.log[-1]["message"] == f"stored profile #{measured.pk}"
+    messages = [line["message"] for line in action.log]
+    assert action.status == "succeeded" and messages[-2:] == [f"stored profile #{measured.pk}", "succeeded"]
+    print("measured profile:", measured.prefill_points, measured.decode_points, messages[-3])
     context.close()
