@@ -148,3 +148,18 @@ def test_plan_pool_filter_finds_plans_of_either_pool(two_dcs, profiles, operator
                            (make_pool("other", role="decode", replicas=0), [])):
         found = operator_api.get(f"/api/v1/plans/?pool={pool.pk}")
         assert [p["id"] for p in found.json()["results"]] == expected
+
+
+def test_measured_shows_each_pools_newest_telemetry_beside_the_prediction(two_dcs, profiles, operator_api,
+                                                                          default_history):
+    from apps.telemetry.selectors import history_scope
+
+    plan = operator_api.post("/api/v1/plans/", _plan_body(two_dcs), format="json").json()
+    for at, ttft in ((1000.0, 0.5), (1001.0, 0.25)):  # the newer record wins
+        default_history.append(history_scope(two_dcs["decode"].pk), at, {
+            "at": at, "signals": {"ttft_p50_s": ttft, "ttft_p95_s": 0.75, "tpot_p50_s": 0.03,
+                                  "request_rate_per_s": 1.5, "error_rate": 0.0}})
+    measured = operator_api.get(f"/api/v1/plans/{plan['id']}/measured/").json()["measured"]
+    assert measured[str(two_dcs["decode"].pk)] == {"at": 1001.0, "ttft_p50_s": 0.25, "ttft_p95_s": 0.75,
+                                                   "tpot_p50_s": 0.03, "request_rate_per_s": 1.5}
+    assert measured[str(two_dcs["prefill"].pk)]["ttft_p50_s"] is None
