@@ -84,6 +84,8 @@ def test_apply_from_the_planning_page_scales_both_pools_to_the_recommendation(
                          drain_timeout_s=10)
 
     context, page, guard = signed_in(browser, server, "olga")
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
     page.goto(f"{server.base_url}/planning/")
     for pool, fixture in ((prefill, "prefill_profile.json"), (decode, "decode_profile_slow_prefill.json")):
         page.select_option("#import-pool", str(pool.pk))
@@ -128,7 +130,7 @@ def test_apply_from_the_planning_page_scales_both_pools_to_the_recommendation(
     page.wait_for_function("document.querySelectorAll('#measured tbody tr').length === 2", timeout=30_000,
                            polling=500)
     page.screenshot(path=str(ARTIFACTS / "planning-applied.png"), full_page=True, timeout=120_000)
-    assert guard.remote == []
+    assert guard.remote == [] and errors == []
 
     # ferry_profile on the decode pool's real worker: a short sweep, stored as a measured profile.
     out = io.StringIO()

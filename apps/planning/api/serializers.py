@@ -11,9 +11,12 @@ from apps.planning.models import PlanResult, PlanScenario, Profile
 
 
 class ProfileSerializer(serializers.ModelSerializer):
+    model_version_label = serializers.CharField(source="model_version.__str__", read_only=True,
+                                                help_text="The model version as name:version.")
+
     class Meta:
         model = Profile
-        fields = ["id", "model_version", "hardware_label", "pool_kind", "pool", "source", "prefill_points",
+        fields = ["id", "model_version", "model_version_label", "hardware_label", "pool_kind", "pool", "source", "prefill_points",
                   "decode_points", "prefill_coefficients", "decode_coefficients", "kv_capacity_bytes", "created_at"]
         read_only_fields = fields
 

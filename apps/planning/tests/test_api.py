@@ -32,6 +32,7 @@ def test_viewers_read_and_operators_write(two_dcs, profiles, viewer_api, operato
     assert created.status_code == 201
     assert created.json()["prefill_coefficients"] == pytest.approx([0.02, 0.0005, 0.0], abs=1e-12)
     assert created.json()["source"] == "imported" and created.json()["pool_kind"] == "prefill"
+    assert created.json()["model_version_label"] == "gemma-like:v1"
 
 
 def test_plan_create_apply_and_measured(two_dcs, profiles, operator_api, viewer_api, default_history):

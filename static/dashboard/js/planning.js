@@ -16,7 +16,7 @@
     const result = await Ferry.api("GET", "/api/v1/profiles/?page_size=50");
     if (!result.ok) return;
     const rows = (result.data.results || result.data).map(p => Ferry.el("tr", {"data-profile": p.id},
-      Ferry.el("td", {}, String(p.id)), Ferry.el("td", {}, String(p.model_version)), Ferry.el("td", {}, p.pool_kind),
+      Ferry.el("td", {}, String(p.id)), Ferry.el("td", {}, p.model_version_label), Ferry.el("td", {}, p.pool_kind),
       Ferry.el("td", {}, p.hardware_label), Ferry.el("td", {}, p.source),
       Ferry.el("td", {title: "a0 + a1 N + a2 N²"}, poly(p.prefill_coefficients)),
       Ferry.el("td", {title: "b0 + b1 B"}, poly(p.decode_coefficients)), Ferry.el("td", {}, Ferry.fmtTime(p.created_at))));
@@ -91,8 +91,10 @@
       {x: rates, y: data.curve.map(p => p.ttft_p50_s), name: "TTFT p50", mode: "lines+markers"},
       {x: rates, y: data.curve.map(p => p.ttft_p90_s), name: "TTFT p90", mode: "lines+markers"},
       {x: [data.workload.rate_per_s], y: [data.ttft_p90_s], name: "planned rate", mode: "markers", marker: {size: 12}},
-    ], {title: "Predicted TTFT of the recommended fleet vs arrival rate", margin: {t: 40, r: 10, b: 40, l: 50},
-        xaxis: {title: "requests/s"}, yaxis: {title: "seconds", rangemode: "tozero"}}, {displaylogo: false});
+    ], {title: {text: "Predicted TTFT of the recommended fleet vs arrival rate", font: {size: 13}},
+        margin: {t: 40, r: 10, b: 40, l: 50}, height: 320, legend: {orientation: "h"},
+        xaxis: {title: {text: "requests/s"}}, yaxis: {title: {text: "seconds"}, rangemode: "tozero"}},
+      {displaylogo: false});
     showSteps(data.applied || []);
     if (data.applied_at) startMeasured();
   }
