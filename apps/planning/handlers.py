@@ -20,7 +20,7 @@ def pool_profile_handler(action: Action) -> None:
     """Profile the Action's pool on its first ready replica (by name) and store a ``measured`` profile.
 
     Raises:
-        ActionError: (retryable) the pool is gone, has no ready replica, or the sweep failed; (not retryable) the
+        ActionError: (not retryable) the pool is gone; (retryable) no ready replica, the sweep failed, or the
             points could not be fitted (the message says why).
     """
     pool = action.pool
@@ -48,5 +48,7 @@ def pool_profile_handler(action: Action) -> None:
             source=Profile.Source.MEASURED, prefill_points=[list(p) for p in found.prefill_points],
             decode_points=[list(p) for p in found.decode_points], pool=pool)
     except ValidationError as exc:
-        raise ActionError(f"the measured points could not be fitted: {'; '.join(exc.messages)}") from exc
+        # Measurement noise (a loaded machine) can flatten the decode curve: measuring again may succeed.
+        raise ActionError(f"the measured points could not be fitted: {'; '.join(exc.messages)}",
+                          retryable=True) from exc
     action_log_append(action_id=action.pk, message=f"stored profile #{profile.pk}")
