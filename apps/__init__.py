@@ -7,6 +7,7 @@ module imports from a layer above its own, function-local imports included)::
     setup          demo fleet, ferry_setup / ferry_demo, the ``make run`` launcher
     dashboard      pages and Channels consumers
     rollouts       decides; changes pool tracks only through operations' services
+    planning       profiles and capacity plans; applies a plan through operations' services
     operations     every verb that changes the world: Actions, pool scale/delete, replica logs,
                    reconcile, autoscaler
     orchestrators  backends (Kubernetes, local agent); no models
@@ -26,7 +27,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("telemetry",),
     ("orchestrators",),
     ("operations",),
-    ("rollouts",),
+    ("rollouts", "planning"),
     ("dashboard",),
     ("setup",),
 )

@@ -96,6 +96,7 @@ INSTALLED_APPS = [
     "apps.catalog",
     "apps.fleet",
     "apps.rollouts",
+    "apps.planning",
     "apps.operations",
     "apps.telemetry",
     "apps.dashboard",

@@ -20,6 +20,7 @@ API_V1 = [
     path("", include("apps.rollouts.api.urls")),
     path("", include("apps.operations.api.urls")),
     path("", include("apps.telemetry.api.urls")),
+    path("", include("apps.planning.api.urls")),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
 ]

@@ -415,3 +415,17 @@ def alert_page_rows() -> dict:
     rows = [{**alert_payload(a, silenced_until=a.silenced_until), "pool_name": a.pool.name}
             for a in (*firing, *resolved)]
     return {"alerts": rows, "silence_choices_s": [900, 3600, 4 * 3600, 24 * 3600]}
+
+
+def planning_choices() -> dict:
+    """What the planning page offers: pools (id, name, cluster, datacenter, role, model version) and links
+    (id, ends, Gbit/s, ms). Two queries."""
+    pools = [{"id": p.pk, "name": p.name, "cluster": p.cluster.name, "cluster_id": p.cluster_id,
+              "datacenter": p.cluster.datacenter, "role": p.role, "model_version": str(p.model_version),
+              "model_version_id": p.model_version_id}
+             for p in Pool.objects.select_related("cluster", "model_version").order_by("id")]
+    links = [{"id": link.pk, "source": link.source.name, "source_id": link.source_id,
+              "destination": link.destination.name, "destination_id": link.destination_id,
+              "bandwidth_gbps": link.bandwidth_gbps, "rtt_ms": link.rtt_ms}
+             for link in ClusterLink.objects.select_related("source", "destination").order_by("id")]
+    return {"pools": pools, "links": links}

@@ -14,6 +14,7 @@ urlpatterns = [
     path("model-versions/", views.model_versions_page, name="model_versions"),
     path("links/<int:link_id>/", views.link_page, name="link"),
     path("alerts/", views.alerts_page, name="alerts"),
+    path("planning/", views.planning_page, name="planning"),
     path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
 ]

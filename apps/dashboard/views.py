@@ -100,5 +100,11 @@ def link_page(request: HttpRequest, link_id: int) -> HttpResponse:
 
 
 @role_required
+def planning_page(request: HttpRequest) -> HttpResponse:
+    """Capacity planning: profiles (import, measure), a plan for two pools and a link, apply, predicted vs measured."""
+    return render(request, "dashboard/planning.html", _context(request, choices=selectors.planning_choices()))
+
+
+@role_required
 def alerts_page(request: HttpRequest) -> HttpResponse:
     return render(request, "dashboard/alerts.html", _context(request, data=selectors.alert_page_rows()))

@@ -1,0 +1,113 @@
+"""Serializers for profiles and plans. Points and workloads are validated again by the services."""
+
+from __future__ import annotations
+
+from rest_framework import serializers
+
+from apps.core.serializers import StrictFieldsMixin, StrictFloatField
+from apps.fleet.models import ClusterLink, Pool
+from apps.planning import profiling
+from apps.planning.models import PlanResult, PlanScenario, Profile
+
+
+class ProfileSerializer(serializers.ModelSerializer):
+    model_version_label = serializers.CharField(source="model_version.__str__", read_only=True,
+                                                help_text="The model version as name:version.")
+
+    class Meta:
+        model = Profile
+        fields = ["id", "model_version", "model_version_label", "hardware_label", "pool_kind", "pool", "source", "prefill_points",
+                  "decode_points", "prefill_coefficients", "decode_coefficients", "kv_capacity_bytes", "created_at"]
+        read_only_fields = fields
+
+
+class ProfileImportSerializer(StrictFieldsMixin, serializers.Serializer):
+    """``POST /api/v1/profiles/``: a profile file's content for a pool (its model version and role)."""
+
+    pool = serializers.PrimaryKeyRelatedField(queryset=Pool.objects.select_related("model_version"))
+    profile = serializers.JSONField(help_text='The file: {"hardware_label", "source" (imported|roofline), '
+                                              '"prefill_points": [[tokens, s]], "decode_points": [[batch, s]], '
+                                              '"kv_capacity_bytes"}.')
+
+
+class ProfileMeasureSerializer(StrictFieldsMixin, serializers.Serializer):
+    """``POST /api/v1/profiles/measure/``: a bounded sweep of a pool's ready replica (a ``pool.profile`` Action)."""
+
+    pool = serializers.PrimaryKeyRelatedField(queryset=Pool.objects.all())
+    hardware_label = serializers.CharField(max_length=100)
+    lengths = serializers.ListField(child=serializers.IntegerField(min_value=1, max_value=1_000_000),
+                                    min_length=3, max_length=profiling.MAX_LENGTHS, required=False)
+    batch_sizes = serializers.ListField(child=serializers.IntegerField(min_value=1, max_value=256),
+                                        min_length=2, max_length=profiling.MAX_BATCH_SIZES, required=False)
+    max_new_tokens = serializers.IntegerField(min_value=4, max_value=64, default=profiling.DEFAULT_MAX_NEW_TOKENS)
+
+
+class WorkloadSerializer(StrictFieldsMixin, serializers.Serializer):
+    """Lengths in tokens, the arrival rate (Poisson, req/s) and the objectives. With the telemetry source the
+    lengths and rate are read from telemetry and may be left out."""
+
+    prompt_median = serializers.IntegerField(min_value=1, max_value=1_000_000, required=False)
+    prompt_p90 = serializers.IntegerField(min_value=1, max_value=1_000_000, required=False, allow_null=True,
+                                          default=None)
+    prompt_cap = serializers.IntegerField(min_value=1, max_value=1_000_000, required=False)
+    output_median = serializers.IntegerField(min_value=1, max_value=100_000, required=False)
+    rate_per_s = StrictFloatField(min_value=1e-6, max_value=1e6, required=False)
+    ttft_slo_s = StrictFloatField(min_value=1e-3, max_value=3600)
+    tpot_slo_s = StrictFloatField(min_value=1e-4, max_value=60)
+    attainment = StrictFloatField(min_value=0.01, max_value=0.999, default=0.9)
+    max_link_share = StrictFloatField(min_value=0.01, max_value=1.0, default=1.0)
+
+    def validate(self, attrs: dict) -> dict:
+        telemetry = self.context.get("workload_source") == PlanScenario.WorkloadSource.TELEMETRY
+        if not telemetry:
+            missing = [f for f in ("prompt_median", "prompt_cap", "output_median", "rate_per_s") if f not in attrs]
+            if missing:
+                raise serializers.ValidationError({f: ["This field is required unless workload_source is telemetry."]
+                                                   for f in missing})
+            median, p90, cap = attrs["prompt_median"], attrs.get("prompt_p90"), attrs["prompt_cap"]
+            if p90 is not None and p90 < median:
+                raise serializers.ValidationError({"prompt_p90": ["must be at least prompt_median"]})
+            if cap < max(median, p90 or 0):
+                raise serializers.ValidationError({"prompt_cap": ["must be at least prompt_median and prompt_p90"]})
+        else:
+            attrs = {k: attrs[k] for k in ("ttft_slo_s", "tpot_slo_s", "attainment", "max_link_share")}
+        return attrs
+
+
+class PlanCreateSerializer(StrictFieldsMixin, serializers.Serializer):
+    """``POST /api/v1/plans/``: compute a plan for a prefill and a decode pool joined by a link."""
+
+    name = serializers.CharField(max_length=100, required=False, default="", allow_blank=True)
+    prefill_pool = serializers.PrimaryKeyRelatedField(queryset=Pool.objects.select_related("model_version"))
+    decode_pool = serializers.PrimaryKeyRelatedField(queryset=Pool.objects.select_related("model_version"))
+    link = serializers.PrimaryKeyRelatedField(queryset=ClusterLink.objects.all())
+    workload_source = serializers.ChoiceField(choices=PlanScenario.WorkloadSource.choices,
+                                              default=PlanScenario.WorkloadSource.GIVEN)
+    workload = serializers.DictField(help_text="See WorkloadSerializer: lengths, rate_per_s, objectives.")
+    max_replicas = serializers.IntegerField(min_value=2, max_value=256, default=16,
+                                            help_text="The largest total (prefill + decode) the search tries.")
+
+    def validate(self, attrs: dict) -> dict:
+        if attrs["prefill_pool"].pk == attrs["decode_pool"].pk:
+            raise serializers.ValidationError({"decode_pool": ["choose two different pools"]})
+        workload = WorkloadSerializer(data=attrs["workload"], context={"workload_source": attrs["workload_source"]})
+        if not workload.is_valid():
+            raise serializers.ValidationError({"workload": workload.errors})
+        attrs["workload"] = workload.validated_data
+        return attrs
+
+
+class PlanResultSerializer(serializers.ModelSerializer):
+    name = serializers.CharField(source="scenario.name", read_only=True)
+    prefill_pool = serializers.IntegerField(source="scenario.prefill_pool_id", read_only=True)
+    decode_pool = serializers.IntegerField(source="scenario.decode_pool_id", read_only=True)
+    link = serializers.IntegerField(source="scenario.link_id", read_only=True)
+    workload_source = serializers.CharField(source="scenario.workload_source", read_only=True)
+
+    class Meta:
+        model = PlanResult
+        fields = ["id", "name", "prefill_pool", "decode_pool", "link", "workload_source", "workload",
+                  "prefill_profile", "decode_profile", "prefill_replicas", "decode_replicas", "fleet",
+                  "threshold_tokens", "link_gbps", "link_share", "remote_share", "ttft_p50_s", "ttft_p90_s", "tpot_s",
+                  "attainment", "curve", "applied_at", "applied", "created_at"]
+        read_only_fields = fields

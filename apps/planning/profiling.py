@@ -1,0 +1,165 @@
+"""A bounded profiling sweep of one worker over its OpenAI API (what ``ferry_profile`` and ``pool.profile`` run).
+
+- **Prefill time vs prompt length**: for each length ``N`` a completion of ``N`` random token ids with
+  ``max_tokens=1`` (its first and only token comes from the prefill); the wall time of the fastest of
+  ``repeats`` requests is the point. The ids are drawn fresh for every request, so the worker's prefix cache
+  never hits (a hit would measure a shorter prefill).
+- **Decode step time vs batch size**: ``B`` concurrent streamed completions of ``max_new_tokens`` tokens each
+  (``ignore_eos``); the gaps between consecutive streamed tokens of a stream, after its first token, are decode
+  steps of a batch of ``B`` (continuous batching). A round's value is the median gap over all its streams; the
+  point is the smallest of ``repeats`` rounds (as for prefill: interference from other work on the machine only
+  adds time). One unmeasured stream first warms the decode path up (a fresh worker's first decode steps were
+  seen 10x slower than later ones).
+
+Bounds: lengths are clipped to the worker's usable context (``/v1/models``' ``max_model_len``) less the
+output token, at most 8 lengths and 6 batch sizes, one timeout per request. Raises :class:`SweepError`
+(with the reason) on any worker error; nothing here touches the database.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import httpx
+import numpy as np
+
+MAX_LENGTHS = 8
+MAX_BATCH_SIZES = 6
+DEFAULT_LENGTHS = (32, 128, 256, 512)
+DEFAULT_BATCH_SIZES = (1, 2, 4)
+DEFAULT_MAX_NEW_TOKENS = 12
+DECODE_PROMPT_TOKENS = 16
+FIRST_TOKEN_ID = 100
+"""Random prompt ids are drawn from ``[FIRST_TOKEN_ID, vocab_size)`` (low ids are special tokens in most vocabularies)."""
+
+
+class SweepError(Exception):
+    """The worker could not be profiled; the message says why (HTTP status and body, or the transport error)."""
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    """Measured points: ``prefill_points`` ``[(prompt tokens, seconds)]``, ``decode_points`` ``[(batch, seconds)]``."""
+
+    prefill_points: list[tuple[int, float]]
+    decode_points: list[tuple[int, float]]
+    model: str
+    """The served model name (``/v1/models``)."""
+
+
+def validate_sweep(lengths: list[int], batch_sizes: list[int], max_new_tokens: int) -> None:
+    """Refuse an unbounded or unfit sweep.
+
+    Raises:
+        ValueError: fewer than 3 or more than ``MAX_LENGTHS`` distinct lengths, fewer than 2 or more than
+            ``MAX_BATCH_SIZES`` distinct batch sizes, a non-positive value, or ``max_new_tokens`` outside 4..64.
+    """
+    if not 3 <= len(set(lengths)) <= MAX_LENGTHS or min(lengths) < 1:
+        raise ValueError(f"lengths: give 3 to {MAX_LENGTHS} distinct positive prompt lengths, got {lengths}")
+    if not 2 <= len(set(batch_sizes)) <= MAX_BATCH_SIZES or min(batch_sizes) < 1:
+        raise ValueError(f"batch_sizes: give 2 to {MAX_BATCH_SIZES} distinct positive batch sizes, got {batch_sizes}")
+    if not 4 <= max_new_tokens <= 64:
+        raise ValueError(f"max_new_tokens must be in 4..64, got {max_new_tokens}")
+
+
+def _error(response: httpx.Response) -> SweepError:
+    return SweepError(f"worker answered HTTP {response.status_code}: {response.text[:300]}")
+
+
+class WorkerSweep:
+    """Profile the worker at ``endpoint`` (``http://host:port``) with the pool's worker ``token``."""
+
+    def __init__(self, endpoint: str, token: str, *, vocab_size: int, timeout_s: float = 120.0, seed: int = 0):
+        self.endpoint = endpoint.rstrip("/")
+        self.headers = {"Authorization": f"Bearer {token}"}
+        self.vocab_size = vocab_size
+        self.timeout_s = timeout_s
+        self.rng = np.random.default_rng(seed)
+
+    def _ids(self, n: int) -> list[int]:
+        return self.rng.integers(FIRST_TOKEN_ID, self.vocab_size, n).tolist()
+
+    def model_card(self, client: httpx.Client) -> tuple[str, int | None]:
+        """``(served model name, usable context tokens or None)`` from ``GET /v1/models``."""
+        response = client.get(f"{self.endpoint}/v1/models")
+        if response.status_code != 200:
+            raise _error(response)
+        card = response.json()["data"][0]
+        return card["id"], card.get("max_model_len")
+
+    def prefill_points(self, client: httpx.Client, model: str, lengths: list[int], repeats: int = 2
+                       ) -> list[tuple[int, float]]:
+        """``[(N, fastest wall seconds of a max_tokens=1 completion of N fresh random ids)]``."""
+        points = []
+        for n in lengths:
+            best = float("inf")
+            for _ in range(repeats):
+                body = {"model": model, "prompt": self._ids(n), "max_tokens": 1, "temperature": 0}
+                started = time.perf_counter()
+                response = client.post(f"{self.endpoint}/v1/completions", json=body)
+                elapsed = time.perf_counter() - started
+                if response.status_code != 200:
+                    raise _error(response)
+                best = min(best, elapsed)
+            points.append((n, best))
+        return points
+
+    def _stream_gaps(self, model: str, max_new_tokens: int) -> list[float]:
+        body = {"model": model, "prompt": self._ids(DECODE_PROMPT_TOKENS), "max_tokens": max_new_tokens,
+                "temperature": 0, "stream": True, "ignore_eos": True}
+        arrivals = []
+        with httpx.Client(timeout=self.timeout_s, headers=self.headers) as client, \
+                client.stream("POST", f"{self.endpoint}/v1/completions", json=body) as response:
+            if response.status_code != 200:
+                response.read()
+                raise _error(response)
+            for line in response.iter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[len("data: "):])
+                if chunk.get("choices"):
+                    arrivals.append(time.perf_counter())
+        return [b - a for a, b in zip(arrivals[1:], arrivals[2:], strict=False)]
+
+    def decode_points(self, model: str, batch_sizes: list[int], max_new_tokens: int, repeats: int = 2
+                      ) -> list[tuple[int, float]]:
+        """``[(B, smallest over repeats of the median inter-token gap of B concurrent streams, seconds)]``."""
+        self._stream_gaps(model, max_new_tokens)  # warm-up, not measured
+        points = []
+        for batch in batch_sizes:
+            best = float("inf")
+            for _ in range(repeats):
+                with ThreadPoolExecutor(max_workers=batch) as pool:
+                    gaps = [g for found in pool.map(lambda _: self._stream_gaps(model, max_new_tokens),
+                                                    range(batch)) for g in found]
+                if not gaps:
+                    raise SweepError(f"batch {batch}: the streams carried fewer than 3 tokens each")
+                best = min(best, statistics.median(gaps))
+            points.append((batch, best))
+        return points
+
+    def run(self, *, lengths: list[int], batch_sizes: list[int], max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
+            ) -> SweepResult:
+        """The whole sweep (lengths clipped to the usable context).
+
+        Raises:
+            ValueError: see :func:`validate_sweep`.
+            SweepError: a worker error or an unreachable worker.
+        """
+        validate_sweep(lengths, batch_sizes, max_new_tokens)
+        try:
+            with httpx.Client(timeout=self.timeout_s, headers=self.headers) as client:
+                model, context = self.model_card(client)
+                if context is not None:
+                    lengths = sorted({min(n, context - 1) for n in lengths})
+                    if len(lengths) < 3:
+                        raise SweepError(f"the worker's context ({context} tokens) leaves fewer than 3 lengths")
+                prefill = self.prefill_points(client, model, sorted(lengths))
+            decode = self.decode_points(model, sorted(set(batch_sizes)), max_new_tokens)
+        except httpx.HTTPError as exc:
+            raise SweepError(f"{type(exc).__name__} talking to {self.endpoint}: {exc}") from exc
+        return SweepResult(prefill, decode, model)

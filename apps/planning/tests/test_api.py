@@ -1,0 +1,166 @@
+"""``/api/v1/profiles/`` and ``/api/v1/plans/``: roles, 400s naming the field, apply and measured, the schema."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from apps.operations.models import Action
+from apps.operations.pools import pool_scale
+from apps.planning.models import PlanResult, Profile
+from apps.planning.tests.conftest import FIXTURES, WORKLOAD
+
+pytestmark = pytest.mark.django_db
+
+
+def _plan_body(two_dcs, **changes):
+    return {"prefill_pool": two_dcs["prefill"].pk, "decode_pool": two_dcs["decode"].pk, "link": two_dcs["link"].pk,
+            "workload": dict(WORKLOAD), **changes}
+
+
+def test_viewers_read_and_operators_write(two_dcs, profiles, viewer_api, operator_api):
+    listed = viewer_api.get("/api/v1/profiles/")
+    assert listed.status_code == 200 and [p["id"] for p in listed.json()["results"]] == [profiles[1].pk,
+                                                                                       profiles[0].pk]
+    profile = json.loads((FIXTURES / "prefill_profile.json").read_text())
+    refused = viewer_api.post("/api/v1/profiles/", {"pool": two_dcs["prefill"].pk, "profile": profile}, format="json")
+    assert refused.status_code == 403 and "needs the operator role" in refused.json()["detail"]
+    assert viewer_api.post("/api/v1/plans/", _plan_body(two_dcs), format="json").status_code == 403
+    created = operator_api.post("/api/v1/profiles/", {"pool": two_dcs["prefill"].pk, "profile": profile},
+                                format="json")
+    assert created.status_code == 201
+    assert created.json()["prefill_coefficients"] == pytest.approx([0.02, 0.0005, 0.0], abs=1e-12)
+    assert created.json()["source"] == "imported" and created.json()["pool_kind"] == "prefill"
+    assert created.json()["model_version_label"] == "gemma-like:v1"
+
+
+def test_plan_create_apply_and_measured(two_dcs, profiles, operator_api, viewer_api, default_history):
+    created = operator_api.post("/api/v1/plans/", _plan_body(two_dcs, name="peak"), format="json")
+    assert created.status_code == 201, created.json()
+    plan = created.json()
+    assert (plan["name"], plan["prefill_replicas"], plan["decode_replicas"], plan["threshold_tokens"]) == (
+        "peak", 1, 2, 9)
+    assert plan["applied"] == [] and plan["applied_at"] is None
+    applied = operator_api.post(f"/api/v1/plans/{plan['id']}/apply/")
+    assert applied.status_code == 200
+    steps = applied.json()["applied"]
+    assert [(s["step"], s["pool"], s.get("replicas")) for s in steps] == [
+        ("scale", two_dcs["prefill"].pk, 1), ("scale", two_dcs["decode"].pk, 2), ("set_bounds", two_dcs["prefill"].pk, None)]
+    assert sorted(Action.objects.filter(kind="pool.scale").values_list("params__replicas", flat=True)) == [1, 2]
+    measured = viewer_api.get(f"/api/v1/plans/{plan['id']}/measured/")
+    assert measured.status_code == 200
+    assert measured.json() == {
+        "predicted": {"ttft_p50_s": plan["ttft_p50_s"], "ttft_p90_s": plan["ttft_p90_s"], "tpot_s": plan["tpot_s"]},
+        "measured": {str(pid): {"at": None, "ttft_p50_s": None, "ttft_p95_s": None, "tpot_p50_s": None,
+                                "request_rate_per_s": None} for pid in (two_dcs["prefill"].pk, two_dcs["decode"].pk)}}
+
+
+def test_apply_on_a_busy_pool_is_409(two_dcs, profiles, operator_api):
+    plan = operator_api.post("/api/v1/plans/", _plan_body(two_dcs), format="json").json()
+    pool_scale(pool=two_dcs["prefill"], replicas=2)
+    refused = operator_api.post(f"/api/v1/plans/{plan['id']}/apply/")
+    assert refused.status_code == 409 and "already has action" in refused.json()["detail"]
+    assert Action.objects.count() == 1
+
+
+@pytest.mark.parametrize(("change", "field", "message"), [
+    ({"extra": 1}, "extra", "Unknown field"),
+    ({"workload": {**WORKLOAD, "rate_per_s": True}}, "workload", "A valid number is required."),
+    ({"workload": {k: v for k, v in WORKLOAD.items() if k != "rate_per_s"}}, "workload",
+     "This field is required unless workload_source is telemetry."),
+    ({"workload": {**WORKLOAD, "prompt_p90": 100}}, "workload", "must be at least prompt_median"),
+    ({"workload": {**WORKLOAD, "prompt_cap": 512}}, "workload", "must be at least prompt_median and prompt_p90"),
+    ({"workload": {**WORKLOAD, "attainment": 1.5}}, "workload", "less than or equal to 0.999"),
+    ({"workload": {**WORKLOAD, "unknown": 1}}, "workload", "Unknown field"),
+    ({"workload": "fast"}, "workload", "Expected a dictionary"),
+    ({"workload_source": "yesterday"}, "workload_source", "not a valid choice"),
+    ({"max_replicas": 1}, "max_replicas", "greater than or equal to 2"),
+    ({"link": 999999}, "link", "does not exist"),
+])
+def test_bad_plan_input_is_a_400_naming_the_field(two_dcs, profiles, operator_api, change, field, message):
+    refused = operator_api.post("/api/v1/plans/", _plan_body(two_dcs, **change), format="json")
+    assert refused.status_code == 400, refused.json()
+    assert message in json.dumps(refused.json()[field])
+    assert not PlanResult.objects.exists()
+
+
+def test_same_pool_twice_no_profile_and_unmeetable_objectives_are_400s(two_dcs, operator_api):
+    same = operator_api.post("/api/v1/plans/", _plan_body(two_dcs, decode_pool=two_dcs["prefill"].pk), format="json")
+    assert same.status_code == 400 and same.json()["decode_pool"] == ["choose two different pools"]
+    missing = operator_api.post("/api/v1/plans/", _plan_body(two_dcs), format="json")
+    assert missing.status_code == 400 and "no profile for pool dc-p/prefill" in missing.json()["prefill_pool"][0]
+    for pool, name in ((two_dcs["prefill"], "prefill_profile.json"), (two_dcs["decode"], "decode_profile.json")):
+        operator_api.post("/api/v1/profiles/", {"pool": pool.pk, "profile": json.loads((FIXTURES / name).read_text())},
+                          format="json")
+    hopeless = operator_api.post("/api/v1/plans/", _plan_body(two_dcs, workload={**WORKLOAD, "ttft_slo_s": 0.01}),
+                                 format="json")
+    assert hopeless.status_code == 400 and "no fleet of at most 16 replicas" in hopeless.json()["workload"][0]
+
+
+@pytest.mark.parametrize(("profile", "field", "message"), [
+    ("not an object", "file", "expected a JSON object"),
+    ({"hardware_label": "x", "prefill_points": [[64, "fast"]], "decode_points": []}, "prefill_points",
+     "expected [x, seconds] (two numbers)"),
+    ({"hardware_label": "x", "prefill_points": [[64, 0.1], [128, 0.2], [256, 0.3]], "decode_points": [[1, 0.1], [2, 0.2]],
+      "kv_capacity_bytes": -5}, "kv_capacity_bytes", "a positive whole number of bytes"),
+])
+def test_a_malformed_profile_is_a_400_naming_the_field(two_dcs, operator_api, profile, field, message):
+    refused = operator_api.post("/api/v1/profiles/", {"pool": two_dcs["decode"].pk, "profile": profile}, format="json")
+    assert refused.status_code == 400
+    assert message in json.dumps(refused.json()[field])
+    assert not Profile.objects.exists()
+
+
+def test_measure_requests_a_pool_profile_action(two_dcs, operator_api):
+    made = operator_api.post("/api/v1/profiles/measure/", {"pool": two_dcs["decode"].pk, "hardware_label": "cpu",
+                                                           "lengths": [16, 32, 64], "batch_sizes": [1, 2]},
+                             format="json")
+    assert made.status_code == 201
+    assert (made.json()["kind"], made.json()["params"]) == ("pool.profile", {
+        "hardware_label": "cpu", "lengths": [16, 32, 64], "batch_sizes": [1, 2], "max_new_tokens": 12})
+    short = operator_api.post("/api/v1/profiles/measure/", {"pool": two_dcs["prefill"].pk, "hardware_label": "cpu",
+                                                            "lengths": [16, 32]}, format="json")
+    assert short.status_code == 400 and "at least 3" in json.dumps(short.json()["lengths"])
+    busy = operator_api.post("/api/v1/profiles/measure/", {"pool": two_dcs["decode"].pk, "hardware_label": "cpu"},
+                             format="json")
+    assert busy.status_code == 409
+
+
+def test_the_schema_documents_the_planning_endpoints(viewer_api):
+    schema = viewer_api.get("/api/v1/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json")
+    assert schema.status_code == 200
+    paths = json.loads(schema.content)["paths"]
+    for path in ("/api/v1/profiles/", "/api/v1/profiles/measure/", "/api/v1/plans/", "/api/v1/plans/{id}/apply/",
+                 "/api/v1/plans/{id}/measured/"):
+        assert path in paths
+    assert "PlanCreate" in json.dumps(paths["/api/v1/plans/"]["post"])
+
+
+@pytest.mark.parametrize("value", ["9223372036854775808", "-4.2e19", "x"])
+def test_plan_pool_filter_refuses_what_no_pool_id_can_be(viewer_api, value):
+    refused = viewer_api.get(f"/api/v1/plans/?pool={value}")
+    assert refused.status_code == 400 and "pool" in refused.json()
+
+
+def test_plan_pool_filter_finds_plans_of_either_pool(two_dcs, profiles, operator_api, make_pool):
+    plan = operator_api.post("/api/v1/plans/", _plan_body(two_dcs), format="json").json()
+    for pool, expected in ((two_dcs["prefill"], [plan["id"]]), (two_dcs["decode"], [plan["id"]]),
+                           (make_pool("other", role="decode", replicas=0), [])):
+        found = operator_api.get(f"/api/v1/plans/?pool={pool.pk}")
+        assert [p["id"] for p in found.json()["results"]] == expected
+
+
+def test_measured_shows_each_pools_newest_telemetry_beside_the_prediction(two_dcs, profiles, operator_api,
+                                                                          default_history):
+    from apps.telemetry.selectors import history_scope
+
+    plan = operator_api.post("/api/v1/plans/", _plan_body(two_dcs), format="json").json()
+    for at, ttft in ((1000.0, 0.5), (1001.0, 0.25)):  # the newer record wins
+        default_history.append(history_scope(two_dcs["decode"].pk), at, {
+            "at": at, "signals": {"ttft_p50_s": ttft, "ttft_p95_s": 0.75, "tpot_p50_s": 0.03,
+                                  "request_rate_per_s": 1.5, "error_rate": 0.0}})
+    measured = operator_api.get(f"/api/v1/plans/{plan['id']}/measured/").json()["measured"]
+    assert measured[str(two_dcs["decode"].pk)] == {"at": 1001.0, "ttft_p50_s": 0.25, "ttft_p95_s": 0.75,
+                                                   "tpot_p50_s": 0.03, "request_rate_per_s": 1.5}
+    assert measured[str(two_dcs["prefill"].pk)]["ttft_p50_s"] is None

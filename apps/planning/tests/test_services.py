@@ -1,0 +1,262 @@
+"""Planning services: profiles fitted from points, a plan from the profile fixtures (exact numbers), apply as
+Actions, the profiling Action's failures, and the telemetry workload."""
+
+from __future__ import annotations
+
+import io
+import time
+
+import pytest
+from django.core.exceptions import ValidationError
+from django.core.management import CommandError, call_command
+
+from apps.core.errors import ConflictError
+from apps.operations.execution import action_execute
+from apps.operations.models import Action
+from apps.operations.pools import pool_scale
+from apps.planning import services
+from apps.planning.models import PlanResult, Profile
+from apps.planning.tests.conftest import FIXTURES, WORKLOAD
+from inference_worker.planning.geometry import KVGeometry
+from inference_worker.planning.planner import latency_threshold
+
+pytestmark = pytest.mark.django_db
+
+
+def test_import_fits_the_fixture_points_exactly(profiles):
+    prefill, decode = profiles
+    assert (prefill.source, prefill.hardware_label, prefill.pool_kind, decode.pool_kind) == (
+        "imported", "cpu-2core", "prefill", "decode")
+    assert prefill.prefill_points == [[64, 0.052], [256, 0.148], [512, 0.276], [1024, 0.532]]
+    # The points lie on t = 0.02 + 0.0005 N (prefill pool), t = 0.03 + 0.001 N (decode pool), t = 0.02 + 0.005 B.
+    assert prefill.prefill_coefficients == pytest.approx([0.02, 0.0005, 0.0], abs=1e-12)
+    assert decode.prefill_coefficients == pytest.approx([0.03, 0.001, 0.0], abs=1e-12)
+    assert decode.decode_coefficients == pytest.approx([0.02, 0.005], abs=1e-12)
+    assert prefill.kv_capacity_bytes is None
+
+
+@pytest.mark.parametrize(("text", "field", "message"), [
+    ("{not json", "file", "not valid JSON"),
+    ("[1, 2]", "file", "expected a JSON object"),
+    ('{"hardware_label": "x", "prefill_points": [[1, 1]], "decode_points": [[1, 1]], "extra": 1}', "file",
+     "unknown keys ['extra']"),
+    ('{"prefill_points": [[64, 0.1], [128, 0.2], [256, 0.3]], "decode_points": [[1, 0.1], [2, 0.2]]}',
+     "hardware_label", "non-empty string"),
+    ('{"hardware_label": "x", "prefill_points": [[64, 0.1], [128, 0.2]], "decode_points": [[1, 0.1], [2, 0.2]]}',
+     "prefill_points", "at least 3 distinct prompt lengths"),
+    ('{"hardware_label": "x", "prefill_points": [[64, 0.1], [128, 0.2], [256, -1]], "decode_points": [[1, 0.1]]}',
+     "prefill_points", "item 2: seconds must be a positive finite number"),
+    ('{"hardware_label": "x", "prefill_points": [[64, 0.1], [128, 0.2], [256, 0.3]], "decode_points": [[1, 0.2], [2, 0.1]]}',
+     "decode_points", "must have a positive intercept and slope"),
+    ('{"hardware_label": "x", "prefill_points": [[64.5, 0.1], [128, 0.2], [256, 0.3]], "decode_points": [[1, 0.1], [2, 0.2]]}',
+     "prefill_points", "item 0: x must be a positive whole number"),
+    ('{"hardware_label": "x", "source": "measured", "prefill_points": [], "decode_points": []}', "source",
+     "'imported' or 'roofline'"),
+])
+def test_a_malformed_profile_file_is_refused_naming_the_field(two_dcs, text, field, message):
+    with pytest.raises(ValidationError) as refused:
+        services.profile_import(pool=two_dcs["prefill"], text=text)
+    assert message in " ".join(refused.value.message_dict[field])
+    assert not Profile.objects.exists()
+
+
+def test_plan_from_the_fixture_profiles_is_exact(two_dcs, profiles):
+    result = services.plan_create(prefill_pool=two_dcs["prefill"], decode_pool=two_dcs["decode"],
+                                  link=two_dcs["link"], workload=WORKLOAD, max_replicas=16)
+    # The threshold is the router's PD cost function fed with both fits' speeds at the median (256 tokens):
+    # 256 / 0.148 s (prefill pool) and 256 / 0.286 s (decode pool), 10 Gbit/s, 5 ms.
+    geometry = KVGeometry(two_dcs["decode"].model_version.model_config())
+    assert result.threshold_tokens == latency_threshold(
+        geometry, local_prefill_tokens_per_s=256 / 0.286, remote_prefill_tokens_per_s=256 / 0.148,
+        bandwidth_gbps=10.0, rtt_s=0.005, max_tokens=2048) == 9
+    # Smallest fleet: 1 remote prefill, 1 local prefill (the 0.1% of prompts of <= 9 tokens), 1 decode; the
+    # decode pool does local prefill and decode: 2 replicas.
+    assert result.fleet == {"remote_prefill": 1, "local_prefill": 1, "decode": 1, "threshold_tokens": 9}
+    assert (result.prefill_replicas, result.decode_replicas) == (1, 2)
+    # TPOT of the fluid model by hand: b0 / (1 - b1 * x), x = rate * output / decode replicas = 16 tokens/s.
+    assert result.tpot_s == pytest.approx(0.02 / (1 - 0.005 * 16), rel=1e-12)
+    assert result.remote_share == pytest.approx(0.999, abs=1e-12)
+    assert result.link_gbps == pytest.approx(0.0453961728, rel=1e-9)
+    assert result.link_share == pytest.approx(0.00453961728, rel=1e-9)
+    assert (result.ttft_p50_s, result.ttft_p90_s) == (pytest.approx(0.19985814616660752, rel=1e-6),
+                                                      pytest.approx(0.7365984902205034, rel=1e-6))
+    assert result.attainment == pytest.approx(0.9989459596255331, rel=1e-9)
+    assert [p["rate_per_s"] for p in result.curve] == [0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0]
+    assert result.curve[3]["ttft_p90_s"] == pytest.approx(result.ttft_p90_s, rel=1e-12)
+    assert result.scenario.workload == WORKLOAD and result.workload == WORKLOAD
+
+
+def test_apply_requests_one_scale_action_per_pool_and_records_why_bounds_were_skipped(two_dcs, profiles, operator_api):
+    result = services.plan_create(prefill_pool=two_dcs["prefill"], decode_pool=two_dcs["decode"],
+                                  link=two_dcs["link"], workload=WORKLOAD)
+    steps = services.plan_apply(result=result, requested_by=operator_api.user)
+    scale = Action.objects.filter(kind="pool.scale").order_by("id")
+    assert [(a.pool_id, a.params, a.idempotency_key, a.status, a.requested_by) for a in scale] == [
+        (two_dcs["prefill"].pk, {"replicas": 1}, f"plan-{result.pk}:scale-{two_dcs['prefill'].pk}", "pending",
+         operator_api.user),
+        (two_dcs["decode"].pk, {"replicas": 2}, f"plan-{result.pk}:scale-{two_dcs['decode'].pk}", "pending",
+         operator_api.user)]
+    assert steps[:2] == [
+        {"step": "scale", "pool": two_dcs["prefill"].pk, "replicas": 1, "status": "requested", "action": scale[0].pk,
+         "reason": ""},
+        {"step": "scale", "pool": two_dcs["decode"].pk, "replicas": 2, "status": "requested", "action": scale[1].pk,
+         "reason": ""}]
+    assert services.threshold_bounds(9) == (4, 18)
+    if services.pool_has_threshold_bounds():  # once pools carry the bound fields (the lead wires them at merge)
+        two_dcs["prefill"].refresh_from_db()
+        assert (two_dcs["prefill"].remote_threshold_min_tokens, two_dcs["prefill"].remote_threshold_max_tokens) == (4, 18)
+        assert steps[2]["status"] == "done" and steps[2]["bounds"] == [4, 18]
+    else:
+        assert steps[2] == {"step": "set_bounds", "pool": two_dcs["prefill"].pk, "status": "skipped", "action": None,
+                            "reason": "pools have no remote_threshold_min_tokens / remote_threshold_max_tokens fields "
+                                      "in this build: bounds 4..18 tokens not set"}
+    # Applying again changes nothing: the same steps, no new Action.
+    assert services.plan_apply(result=PlanResult.objects.get(pk=result.pk)) == steps
+    assert Action.objects.count() == len([s for s in steps if s["action"] is not None])
+
+
+def test_apply_to_a_busy_pool_creates_nothing(two_dcs, profiles):
+    result = services.plan_create(prefill_pool=two_dcs["prefill"], decode_pool=two_dcs["decode"],
+                                  link=two_dcs["link"], workload=WORKLOAD)
+    busy, _ = pool_scale(pool=two_dcs["decode"], replicas=3)
+    with pytest.raises(ConflictError, match="already has action"):
+        services.plan_apply(result=result)
+    assert list(Action.objects.values_list("id", flat=True)) == [busy.pk]
+    result.refresh_from_db()
+    assert (result.applied, result.applied_at) == ([], None)
+
+
+def test_threshold_bounds_and_the_always_remote_plan(two_dcs, make_cluster):
+    assert services.threshold_bounds(None) is None and services.threshold_bounds(0) is None
+    assert services.threshold_bounds(-1) is None and services.threshold_bounds(1) == (0, 2)
+    assert services.threshold_bounds(19) == (9, 38)
+    services.profile_import(pool=two_dcs["prefill"], text=(FIXTURES / "prefill_profile.json").read_text())
+    services.profile_import(pool=two_dcs["decode"], text=(FIXTURES / "decode_profile_slow_prefill.json").read_text())
+    two_dcs["link"].rtt_ms = 1.0
+    two_dcs["link"].save()
+    result = services.plan_create(prefill_pool=two_dcs["prefill"], decode_pool=two_dcs["decode"],
+                                  link=two_dcs["link"], workload=WORKLOAD)
+    assert (result.threshold_tokens, result.prefill_replicas, result.decode_replicas, result.remote_share) == (0, 1, 1, 1.0)
+    steps = services.plan_apply(result=result)
+    assert steps[2] == {"step": "set_bounds", "pool": two_dcs["prefill"].pk, "status": "skipped", "action": None,
+                        "reason": "the plan prefills every prompt remotely"}
+
+
+@pytest.mark.parametrize(("change", "field", "message"), [
+    ({"rate_per_s": 1000.0}, "workload", "no fleet of at most 16 replicas meets TTFT p90 <= 2.0 s"),
+    ({"prompt_p90": 100}, "workload", "need 1 <= median <= p90"),
+])
+def test_plan_errors_say_what_to_change(two_dcs, profiles, change, field, message):
+    with pytest.raises(ValidationError) as refused:
+        services.plan_create(prefill_pool=two_dcs["prefill"], decode_pool=two_dcs["decode"], link=two_dcs["link"],
+                             workload={**WORKLOAD, **change})
+    assert message in " ".join(refused.value.message_dict[field])
+    assert not PlanResult.objects.exists()
+
+
+def test_plan_needs_a_profile_per_pool_and_a_link_joining_them(two_dcs, make_cluster):
+    with pytest.raises(ValidationError) as refused:
+        services.plan_create(prefill_pool=two_dcs["prefill"], decode_pool=two_dcs["decode"], link=two_dcs["link"],
+                             workload=WORKLOAD)
+    assert "no profile for pool dc-p/prefill" in refused.value.message_dict["prefill_pool"][0]
+    from apps.fleet.services import cluster_link_create
+
+    other = cluster_link_create(source=two_dcs["decode"].cluster, destination=make_cluster("dc-x"), bandwidth_gbps=1.0,
+                                rtt_ms=1.0)
+    with pytest.raises(ValidationError) as refused:
+        services.plan_create(prefill_pool=two_dcs["prefill"], decode_pool=two_dcs["decode"], link=other,
+                             workload=WORKLOAD)
+    assert "does not join the pools' clusters" in refused.value.message_dict["link"][0]
+
+
+def test_a_pools_own_profile_wins_over_a_newer_sibling_one(two_dcs, make_pool, model_version):
+    own = services.profile_import(pool=two_dcs["decode"], text=(FIXTURES / "decode_profile.json").read_text())
+    sibling_pool = make_pool("decode-2", role="decode", replicas=0)
+    sibling = services.profile_import(pool=sibling_pool, text=(FIXTURES / "decode_profile.json").read_text())
+    from apps.planning.selectors import profile_for_pool
+
+    assert profile_for_pool(pool=two_dcs["decode"]) == own
+    assert profile_for_pool(pool=sibling_pool) == sibling
+    assert profile_for_pool(pool=two_dcs["prefill"]) is None  # another role
+
+
+def test_telemetry_workload_is_the_mean_of_the_recent_records(two_dcs, profiles, default_history):
+    from apps.telemetry.selectors import history_scope
+
+    now = time.time()
+    for i, (rate, prompt, generation) in enumerate(((1.0, 280.0, 15.0), (3.0, 920.0, 65.0))):
+        default_history.append(history_scope(two_dcs["decode"].pk), now - 10 + i, {
+            "at": now - 10 + i, "signals": {"request_rate_per_s": rate, "prompt_tokens_per_s": prompt,
+                                            "generation_tokens_per_s": generation}})
+    result = services.plan_create(prefill_pool=two_dcs["prefill"], decode_pool=two_dcs["decode"], link=two_dcs["link"],
+                                  workload={"ttft_slo_s": 2.0, "tpot_slo_s": 0.1, "attainment": 0.9,
+                                            "max_link_share": 1.0}, workload_source="telemetry")
+    # mean rate 2 req/s, mean prompt 600 tokens/s / 2 = 300 tokens, output 40 / 2 = 20 tokens
+    assert result.workload == {"ttft_slo_s": 2.0, "tpot_slo_s": 0.1, "attainment": 0.9, "max_link_share": 1.0,
+                               "rate_per_s": 2.0, "prompt_median": 300, "prompt_p90": None, "prompt_cap": 300,
+                               "output_median": 20}
+
+
+def test_telemetry_workload_without_traffic_is_refused(two_dcs, profiles, default_history):
+    with pytest.raises(ValidationError) as refused:
+        services.plan_create(prefill_pool=two_dcs["prefill"], decode_pool=two_dcs["decode"], link=two_dcs["link"],
+                             workload={"ttft_slo_s": 2.0, "tpot_slo_s": 0.1}, workload_source="telemetry")
+    assert "telemetry has no request traffic for pool dc-d/decode" in refused.value.message_dict["workload_source"][0]
+
+
+def test_profiling_a_pool_without_a_ready_replica_fails_retryable_with_the_reason(two_dcs):
+    action, created = services.profile_measure(pool=two_dcs["decode"], hardware_label="cpu")
+    assert created and action.kind == "pool.profile" and action.params == {
+        "hardware_label": "cpu", "lengths": [32, 128, 256, 512], "batch_sizes": [1, 2, 4], "max_new_tokens": 12}
+    assert action_execute(action_id=action.pk) == "failed"
+    action.refresh_from_db()
+    assert (action.status, action.retryable, action.error) == (
+        "failed", True, "pool dc-d/decode has no ready replica to profile; scale it up or wait for one")
+
+
+def test_profiling_an_unreachable_worker_fails_retryable_naming_the_transport_error(two_dcs):
+    from django.utils import timezone
+
+    from apps.fleet.models import Replica
+
+    Replica.objects.create(pool=two_dcs["decode"], track="stable", name="decode-0", endpoint="http://127.0.0.1:9",
+                           ready=True, alive=True, last_seen=timezone.now())
+    action, _ = services.profile_measure(pool=two_dcs["decode"], hardware_label="cpu")
+    assert action_execute(action_id=action.pk) == "failed"
+    action.refresh_from_db()
+    assert action.retryable is True
+    assert action.error.startswith("replica decode-0: ConnectError talking to http://127.0.0.1:9:")
+    assert not Profile.objects.exists()
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"lengths": [32, 64]}, "lengths: give 3 to 8 distinct positive prompt lengths"),
+    ({"batch_sizes": [1] * 3}, "batch_sizes: give 2 to 6 distinct positive batch sizes"),
+    ({"max_new_tokens": 100}, "max_new_tokens must be in 4..64"),
+    ({"hardware_label": "  "}, "name the hardware"),
+])
+def test_an_unbounded_sweep_is_refused(two_dcs, kwargs, message):
+    with pytest.raises(ValidationError) as refused:
+        services.profile_measure(pool=two_dcs["decode"], **{"hardware_label": "cpu", **kwargs})
+    assert message in " ".join(refused.value.messages)
+    assert not Action.objects.exists()
+
+
+def test_ferry_profile_imports_a_file_and_names_what_is_wrong_with_a_malformed_one(two_dcs, tmp_path):
+    out = io.StringIO()
+    call_command("ferry_profile", "dc-p/prefill", "--import", str(FIXTURES / "prefill_profile.json"), stdout=out)
+    profile = Profile.objects.get()
+    assert out.getvalue() == f"imported profile #{profile.pk}: {profile}\n"
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"hardware_label": "x", "prefill_points": "many"}')
+    with pytest.raises(CommandError, match=r"bad.json: prefill_points: \['give a list of 1 to 64"):
+        call_command("ferry_profile", "prefill", "--import", str(bad))
+    with pytest.raises(CommandError, match="pool 'nope': no such pool"):
+        call_command("ferry_profile", "nope", "--import", str(bad))
+
+
+def test_ferry_profile_records_the_failed_sweep_on_its_action(two_dcs):
+    with pytest.raises(CommandError, match=r"failed: pool dc-d/decode has no ready replica to profile.*\(retryable\)"):
+        call_command("ferry_profile", str(two_dcs["decode"].pk), "--hardware-label", "cpu", stdout=io.StringIO())
+    action = Action.objects.get(kind="pool.profile")
+    assert (action.status, action.retryable, action.pool_id) == ("failed", True, two_dcs["decode"].pk)

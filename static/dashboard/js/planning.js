@@ -1,0 +1,137 @@
+/* Planning page: profiles (list, import a file, request a profiling Action), a plan for a prefill and a decode pool
+   joined by a link (POST /api/v1/plans/), its predicted TTFT curve (plotly), Apply (POST /api/v1/plans/{id}/apply/:
+   pool.scale Actions and the bounds step), then predicted vs measured every 5 s (GET /api/v1/plans/{id}/measured/). */
+"use strict";
+(function () {
+  const choices = JSON.parse(document.getElementById("planning-data").textContent);
+  const poolName = Object.fromEntries(choices.pools.map(p => [p.id, `${p.cluster}/${p.name}`]));
+  const $ = (id) => document.getElementById(id);
+  let plan = null, measuredTimer = null;
+
+  function fmtS(v) { return v === null || v === undefined ? "no data" : `${Ferry.fmt(v)} s`; }
+  function fmtShare(v) { return v === null || v === undefined ? "no data" : `${(v * 100).toFixed(1)}%`; }
+  function poly(c) { return c.map(x => Number(x.toPrecision(3))).join(", "); }
+
+  async function loadProfiles() {
+    const result = await Ferry.api("GET", "/api/v1/profiles/?page_size=50");
+    if (!result.ok) return;
+    const rows = (result.data.results || result.data).map(p => Ferry.el("tr", {"data-profile": p.id},
+      Ferry.el("td", {}, String(p.id)), Ferry.el("td", {}, p.model_version_label), Ferry.el("td", {}, p.pool_kind),
+      Ferry.el("td", {}, p.hardware_label), Ferry.el("td", {}, p.source),
+      Ferry.el("td", {title: "a0 + a1 N + a2 N²"}, poly(p.prefill_coefficients)),
+      Ferry.el("td", {title: "b0 + b1 B"}, poly(p.decode_coefficients)), Ferry.el("td", {}, Ferry.fmtTime(p.created_at))));
+    if (!rows.length) rows.push(Ferry.el("tr", {}, Ferry.el("td", {colspan: 8, class: "muted"}, "No profiles yet: import one or profile a pool.")));
+    document.querySelector("#profiles tbody").replaceChildren(...rows);
+  }
+
+  const importForm = $("profile-import");
+  if (importForm) importForm.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const file = $("import-file").files[0];
+    if (!file) { $("import-result").textContent = "Choose a JSON file first."; return; }
+    $("import-result").textContent = `Importing ${file.name}…`;
+    let profile;
+    try { profile = JSON.parse(await file.text()); } catch (e) {
+      $("import-result").textContent = `${file.name} is not valid JSON: ${e.message}`; return;
+    }
+    const result = await Ferry.api("POST", "/api/v1/profiles/", {pool: Number($("import-pool").value), profile});
+    $("import-result").textContent = result.ok ? `Imported profile #${result.data.id}.` : Ferry.errorText(result);
+    if (result.ok) loadProfiles();
+  });
+
+  const measureForm = $("profile-measure");
+  if (measureForm) measureForm.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    $("measure-result").textContent = "Requesting…";
+    const result = await Ferry.api("POST", "/api/v1/profiles/measure/",
+      {pool: Number($("measure-pool").value), hardware_label: $("measure-hardware").value.trim()});
+    $("measure-result").textContent = result.ok
+      ? `Action #${result.data.id} ${result.data.kind} requested (see the pool's actions).` : Ferry.errorText(result);
+  });
+
+  function source() { return document.querySelector("input[name=plan-source]:checked").value; }
+  document.querySelectorAll("input[name=plan-source]").forEach(r => r.addEventListener("change", () => {
+    document.querySelectorAll("[data-given]").forEach(n => { n.disabled = source() !== "given"; });
+  }));
+
+  function num(id) { const v = $(id).value.trim(); return v === "" ? null : Number(v); }
+
+  $("plan-form").addEventListener("submit", async (event) => {
+    event.preventDefault();
+    $("plan-error").textContent = "";
+    const workload = {ttft_slo_s: num("plan-ttft"), tpot_slo_s: num("plan-tpot"), attainment: num("plan-attainment")};
+    if (source() === "given") Object.assign(workload, {prompt_median: num("plan-prompt-median"),
+      prompt_p90: num("plan-prompt-p90"), prompt_cap: num("plan-prompt-cap"), output_median: num("plan-output-median"),
+      rate_per_s: num("plan-rate")});
+    const body = {prefill_pool: Number($("plan-prefill").value), decode_pool: Number($("plan-decode").value),
+      link: Number($("plan-link").value), workload_source: source(), workload, max_replicas: num("plan-max-replicas")};
+    $("plan-submit").disabled = true;
+    const result = await Ferry.api("POST", "/api/v1/plans/", body);
+    $("plan-submit").disabled = false;
+    if (!result.ok) { $("plan-error").textContent = Ferry.errorText(result); return; }
+    showPlan(result.data);
+  });
+
+  function showPlan(data) {
+    plan = data;
+    $("plan-result").hidden = false;
+    $("plan-id").textContent = `plan #${data.id}`;
+    $("rec-prefill-replicas").textContent = `${data.prefill_replicas} (${poolName[data.prefill_pool]})`;
+    $("rec-decode-replicas").textContent = `${data.decode_replicas} (${poolName[data.decode_pool]}: ` +
+      `${data.fleet.decode} decoding + ${data.fleet.local_prefill} for local prefill)`;
+    $("rec-threshold").textContent = data.threshold_tokens === null ? "never remote"
+      : data.threshold_tokens < 0 ? "every prompt remote" : `prompts over ${data.threshold_tokens} tokens prefill remotely`;
+    $("rec-link").textContent = `${Ferry.fmt(data.link_gbps)} Gbit/s (${fmtShare(data.link_share)} of the link)`;
+    $("rec-remote-share").textContent = fmtShare(data.remote_share);
+    $("rec-ttft").textContent = `${fmtS(data.ttft_p50_s)} / ${fmtS(data.ttft_p90_s)}`;
+    $("rec-tpot").textContent = fmtS(data.tpot_s);
+    $("rec-attainment").textContent = fmtShare(data.attainment);
+    const rates = data.curve.map(p => p.rate_per_s);
+    Plotly.react("chart-ttft", [
+      {x: rates, y: data.curve.map(p => p.ttft_p50_s), name: "TTFT p50", mode: "lines+markers"},
+      {x: rates, y: data.curve.map(p => p.ttft_p90_s), name: "TTFT p90", mode: "lines+markers"},
+      {x: [data.workload.rate_per_s], y: [data.ttft_p90_s], name: "planned rate", mode: "markers", marker: {size: 12}},
+    ], {title: {text: "Predicted TTFT of the recommended fleet vs arrival rate", font: {size: 13}},
+        margin: {t: 40, r: 10, b: 40, l: 50}, height: 320, legend: {orientation: "h"},
+        xaxis: {title: {text: "requests/s"}}, yaxis: {title: {text: "seconds"}, rangemode: "tozero"}},
+      {displaylogo: false});
+    showSteps(data.applied || []);
+    if (data.applied_at) startMeasured();
+  }
+
+  function showSteps(steps) {
+    $("apply-steps").replaceChildren(...steps.map(s => Ferry.el("li", {"data-step": s.step, "data-pool": s.pool},
+      s.step === "scale" ? `scale ${poolName[s.pool]} to ${s.replicas}: action #${s.action} ${s.status}`
+        : `set bounds on ${poolName[s.pool]}: ${s.status}` + (s.action ? ` (action #${s.action})` : "") +
+          (s.reason ? ` — ${s.reason}` : ""))));
+  }
+
+  const applyButton = $("plan-apply");
+  if (applyButton) applyButton.addEventListener("click", async () => {
+    if (!plan) return;
+    applyButton.disabled = true;
+    const result = await Ferry.api("POST", `/api/v1/plans/${plan.id}/apply/`);
+    applyButton.disabled = false;
+    if (!result.ok) { $("plan-error").textContent = Ferry.errorText(result); return; }
+    showPlan(result.data);
+  });
+
+  async function refreshMeasured() {
+    const result = await Ferry.api("GET", `/api/v1/plans/${plan.id}/measured/`);
+    if (!result.ok) return;
+    const {predicted, measured} = result.data;
+    document.querySelector("#measured tbody").replaceChildren(...Object.entries(measured).map(([id, m]) =>
+      Ferry.el("tr", {"data-pool": id}, Ferry.el("td", {}, poolName[id] || id), Ferry.el("td", {}, fmtS(m.ttft_p50_s)),
+        Ferry.el("td", {}, fmtS(predicted.ttft_p50_s)), Ferry.el("td", {}, fmtS(m.ttft_p95_s)),
+        Ferry.el("td", {}, fmtS(predicted.ttft_p90_s)), Ferry.el("td", {}, fmtS(m.tpot_p50_s)),
+        Ferry.el("td", {}, fmtS(predicted.tpot_s)), Ferry.el("td", {}, Ferry.fmt(m.request_rate_per_s)))));
+  }
+
+  function startMeasured() {
+    if (measuredTimer) clearInterval(measuredTimer);
+    refreshMeasured();
+    measuredTimer = setInterval(refreshMeasured, 5000);
+  }
+
+  loadProfiles();
+})();
