@@ -13,7 +13,7 @@ import math
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
-from django.core.exceptions import FieldDoesNotExist, ValidationError
+from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
@@ -230,16 +230,6 @@ def plan_create(*, prefill_pool: Pool, decode_pool: Pool, link: ClusterLink, wor
             attainment=p.attainment, curve=rec.curve)
 
 
-def pool_has_threshold_bounds() -> bool:
-    """Whether pools carry remote-threshold bounds (``BOUND_FIELDS``) in this build."""
-    try:
-        for name in BOUND_FIELDS:
-            Pool._meta.get_field(name)
-    except FieldDoesNotExist:
-        return False
-    return True
-
-
 def threshold_bounds(threshold: int | None) -> tuple[int, int] | None:
     """``(floor(0.5 T), ceil(2 T))`` for a planned threshold ``T >= 1``; None for never (None) or always (<= 0)."""
     if threshold is None or threshold < 1:
@@ -249,12 +239,12 @@ def threshold_bounds(threshold: int | None) -> tuple[int, int] | None:
 
 
 def plan_apply(*, result: PlanResult, requested_by: AbstractBaseUser | None = None) -> list[dict]:
-    """Apply a plan: scale each pool to its recommended replicas, then set the prefill pool's threshold bounds.
+    """Apply a plan: scale each pool to its recommended replicas, then set the decode pool's threshold bounds
+    (the router reads the bounds of the decode pool a request is planned for: :mod:`inference_worker.router.pipeline`).
 
     One transaction: both ``pool.scale`` Actions are created or neither (a busy pool refuses with 409). Each has
     the idempotency key ``plan-<id>:scale-<pool id>``; applying an applied plan again returns its first steps. The bounds step
-    is skipped, with the reason recorded in the step, when the planned threshold is "never" or "always" remote
-    or when pools have no bound fields in this build. Returns the steps
+    is skipped, with the reason recorded in the step, when the planned threshold is "never" or "always" remote. Returns the steps
     ``[{step, pool, status, action, reason}]`` (also stored on the result).
 
     Raises:
@@ -273,14 +263,11 @@ def plan_apply(*, result: PlanResult, requested_by: AbstractBaseUser | None = No
             steps.append({"step": "scale", "pool": pool.pk, "replicas": replicas, "status": "requested",
                           "action": action.pk, "reason": ""})
         bounds = threshold_bounds(result.threshold_tokens)
-        pool = scenario.prefill_pool
+        pool = scenario.decode_pool
         step = {"step": "set_bounds", "pool": pool.pk, "status": "skipped", "action": None, "reason": ""}
         if bounds is None:
             step["reason"] = ("the plan never prefills remotely" if result.threshold_tokens is None
                               else "the plan prefills every prompt remotely")
-        elif not pool_has_threshold_bounds():
-            step["reason"] = (f"pools have no {' / '.join(BOUND_FIELDS)} fields in this build: "
-                              f"bounds {bounds[0]}..{bounds[1]} tokens not set")
         else:
             pools.pool_update(pool=pool, requested_by=requested_by, **dict(zip(BOUND_FIELDS, bounds, strict=True)))
             done = action_record_done(

@@ -116,7 +116,7 @@ def test_apply_from_the_planning_page_scales_both_pools_to_the_recommendation(
     page.click("#plan-apply", no_wait_after=True)
     page.wait_for_function("document.querySelectorAll('#apply-steps li').length === 3", timeout=30_000, polling=200)
     assert page.text_content("#apply-steps li[data-step='set_bounds']") == (
-        "set bounds on dc-p/prefill: skipped — the plan prefills every prompt remotely")
+        "set bounds on dc-d/decode: skipped — the plan prefills every prompt remotely")
     scale = list(Action.objects.filter(kind="pool.scale").order_by("id"))
     assert [(a.pool_id, a.params, a.requested_by.username) for a in scale] == [
         (prefill.pk, {"replicas": 1}, "olga"), (decode.pk, {"replicas": 1}, "olga")]

@@ -46,7 +46,7 @@ def test_plan_create_apply_and_measured(two_dcs, profiles, operator_api, viewer_
     assert applied.status_code == 200
     steps = applied.json()["applied"]
     assert [(s["step"], s["pool"], s.get("replicas")) for s in steps] == [
-        ("scale", two_dcs["prefill"].pk, 1), ("scale", two_dcs["decode"].pk, 2), ("set_bounds", two_dcs["prefill"].pk, None)]
+        ("scale", two_dcs["prefill"].pk, 1), ("scale", two_dcs["decode"].pk, 2), ("set_bounds", two_dcs["decode"].pk, None)]
     assert sorted(Action.objects.filter(kind="pool.scale").values_list("params__replicas", flat=True)) == [1, 2]
     measured = viewer_api.get(f"/api/v1/plans/{plan['id']}/measured/")
     assert measured.status_code == 200

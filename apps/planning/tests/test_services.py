@@ -102,14 +102,16 @@ def test_apply_requests_one_scale_action_per_pool_and_records_why_bounds_were_sk
         {"step": "scale", "pool": two_dcs["decode"].pk, "replicas": 2, "status": "requested", "action": scale[1].pk,
          "reason": ""}]
     assert services.threshold_bounds(9) == (4, 18)
-    if services.pool_has_threshold_bounds():  # once pools carry the bound fields (the lead wires them at merge)
-        two_dcs["prefill"].refresh_from_db()
-        assert (two_dcs["prefill"].remote_threshold_min_tokens, two_dcs["prefill"].remote_threshold_max_tokens) == (4, 18)
-        assert steps[2]["status"] == "done" and steps[2]["bounds"] == [4, 18]
-    else:
-        assert steps[2] == {"step": "set_bounds", "pool": two_dcs["prefill"].pk, "status": "skipped", "action": None,
-                            "reason": "pools have no remote_threshold_min_tokens / remote_threshold_max_tokens fields "
-                                      "in this build: bounds 4..18 tokens not set"}
+    two_dcs["decode"].refresh_from_db()
+    two_dcs["prefill"].refresh_from_db()
+    assert (two_dcs["decode"].remote_threshold_min_tokens, two_dcs["decode"].remote_threshold_max_tokens) == (4, 18)
+    assert (two_dcs["prefill"].remote_threshold_min_tokens, two_dcs["prefill"].remote_threshold_max_tokens) == (
+        None, None)
+    bounds_action = Action.objects.get(kind=services.POOL_SET_THRESHOLD_BOUNDS)
+    assert steps[2] == {"step": "set_bounds", "pool": two_dcs["decode"].pk, "status": "done",
+                        "action": bounds_action.pk, "reason": "", "bounds": [4, 18]}
+    assert (bounds_action.status, bounds_action.params) == (
+        "succeeded", {"remote_threshold_min_tokens": 4, "remote_threshold_max_tokens": 18})
     # Applying again changes nothing: the same steps, no new Action.
     assert services.plan_apply(result=PlanResult.objects.get(pk=result.pk)) == steps
     assert Action.objects.count() == len([s for s in steps if s["action"] is not None])
@@ -138,7 +140,7 @@ def test_threshold_bounds_and_the_always_remote_plan(two_dcs, make_cluster):
                                   link=two_dcs["link"], workload=WORKLOAD)
     assert (result.threshold_tokens, result.prefill_replicas, result.decode_replicas, result.remote_share) == (0, 1, 1, 1.0)
     steps = services.plan_apply(result=result)
-    assert steps[2] == {"step": "set_bounds", "pool": two_dcs["prefill"].pk, "status": "skipped", "action": None,
+    assert steps[2] == {"step": "set_bounds", "pool": two_dcs["decode"].pk, "status": "skipped", "action": None,
                         "reason": "the plan prefills every prompt remotely"}
 
 
