@@ -5,6 +5,15 @@ on ``remote_prefill`` replicas in datacenter ``compute`` and ship their KV over 
 prefill on ``local_prefill`` replicas next to the ``decode`` replicas in datacenter ``bandwidth``
 (intra-datacenter KV hand-off is not modelled: RDMA within a datacenter).
 
+Costs come from the scenario's profiles (:mod:`.profiles`: a replica is ``accelerators_per_replica``
+accelerators, one 8-accelerator node in ``prfaas``, ASSUMED; prefill FLOPs include attention, decode
+steps read weights and the resident KV of full and sliding layers). Homogeneous PD is planned on
+:meth:`Scenario.homogeneous` (both pools on one type; the caller plans both types and keeps the better).
+Fleet sizing (:meth:`Planner.size_fleet`, :meth:`Planner.plan_bandwidth_aware`) searches the split of
+the one budget per policy: decode gets the fewest replicas meeting TPOT, and every division of the rest
+between remote (``compute``) and local (``bandwidth``) prefill is tried (bandwidth-aware: remote pools
+up to the link-limited size), keeping the best predicted attainment or goodput.
+
 Formulas (``lambda`` the arrival rate, expectations over the prompt distribution's quantile grid):
 
 - Prefill pools are M/G/c FIFO queues of one request per replica. Probability of waiting: Erlang C,
@@ -21,8 +30,8 @@ Formulas (``lambda`` the arrival rate, expectations over the prompt distribution
 - Decode, as a fluid model of continuous batching: each replica carries ``x = lambda * E[out] / D``
   tokens/s; with the step time ``beta + gamma * B`` (``beta`` weights, ``gamma`` one sequence's KV read)
   and Little's law ``B = x * TPOT``, ``TPOT = beta / (1 - gamma * x)`` while compute allows
-  (``x * 2P / flops < max_decode_utilisation``). The fluid model has no queueing, hence the
-  utilisation cap.
+  (``x * (2P + a * kv) / flops < max_decode_utilisation``, ``a * kv`` one sequence's attention FLOPs,
+  :mod:`.profiles`). The fluid model has no queueing, hence the utilisation cap.
 - Goodput (DistServe, Zhong et al., OSDI 2024): the highest rate at which at least ``slo_attainment``
   of requests meet both TTFT and TPOT objectives.
 
@@ -235,7 +244,8 @@ class Planner:
         x = rate * self.w.mean_out / replicas
         gamma = self.w.decode_kv / p.decode_bytes_per_s
         beta = p.weight_bytes / p.decode_bytes_per_s
-        if x * p.decode_compute_s_per_seq >= MAX_DECODE_UTILISATION or gamma * x >= 1:
+        per_seq = p.decode_compute_s_per_seq + p.decode_attention_s(self.w.decode_kv)
+        if x * per_seq >= MAX_DECODE_UTILISATION or gamma * x >= 1:
             return float("nan"), float("nan")
         tpot = beta / (1 - gamma * x)
         batch = x * tpot

@@ -2,6 +2,17 @@
 
 Model and fidelity, exactly:
 
+- Costs are :class:`~inference_worker.planning.profiles.RooflineProfile`'s: a replica is a scenario's
+  ``accelerators_per_replica`` accelerators (``prfaas``: one node of 8, tensor parallel at the same
+  utilisation, ASSUMED: on one H20 a 32K prompt takes 36 s, past the 5 s TTFT objective; on a node 4.5 s,
+  on an H200 node 0.68 s); prefill FLOPs are ``2 P N`` (Kaplan et al. 2020) plus attention
+  (``4 n_q d_head`` per query-key pair per layer, PaLM appendix B; quadratic on full layers, capped at
+  ``W`` keys on sliding ones) at the scenario's share of peak FLOP/s; a decode iteration is the roofline
+  maximum of its weight and attention FLOPs and its weight plus resident-KV bytes (full and sliding
+  layers, the catalog's one KV formula). KV shipped: ``KVLayout.transfer_bytes`` (full layers ``N``
+  tokens, sliding layers ``min(N, W - 1)``).
+- Homogeneous PD runs on :meth:`Scenario.homogeneous`: both pools on one accelerator type in one
+  datacenter (either type; the caller compares them).
 - Requests arrive as given (Poisson in scenarios); a policy (:mod:`.policies`) picks local or remote
   prefill at arrival.
 - Prefill pools: ``simpy.Resource`` FIFO queues; a replica prefills one prompt at a time for
@@ -96,6 +107,14 @@ class PrefillPool:
         self.resource = simpy.Resource(env, capacity=max(replicas, 1))
         self.queued_s = 0.0
         self.offered_s = 0.0
+        self._service: dict[int, float] = {}
+
+    def service_s(self, num_tokens: int) -> float:
+        """``profile.prefill_time_s(num_tokens)``, memoised (the roofline's attention sum is not free)."""
+        t = self._service.get(num_tokens)
+        if t is None:
+            t = self._service[num_tokens] = float(self.profile.prefill_time_s(num_tokens))
+        return t
 
     def wait_s(self) -> float:
         """Estimated queue wait: queued prefill seconds / replicas, 0 while a replica is free."""
@@ -253,6 +272,7 @@ class Simulation:
         self.first_token = np.full(len(arrivals), np.nan)
         self.last_token = np.full(len(arrivals), np.nan)
         self.is_remote = np.zeros(len(arrivals), bool)
+        self._xfer: dict[int, float] = {}
         self._bucket, self._bucket_t = scenario.max_link_share * self.link.bytes_per_s * LINK_WINDOW_S, 0.0
 
     # SystemView for the policies
@@ -263,13 +283,19 @@ class Simulation:
         return self.far.wait_s()
 
     def local_prefill_s(self, num_tokens: int) -> float:
-        return self.local.profile.prefill_time_s(num_tokens) if self.fleet.local_prefill else math.inf
+        return self.local.service_s(num_tokens) if self.fleet.local_prefill else math.inf
 
     def remote_prefill_s(self, num_tokens: int) -> float:
-        return self.far.profile.prefill_time_s(num_tokens) if self.fleet.remote_prefill else math.inf
+        return self.far.service_s(num_tokens) if self.fleet.remote_prefill else math.inf
+
+    def _transfer_bytes(self, num_tokens: int) -> float:
+        nbytes = self._xfer.get(num_tokens)
+        if nbytes is None:
+            nbytes = self._xfer[num_tokens] = self.scenario.geometry.transfer_bytes(int(num_tokens))
+        return nbytes
 
     def transfer_eta_s(self, num_tokens: int) -> float:
-        nbytes = self.scenario.geometry.transfer_bytes(int(num_tokens))
+        nbytes = self._transfer_bytes(num_tokens)
         return nbytes * (len(self.link.flows) + 1) / self.link.bytes_per_s + self.scenario.rtt_s
 
     def link_budget_allows(self, num_tokens: int) -> bool:
@@ -280,7 +306,7 @@ class Simulation:
         self._bucket_t = now
         if self._bucket < 0:
             return False
-        self._bucket -= self.scenario.geometry.transfer_bytes(int(num_tokens))
+        self._bucket -= self._transfer_bytes(num_tokens)
         return True
 
     def _request(self, i: int):
@@ -290,7 +316,7 @@ class Simulation:
             remote = not remote  # the policy's pool does not exist in this fleet
         self.is_remote[i] = remote
         pool = self.far if remote else self.local
-        service = pool.profile.prefill_time_s(n)
+        service = pool.service_s(n)
         pool.queued_s += service
         pool.offered_s += service
         with pool.resource.request() as req:
