@@ -136,7 +136,7 @@ def sweep(requests: int, t_capped: int) -> dict:
             r.update(goodput=0.0, link_share=0.0)
             continue
         got, res = simulated_goodput(sc, Fleet(**r["fleet"]), FixedThreshold(r["threshold"]),
-                                     num_requests=requests, hi_rate=hi_rate, iterations=8)
+                                     num_requests=requests, hi_rate=hi_rate, iterations=7)
         r.update(goodput=got, link_share=res.summary(sc)["link_share"] if res else 0.0)
     best = max(rows, key=lambda r: r["goodput"])
     planned_best = max(rows, key=lambda r: r["planned"])

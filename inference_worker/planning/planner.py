@@ -335,28 +335,35 @@ class Planner:
             return 0
         return int(sc.max_link_share * sc.link_bytes_per_s // (w.bytes[mask].sum() / w.t_remote[mask].sum()))
 
-    def bandwidth_aware_weights(self, fleet: Fleet, rate: float, low_tokens: int) -> np.ndarray:
-        """Remote probability per grid prompt under bandwidth-aware routing with lower bound ``low_tokens``.
+    def bandwidth_aware_weights(self, fleet: Fleet, rate: float, low_tokens: int,
+                                high_tokens: int | None = None) -> np.ndarray:
+        """Remote probability per grid prompt under bandwidth-aware routing with bounds ``low_tokens``, ``high_tokens``.
 
-        Prompts above ``low_tokens`` go remote with probability ``f = min(1, f_link, f_pool)``: the link
-        budget carries ``f_link = max_link_share * B / (lambda * E[bytes; N > low])`` of their KV, and
-        the remote pool stays under ``MAX_DECODE_UTILISATION`` (``f_pool = u R / (lambda E[t_remote; N > low])``;
-        the router's queue-aware rule sends prompts local when the remote queue grows).
+        Prompts above ``high_tokens`` always go remote (the router's upper bound; None: no upper bound).
+        Prompts in ``(low, high]`` go remote with probability ``f = min(1, f_link, f_pool)`` (at least 0):
+        the link budget left by the forced ones carries ``f_link = (max_link_share * B - lambda *
+        E[bytes; N > high]) / (lambda * E[bytes; low < N <= high])`` of their KV, and the remote pool stays
+        under ``MAX_DECODE_UTILISATION`` (``f_pool = (u R - lambda E[t_remote; N > high]) / (lambda
+        E[t_remote; low < N <= high])``; the router's queue-aware rule sends prompts local when the remote
+        queue grows).
         """
         w, sc = self.w, self.scenario
-        tail = (w.n > low_tokens) * 1.0
+        if fleet.remote_prefill == 0:
+            return np.zeros(len(w.n))
+        forced = (w.n > high_tokens) * 1.0 if high_tokens is not None else np.zeros(len(w.n))
+        tail = (w.n > low_tokens) * (1.0 - forced)
         demand_bytes = rate * (w.bytes * tail).mean()
         demand_s = rate * (w.t_remote * tail).mean()
-        if demand_bytes == 0 or fleet.remote_prefill == 0:
-            return tail * 0.0
-        f = min(1.0, sc.max_link_share * sc.link_bytes_per_s / demand_bytes,
-                MAX_DECODE_UTILISATION * fleet.remote_prefill / demand_s)
-        return tail * f
+        if demand_bytes == 0:
+            return forced
+        f = min(1.0, (sc.max_link_share * sc.link_bytes_per_s - rate * (w.bytes * forced).mean()) / demand_bytes,
+                (MAX_DECODE_UTILISATION * fleet.remote_prefill - rate * (w.t_remote * forced).mean()) / demand_s)
+        return forced + tail * max(f, 0.0)
 
     def plan_bandwidth_aware(self, thresholds) -> tuple[int, float, Fleet, Prediction]:
         """Central threshold ``T``, remote replicas and the rest of the fleet for bandwidth-aware routing.
 
-        For each ``T`` of ``thresholds`` (lower bound ``low * T``, the scenario's bounds) and each remote
+        For each ``T`` of ``thresholds`` (bounds ``low * T`` and ``high * T``, the scenario's) and each remote
         pool from 0 to :meth:`link_limited_remote_replicas` replicas, the rate is bisected on the
         prediction with :meth:`bandwidth_aware_weights`; decode gets the fewest replicas meeting TPOT,
         local prefill the rest of the budget. Returns the best ``(T, goodput, fleet, prediction)``.
@@ -367,22 +374,23 @@ class Planner:
         sc = self.scenario
         best = None
         for t in thresholds:
-            low = int(sc.threshold_bounds[0] * t)
+            low, high = int(sc.threshold_bounds[0] * t), int(sc.threshold_bounds[1] * t)
             for remote in range(self.link_limited_remote_replicas(low) + 1):
                 lo, hi, found = 0.0, 2 * sc.budget, None
                 for _ in range(20):
                     mid = (lo + hi) / 2
-                    got = self._bandwidth_aware_fleet(mid, int(t), low, remote)
+                    got = self._bandwidth_aware_fleet(mid, int(t), low, high, remote)
                     lo, hi, found = (mid, hi, (got, mid)) if got else (lo, mid, found)
                 if found and (best is None or found[1] > best[1][1]):
                     best = (int(t), found)
         if best is None:
             raise ValueError("no bandwidth-aware fleet meets the SLOs within the budget")
         t, (fleet, rate) = best
-        low = int(sc.threshold_bounds[0] * t)
-        return t, rate, fleet, self.predict(fleet, rate, remote_weight=self.bandwidth_aware_weights(fleet, rate, low))
+        low, high = int(sc.threshold_bounds[0] * t), int(sc.threshold_bounds[1] * t)
+        return t, rate, fleet, self.predict(fleet, rate,
+                                            remote_weight=self.bandwidth_aware_weights(fleet, rate, low, high))
 
-    def _bandwidth_aware_fleet(self, rate: float, threshold: int, low: int, remote: int) -> Fleet | None:
+    def _bandwidth_aware_fleet(self, rate: float, threshold: int, low: int, high: int, remote: int) -> Fleet | None:
         """The bandwidth-aware fleet with ``remote`` replicas if it meets the SLOs at ``rate``, else None."""
         sc = self.scenario
         c_cost, b_cost = sc.profiles["compute"].cost, sc.profiles["bandwidth"].cost
@@ -392,5 +400,5 @@ class Planner:
             return None
         fleet = Fleet(remote, int((sc.budget - remote * c_cost - decode * b_cost) // b_cost), decode, threshold)
         pred = self.predict(fleet, rate, percentiles=False,
-                            remote_weight=self.bandwidth_aware_weights(fleet, rate, low))
+                            remote_weight=self.bandwidth_aware_weights(fleet, rate, low, high))
         return fleet if pred.attainment >= sc.slo_attainment else None
