@@ -4,7 +4,8 @@ For each scenario (``prfaas``, ``prfaas_10g``: a 10 Gbit/s link, ``prfaas_dense`
 the same size), the four router policies on fleets of the same total cost (1,000 "bandwidth"
 accelerator equivalents, compute:bandwidth cost 2.5:1), each fleet sized by the planner:
 
-- homogeneous PD: the bandwidth datacenter alone, prefill and decode pools, all prefill local;
+- homogeneous PD on either accelerator type (``Scenario.homogeneous``: one datacenter, one type, all prefill
+  local), each with its planned prefill/decode split; the better of the two is the baseline;
 - naive heterogeneous: every prefill remote (link share not limited: it is what the policy does);
 - fixed threshold: the planner's best fixed threshold and its fleet (link share <= the scenario's
   ``max_link_share`` at the planned rate);
@@ -15,9 +16,10 @@ accelerator equivalents, compute:bandwidth cost 2.5:1), each fleet sized by the 
 
 Goodput (DistServe): the highest Poisson rate with >= 90% of requests meeting TTFT <= 5 s and
 TPOT <= 80 ms, by bisection in the simulator. Then, on ``prfaas``: the fixed-threshold sweep in
-1K-token steps (each threshold on the planner's fleet for it) against the planner's threshold, the
-P:D ratio against the seed's 1:5-1:8, and the simulator's wall time for 100,000 requests on 1,000
-accelerators. Prints tables; JSON to ``bench/results/planner_prfaas.json``.
+1K-token steps (each threshold on the planner's fleet for it, whole link: the optimum is interior)
+against the planner's threshold, the P:D ratio against the seed's 1:5-1:8, and the simulator's wall
+time for 100,000 requests on 1,000 accelerators. Prints tables beside the PrfaaS paper's figures;
+JSON to ``bench/results/planner_prfaas.json``.
 
     .venv/bin/python bench/planner_prfaas.py [--requests 20000] [--sweep-requests 4000] [--big 100000]
 """
@@ -77,7 +79,10 @@ def policy_rows(sc):
                 key=lambda x: x[1][0])
     rows.append(("fixed_whole_link", FixedThreshold(whole[0], name="fixed_whole_link"), sc, whole[1][1], whole[1][0]))
     lo, hi = sc.threshold_bounds
-    t_ba, rate_ba, fleet_ba, _ = planner.plan_bandwidth_aware(range(0, cap + 1, STEP))
+    try:
+        t_ba, rate_ba, fleet_ba, _ = planner.plan_bandwidth_aware(range(0, cap + 1, STEP))
+    except ValueError:  # no bandwidth-aware fleet meets the SLOs at any rate
+        t_ba, rate_ba, fleet_ba = 0, 0.0, None
     rows.append(("bandwidth_aware", BandwidthAware(int(lo * t_ba), int(hi * t_ba), sc.max_link_share), sc, fleet_ba,
                  rate_ba))
     return t, curve, rows
@@ -86,7 +91,6 @@ def policy_rows(sc):
 def compare(name: str, requests: int) -> dict:
     sc = load_scenario(name)
     t, curve, rows = policy_rows(sc)
-    hi_rate = 1.5 * max(r[4] for r in rows) + 1
     ba = rows[-1][1]
     out = {"scenario": name, "planner_threshold_tokens": t, "kv_rate_32k_gbps": kv_rate_gbps(sc), "policies": []}
     print(f"\n== {name}: KV rate of a busy compute replica at 32K tokens {kv_rate_gbps(sc):.2f} Gbit/s; planner "
@@ -95,7 +99,12 @@ def compare(name: str, requests: int) -> dict:
     print(f"{'policy':22} {'fleet (P_remote/P_local/D)':28} {'planned':>8} {'goodput':>8} {'P90 TTFT':>9} "
           f"{'P90 TPOT':>9} {'link':>6} {'remote':>7}")
     for label, policy, scenario, fleet, planned in rows:
-        rate, res = simulated_goodput(scenario, fleet, policy, num_requests=requests, hi_rate=hi_rate)
+        if fleet is None:  # the planner finds no fleet meeting the SLOs at any rate
+            out["policies"].append({"policy": label, "fleet": None, "planned_goodput": 0.0, "goodput": 0.0})
+            print(f"{label:22} {'none meets the SLOs':28} {0.0:8.2f} {0.0:8.2f}")
+            continue
+        # bisection on [0, 1.6 x planned + 2]: resolution 1/256 of it (8 iterations)
+        rate, res = simulated_goodput(scenario, fleet, policy, num_requests=requests, hi_rate=1.6 * planned + 2)
         s = res.summary(scenario) if res else {}
         out["policies"].append({"policy": label, "fleet": fleet.to_dict(), "cost": fleet.cost(scenario),
                                 "accelerator_types": sorted({scenario.profiles[dc].accelerator.name
@@ -163,7 +172,7 @@ def pd_ratio(compared: dict) -> dict:
     out = {}
     print("\n== P:D ratio (replicas = 8-accelerator nodes) vs the seed's 1:5-1:8 (8xA100 prefill nodes, "
           "2xXeon 8480+ decode nodes)")
-    fleets = {p["policy"]: (Fleet(**p["fleet"]), p["planned_goodput"]) for p in compared["policies"]}
+    fleets = {p["policy"]: (Fleet(**p["fleet"]), p["planned_goodput"]) for p in compared["policies"] if p["fleet"]}
     curve = [(t, planner.goodput(t, enforce_link_share=False, iterations=16)) for t in range(0, sc.prompt.cap + 1,
                                                                                              4 * STEP)]
     for label in ("homogeneous_pd_h20", "homogeneous_pd_h200", "fixed_whole_link", "bandwidth_aware"):

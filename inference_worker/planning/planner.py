@@ -324,16 +324,19 @@ class Planner:
         return (*best, curve)
 
     def link_limited_remote_replicas(self, threshold: int) -> int:
-        """Remote prefill replicas whose KV output, all busy on prompts above ``threshold``, fills the link share.
+        """Fewest remote prefill replicas whose KV output, all busy on prompts above ``threshold``, fills the link share.
 
         A busy replica ships ``E[bytes(N); N > T] / E[t_prefill(N); N > T]`` bytes/s; the link may carry
-        ``max_link_share * B``. Returns the floor of the ratio (0 when no prompt is above ``threshold``).
+        ``max_link_share * B``. Returns the ceiling of the ratio (0 when no prompt is above ``threshold``): a
+        pool one replica larger than the floor is still fed (below capacity) by the link share, which
+        :meth:`bandwidth_aware_weights` throttles, and where one busy replica alone ships more than the share
+        (10 Gbit/s; a dense model) the floor would rule remote prefill out entirely.
         """
         w, sc = self.w, self.scenario
         mask = w.n > threshold
         if not mask.any():
             return 0
-        return int(sc.max_link_share * sc.link_bytes_per_s // (w.bytes[mask].sum() / w.t_remote[mask].sum()))
+        return math.ceil(sc.max_link_share * sc.link_bytes_per_s / (w.bytes[mask].sum() / w.t_remote[mask].sum()))
 
     def bandwidth_aware_weights(self, fleet: Fleet, rate: float, low_tokens: int,
                                 high_tokens: int | None = None) -> np.ndarray:
@@ -365,8 +368,9 @@ class Planner:
 
         For each ``T`` of ``thresholds`` (bounds ``low * T`` and ``high * T``, the scenario's) and each remote
         pool from 0 to :meth:`link_limited_remote_replicas` replicas, the rate is bisected on the
-        prediction with :meth:`bandwidth_aware_weights`; decode gets the fewest replicas meeting TPOT,
-        local prefill the rest of the budget. Returns the best ``(T, goodput, fleet, prediction)``.
+        prediction with :meth:`bandwidth_aware_weights` (attainment met and the link share at most
+        ``max_link_share``); decode gets the fewest replicas meeting TPOT, local prefill the rest of the
+        budget. Returns the best ``(T, goodput, fleet, prediction)``.
 
         Raises:
             ValueError: no combination meets the SLOs.
@@ -401,4 +405,6 @@ class Planner:
         fleet = Fleet(remote, int((sc.budget - remote * c_cost - decode * b_cost) // b_cost), decode, threshold)
         pred = self.predict(fleet, rate, percentiles=False,
                             remote_weight=self.bandwidth_aware_weights(fleet, rate, low, high))
-        return fleet if pred.attainment >= sc.slo_attainment else None
+        # prompts above the upper bound go remote whatever the link: their KV alone may pass the share
+        link_ok = pred.link_share <= sc.max_link_share * (1 + 1e-9)
+        return fleet if pred.attainment >= sc.slo_attainment and link_ok else None

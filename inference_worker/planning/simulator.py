@@ -309,16 +309,24 @@ class Simulation:
         nbytes = self._transfer_bytes(num_tokens)
         return nbytes * (len(self.link.flows) + 1) / self.link.bytes_per_s + self.scenario.rtt_s
 
-    def link_budget_allows(self, num_tokens: int) -> bool:
-        """Token bucket at ``max_link_share * B`` bytes/s, depth one second: allow while not overdrawn."""
+    def _refill(self) -> None:
         rate = self.scenario.max_link_share * self.link.bytes_per_s
         now = self.env.now
         self._bucket = min(rate * LINK_WINDOW_S, self._bucket + (now - self._bucket_t) * rate)
         self._bucket_t = now
+
+    def link_budget_allows(self, num_tokens: int) -> bool:
+        """Token bucket at ``max_link_share * B`` bytes/s, depth one second: allow (and spend) while not overdrawn."""
+        self._refill()
         if self._bucket < 0:
             return False
         self._bucket -= self._transfer_bytes(num_tokens)
         return True
+
+    def link_budget_spend(self, num_tokens: int) -> None:
+        """Spend a forced remote transfer's bytes from the bucket (it may go negative and gate later ones)."""
+        self._refill()
+        self._bucket -= self._transfer_bytes(num_tokens)
 
     def _request(self, i: int):
         n = int(self.n[i])
