@@ -180,9 +180,10 @@ def pd_ratio(compared: dict) -> dict:
         p = fleet.remote_prefill + fleet.local_prefill
         out[label] = {"goodput": rate, "fleet": fleet.to_dict(), "p_to_d": p / fleet.decode,
                       "remote_p_to_bandwidth_dc": fleet.remote_prefill / (fleet.local_prefill + fleet.decode)}
+        local = fleet.local_prefill + fleet.decode
+        ratio = f"1:{local / fleet.remote_prefill:.1f}" if fleet.remote_prefill else "no remote prefill"
         print(f"{label:20} P {p} : D {fleet.decode} (P:D = {p / fleet.decode:.1f}:1); remote P {fleet.remote_prefill}"
-              f" : bandwidth-DC nodes {fleet.local_prefill + fleet.decode} (1:"
-              f"{(fleet.local_prefill + fleet.decode) / max(fleet.remote_prefill, 1e-9):.1f})  planned {rate:.1f}/s")
+              f" : bandwidth-DC nodes {local} ({ratio})  planned {rate:.1f}/s")
     out["whole_link_curve_4k"] = [(t, g[0], g[1].to_dict() if g[1] else None) for t, g in curve]
     return out
 
