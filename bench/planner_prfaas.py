@@ -4,7 +4,8 @@ For each scenario (``prfaas``, ``prfaas_10g``: a 10 Gbit/s link, ``prfaas_dense`
 the same size), the four router policies on fleets of the same total cost (1,000 "bandwidth"
 accelerator equivalents, compute:bandwidth cost 2.5:1), each fleet sized by the planner:
 
-- homogeneous PD: the bandwidth datacenter alone, prefill and decode pools, all prefill local;
+- homogeneous PD on either accelerator type (``Scenario.homogeneous``: one datacenter, one type, all prefill
+  local), each with its planned prefill/decode split; the better of the two is the baseline;
 - naive heterogeneous: every prefill remote (link share not limited: it is what the policy does);
 - fixed threshold: the planner's best fixed threshold and its fleet (link share <= the scenario's
   ``max_link_share`` at the planned rate);
@@ -15,9 +16,10 @@ accelerator equivalents, compute:bandwidth cost 2.5:1), each fleet sized by the 
 
 Goodput (DistServe): the highest Poisson rate with >= 90% of requests meeting TTFT <= 5 s and
 TPOT <= 80 ms, by bisection in the simulator. Then, on ``prfaas``: the fixed-threshold sweep in
-1K-token steps (each threshold on the planner's fleet for it) against the planner's threshold, the
-P:D ratio against the seed's 1:5-1:8, and the simulator's wall time for 100,000 requests on 1,000
-accelerators. Prints tables; JSON to ``bench/results/planner_prfaas.json``.
+1K-token steps (each threshold on the planner's fleet for it, whole link: the optimum is interior)
+against the planner's threshold, the P:D ratio against the seed's 1:5-1:8, and the simulator's wall
+time for 100,000 requests on 1,000 accelerators. Prints tables beside the PrfaaS paper's figures;
+JSON to ``bench/results/planner_prfaas.json``.
 
     .venv/bin/python bench/planner_prfaas.py [--requests 20000] [--sweep-requests 4000] [--big 100000]
 """
@@ -47,62 +49,91 @@ RESULTS = ROOT / "bench" / "results"
 STEP = 1024
 
 
-def policy_fleets(planner: Planner):
-    """(policy, fleet, planner goodput) for the four policies, plus the planner's threshold choice."""
-    sc = planner.scenario
+PAPER = ("PrfaaS paper (issue 24's summary): +54% over homogeneous PD, +32% over naive heterogeneous, threshold "
+         "~19.4K tokens with ~half the requests remote, link ~13% of 100 Gbit/s, KV rate at 32K 59.9 Gbit/s dense "
+         "vs 4.66 hybrid")
+
+
+def kv_rate_gbps(sc, num_tokens: int = 32768) -> float:
+    """KV a busy ``compute`` replica ships while prefilling ``num_tokens``-token prompts, Gbit/s."""
+    return sc.geometry.transfer_bytes(num_tokens) * 8e-9 / sc.profiles["compute"].prefill_time_s(num_tokens)
+
+
+def policy_rows(sc):
+    """Rows (label, policy, scenario simulated, fleet, planner goodput) for the policies, plus the planner's
+    fixed threshold and its 1K-step curve. Every fleet is sized by the planner within the same budget."""
+    planner = Planner(sc)
     cap = sc.prompt.cap
-    t, _, fleet, _, curve = planner.best_threshold(range(0, cap + 1, STEP))
-    homo = planner.goodput(None)
+    t, _, _, _, curve = planner.best_threshold(range(0, cap + 1, STEP))
+    rows = []
+    for dc in ("bandwidth", "compute"):  # homogeneous PD on either type; the better one is the baseline
+        home = sc.homogeneous(dc)
+        rate, fleet, _ = Planner(home).goodput(None)
+        name = f"homogeneous_pd_{sc.profiles[dc].accelerator.name.lower()}"
+        rows.append((name, HomogeneousPD(name=name), home, fleet, rate))
     naive = planner.goodput(0, enforce_link_share=False)
+    rows.append(("naive_heterogeneous", NaiveHeterogeneous(), sc, naive[1], naive[0]))
     fixed = planner.goodput(t)
+    rows.append(("fixed_threshold", FixedThreshold(t), sc, fixed[1], fixed[0]))
     whole = max(((x, planner.goodput(x, enforce_link_share=False, iterations=16)) for x in range(0, cap + 1, STEP)),
                 key=lambda x: x[1][0])
+    rows.append(("fixed_whole_link", FixedThreshold(whole[0], name="fixed_whole_link"), sc, whole[1][1], whole[1][0]))
     lo, hi = sc.threshold_bounds
-    t_ba, rate_ba, fleet_ba, _ = planner.plan_bandwidth_aware(range(0, cap + 1, STEP))
-    return t, curve, [
-        (HomogeneousPD(), homo[1], homo[0]),
-        (NaiveHeterogeneous(), naive[1], naive[0]),
-        (FixedThreshold(t), fixed[1], fixed[0]),
-        (FixedThreshold(whole[0], name="fixed_whole_link"), whole[1][1], whole[1][0]),
-        (BandwidthAware(int(lo * t_ba), int(hi * t_ba), sc.max_link_share), fleet_ba, rate_ba),
-    ]
+    try:
+        t_ba, rate_ba, fleet_ba, _ = planner.plan_bandwidth_aware(range(0, cap + 1, STEP))
+    except ValueError:  # no bandwidth-aware fleet meets the SLOs at any rate
+        t_ba, rate_ba, fleet_ba = 0, 0.0, None
+    rows.append(("bandwidth_aware", BandwidthAware(int(lo * t_ba), int(hi * t_ba), sc.max_link_share), sc, fleet_ba,
+                 rate_ba))
+    return t, curve, rows
 
 
 def compare(name: str, requests: int) -> dict:
     sc = load_scenario(name)
-    planner = Planner(sc)
-    t, curve, rows = policy_fleets(planner)
-    hi_rate = 1.5 * max(r[2] for r in rows) + 1
-    out = {"scenario": name, "planner_threshold_tokens": t, "policies": []}
-    print(f"\n== {name}: planner thresholds: fixed {t}, fixed with the whole link {rows[3][0].threshold_tokens}, "
-          f"bandwidth-aware bounds {rows[4][0].low_tokens}..{rows[4][0].high_tokens}; goodput by bisection, "
-          f"{requests} requests per run")
+    t, curve, rows = policy_rows(sc)
+    ba = rows[-1][1]
+    out = {"scenario": name, "planner_threshold_tokens": t, "kv_rate_32k_gbps": kv_rate_gbps(sc), "policies": []}
+    print(f"\n== {name}: KV rate of a busy compute replica at 32K tokens {kv_rate_gbps(sc):.2f} Gbit/s; planner "
+          f"thresholds: fixed {t}, fixed with the whole link {rows[4][1].threshold_tokens}, bandwidth-aware bounds "
+          f"{ba.low_tokens}..{ba.high_tokens}; goodput by bisection, {requests} requests per run")
     print(f"{'policy':22} {'fleet (P_remote/P_local/D)':28} {'planned':>8} {'goodput':>8} {'P90 TTFT':>9} "
           f"{'P90 TPOT':>9} {'link':>6} {'remote':>7}")
-    for policy, fleet, planned in rows:
-        rate, res = simulated_goodput(sc, fleet, policy, num_requests=requests, hi_rate=hi_rate)
-        s = res.summary(sc) if res else {}
-        out["policies"].append({"policy": policy.name, "fleet": fleet.to_dict(), "cost": fleet.cost(sc),
+    for label, policy, scenario, fleet, planned in rows:
+        if fleet is None:  # the planner finds no fleet meeting the SLOs at any rate
+            out["policies"].append({"policy": label, "fleet": None, "planned_goodput": 0.0, "goodput": 0.0})
+            print(f"{label:22} {'none meets the SLOs':28} {0.0:8.2f} {0.0:8.2f}")
+            continue
+        # bisection on [0, 1.6 x planned + 2]: resolution 1/256 of it (8 iterations)
+        rate, res = simulated_goodput(scenario, fleet, policy, num_requests=requests, hi_rate=1.6 * planned + 2)
+        s = res.summary(scenario) if res else {}
+        out["policies"].append({"policy": label, "fleet": fleet.to_dict(), "cost": fleet.cost(scenario),
+                                "accelerator_types": sorted({scenario.profiles[dc].accelerator.name
+                                                             for dc, n in (("compute", fleet.remote_prefill),
+                                                                           ("bandwidth", fleet.local_prefill
+                                                                            + fleet.decode)) if n}),
                                 "planned_goodput": planned, "goodput": rate, **s})
-        f = f"{fleet.remote_prefill}/{fleet.local_prefill}/{fleet.decode} (cost {fleet.cost(sc):.0f})"
-        print(f"{policy.name:22} {f:28} {planned:8.2f} {rate:8.2f} {s.get('ttft_p90_s', float('nan')):8.2f}s "
+        f = f"{fleet.remote_prefill}/{fleet.local_prefill}/{fleet.decode} (cost {fleet.cost(scenario):.0f})"
+        print(f"{label:22} {f:28} {planned:8.2f} {rate:8.2f} {s.get('ttft_p90_s', float('nan')):8.2f}s "
               f"{1000 * s.get('tpot_p90_s', float('nan')):7.1f}ms {s.get('link_share', 0):6.1%} "
               f"{s.get('remote_share', 0):7.1%}")
     base = {p["policy"]: p["goodput"] for p in out["policies"]}
-    ba = base["bandwidth_aware"]
-    for other in ("homogeneous_pd", "naive_heterogeneous", "fixed_threshold", "fixed_whole_link"):
-        gain = ba / base[other] - 1 if base[other] else float("inf")
-        print(f"bandwidth_aware vs {other}: {gain:+.1%}")
+    homo = max((k for k in base if k.startswith("homogeneous_pd")), key=base.get)
+    out["best_homogeneous"] = homo
+    gains = {}
+    for other in [k for k in base if k != "bandwidth_aware"]:
+        gains[other] = base["bandwidth_aware"] / base[other] - 1 if base[other] else float("inf")
+        print(f"bandwidth_aware vs {other}: {gains[other]:+.1%}" + ("  (best homogeneous)" if other == homo else ""))
+    out["gains"] = gains
+    print(PAPER)
     out["planner_curve"] = curve
     return out
 
 
-def sweep(requests: int) -> dict:
+def sweep(requests: int, t_capped: int) -> dict:
     """Fixed thresholds in 1K steps, each on the planner's fleet for it (whole link: a fixed threshold
     does not watch the link); planner's best vs simulator's best, overall and among link share <= max."""
     sc = load_scenario("prfaas")
     planner = Planner(sc)
-    t_capped = planner.best_threshold(range(0, sc.prompt.cap + 1, STEP))[0]
     rows = []
     for t in range(STEP, sc.prompt.cap + 1, STEP):
         rate, fleet, _ = planner.goodput(t, iterations=16, enforce_link_share=False)
@@ -121,7 +152,7 @@ def sweep(requests: int) -> dict:
     ok = [r for r in rows if r["link_share"] <= sc.max_link_share]
     best_ok = max(ok, key=lambda r: r["goodput"])
     print(f"{'threshold':>9} {'planned':>8} {'simulated':>9} {'link':>6}")
-    for r in rows[::8] + [best]:
+    for r in rows[::8] + [r for r in rows if abs(r["threshold"] - best["threshold"]) <= 4 * STEP]:
         print(f"{r['threshold']:9d} {r['planned']:8.2f} {r['goodput']:9.2f} {r['link_share']:6.1%}")
     err = abs(planned_best["threshold"] - best["threshold"]) / best["threshold"]
     print(f"whole link: planner threshold {planned_best['threshold']} (planned {planned_best['planned']:.2f}/s), "
@@ -132,41 +163,54 @@ def sweep(requests: int) -> dict:
             "relative_error": err, "planner_threshold_capped": t_capped, "simulator_best_capped": best_ok["threshold"]}
 
 
-def pd_ratio() -> dict:
+def pd_ratio(compared: dict) -> dict:
+    """P:D of the planned fleets on ``prfaas`` against the seed's 1:5-1:8, in two readings: all prefill replicas
+    to decode replicas, and (the seed's PrfaaS split: prefill nodes in the compute cluster, decode nodes that
+    also prefill short prompts locally) remote-prefill replicas to the bandwidth datacenter's replicas."""
     sc = load_scenario("prfaas")
     planner = Planner(sc)
     out = {}
-    print("\n== P:D ratio (replicas = 8-accelerator nodes) vs the seed's 1:5-1:8")
-    for label, threshold, enforce in (("homogeneous", None, True), ("planner", "best", True),
-                                      ("no link cap", "best_nocap", False)):
-        if threshold == "best":
-            threshold = planner.best_threshold(range(0, sc.prompt.cap + 1, STEP))[0]
-        if threshold == "best_nocap":
-            curve = [(t, planner.goodput(t, enforce_link_share=False, iterations=16)[0])
-                     for t in range(0, sc.prompt.cap + 1, 4 * STEP)]
-            threshold = max(curve, key=lambda x: x[1])[0]
-        rate, fleet, pred = planner.goodput(threshold, enforce_link_share=enforce)
+    print("\n== P:D ratio (replicas = 8-accelerator nodes) vs the seed's 1:5-1:8 (8xA100 prefill nodes, "
+          "2xXeon 8480+ decode nodes)")
+    fleets = {p["policy"]: (Fleet(**p["fleet"]), p["planned_goodput"]) for p in compared["policies"] if p["fleet"]}
+    curve = [(t, planner.goodput(t, enforce_link_share=False, iterations=16)) for t in range(0, sc.prompt.cap + 1,
+                                                                                             4 * STEP)]
+    for label in ("homogeneous_pd_h20", "homogeneous_pd_h200", "fixed_whole_link", "bandwidth_aware"):
+        fleet, rate = fleets[label]
         p = fleet.remote_prefill + fleet.local_prefill
-        out[label] = {"threshold": threshold, "goodput": rate, "fleet": fleet.to_dict(),
-                      "p_to_d": p / fleet.decode, "link_share": pred.link_share}
-        print(f"{label:12} T={threshold}  P {p} : D {fleet.decode}  (P:D = {p / fleet.decode:.1f}:1)  "
-              f"goodput {rate:.1f}/s  link {pred.link_share:.1%}")
+        out[label] = {"goodput": rate, "fleet": fleet.to_dict(), "p_to_d": p / fleet.decode,
+                      "remote_p_to_bandwidth_dc": fleet.remote_prefill / (fleet.local_prefill + fleet.decode)}
+        local = fleet.local_prefill + fleet.decode
+        ratio = f"1:{local / fleet.remote_prefill:.1f}" if fleet.remote_prefill else "no remote prefill"
+        print(f"{label:20} P {p} : D {fleet.decode} (P:D = {p / fleet.decode:.1f}:1); remote P {fleet.remote_prefill}"
+              f" : bandwidth-DC nodes {local} ({ratio})  planned {rate:.1f}/s")
+    out["whole_link_curve_4k"] = [(t, g[0], g[1].to_dict() if g[1] else None) for t, g in curve]
     return out
 
 
 def scale(requests: int) -> dict:
+    """Simulator wall time for ``requests`` requests on 1,000 accelerators (homogeneous PD on H20: 125 nodes of 8)
+    and on the bandwidth-aware fleet, each at its planned goodput."""
     sc = load_scenario("prfaas")
-    planner = Planner(sc)
-    rate, fleet, _ = planner.goodput(None)
-    accelerators = (fleet.local_prefill + fleet.decode) * sc.profiles["bandwidth"].accelerators_per_replica
-    started = time.perf_counter()
-    res = simulate(sc, fleet, HomogeneousPD(), rate, requests)
-    wall = time.perf_counter() - started
-    print(f"\n== simulator cost: {accelerators} accelerators ({fleet.local_prefill + fleet.decode} replicas), "
-          f"{requests} requests at {rate:.1f}/s: {wall:.1f} s wall, {res.events} events, "
-          f"{res.duration_s:.0f} s simulated")
-    return {"accelerators": accelerators, "requests": requests, "wall_s": wall, "events": res.events,
-            "simulated_s": res.duration_s}
+    out = {}
+    home = sc.homogeneous("bandwidth")
+    rate, fleet, _ = Planner(home).goodput(None)
+    t_ba, rate_ba, fleet_ba, _ = Planner(sc).plan_bandwidth_aware(range(0, sc.prompt.cap + 1, 4 * STEP))
+    lo, hi = sc.threshold_bounds
+    for label, scenario, fl, policy, r in (
+            ("homogeneous_pd_h20", home, fleet, HomogeneousPD(), rate),
+            ("bandwidth_aware", sc, fleet_ba, BandwidthAware(int(lo * t_ba), int(hi * t_ba), sc.max_link_share),
+             rate_ba)):
+        accelerators = (fl.remote_prefill + fl.local_prefill + fl.decode) * sc.profiles["bandwidth"].accelerators_per_replica
+        started = time.perf_counter()
+        res = simulate(scenario, fl, policy, r, requests)
+        wall = time.perf_counter() - started
+        print(f"\n== simulator cost, {label}: {accelerators} accelerators ({fl.remote_prefill + fl.local_prefill + fl.decode}"
+              f" replicas), {requests} requests at {r:.1f}/s: {wall:.1f} s wall, {res.events} events, "
+              f"{res.duration_s:.0f} s simulated")
+        out[label] = {"accelerators": accelerators, "requests": requests, "wall_s": wall, "events": res.events,
+                      "simulated_s": res.duration_s}
+    return out
 
 
 def main() -> None:
@@ -177,10 +221,11 @@ def main() -> None:
     parser.add_argument("--skip-sweep", action="store_true")
     args = parser.parse_args()
     started = time.perf_counter()
-    results = {"scale": scale(args.big), "pd_ratio": pd_ratio(),
+    results = {"scale": scale(args.big),
                "scenarios": [compare(n, args.requests) for n in ("prfaas", "prfaas_10g", "prfaas_dense")]}
+    results["pd_ratio"] = pd_ratio(results["scenarios"][0])
     if not args.skip_sweep:
-        results["sweep"] = sweep(args.sweep_requests)
+        results["sweep"] = sweep(args.sweep_requests, results["scenarios"][0]["planner_threshold_tokens"])
     results["wall_s"] = time.perf_counter() - started
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "planner_prfaas.json").write_text(json.dumps(results, indent=1, default=float))

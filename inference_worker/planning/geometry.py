@@ -5,7 +5,9 @@ No formula of its own: both byte counts come from the one KV accounting of
 :meth:`inference_worker.kv_transfer.layout.KVLayout.transfer_bytes` (what a prefill hands to
 decode). Both are piecewise linear in the token count with breakpoints at the sliding windows, so
 vectorised versions evaluate the one formula at the breakpoints and interpolate linearly between
-them (exact: the functions are linear between breakpoints).
+them (exact: the functions are linear between breakpoints). The sum of ``resident_bytes(i)`` over a
+prompt's positions ``i = 1..N`` (the KV a causal prefill's attention reads, query by query) is
+summed the same way: an arithmetic series on each linear piece, exact in integer positions.
 """
 
 from __future__ import annotations
@@ -99,3 +101,24 @@ class KVGeometry:
         """``transfer_bytes`` of each entry of ``num_tokens`` (values in ``0..max_tokens``), float64."""
         xs = self._breakpoints(max_tokens, 1)
         return np.interp(num_tokens, xs, [self.transfer_bytes(int(x)) for x in xs])
+
+    def cumulative_resident_bytes_array(self, num_tokens: np.ndarray, max_tokens: int) -> np.ndarray:
+        """``sum(resident_bytes(i) for i in 1..N)`` for each ``N`` of ``num_tokens`` (values in ``0..max_tokens``).
+
+        The KV bytes a causal prefill of ``N`` tokens reads: query ``i`` attends to the ``resident_bytes(i)``
+        bytes of its own and earlier positions (``min(i, W)`` of them on a sliding layer). On each linear
+        piece ``[a, c]`` of ``resident_bytes`` (slope ``s``), ``sum(f(i) for i in a+1..N) = (N - a) f(a) +
+        s (N - a)(N - a + 1) / 2``; the pieces' sums are accumulated at the breakpoints. Float64, exact
+        to rounding.
+        """
+        xs = self._breakpoints(max_tokens, 0)
+        f = np.array([self.resident_bytes(int(x)) for x in xs], dtype=float)
+        slopes = np.diff(f) / np.maximum(np.diff(xs), 1)
+        seg = np.diff(xs)
+        # cumulative sum at each breakpoint: C(x_{k+1}) = C(x_k) + sum over i in x_k+1..x_{k+1}
+        pieces = seg * f[:-1] + slopes * seg * (seg + 1) / 2
+        at_breaks = np.concatenate([[0.0], np.cumsum(pieces)])
+        n = np.asarray(num_tokens, dtype=float)
+        k = np.clip(np.searchsorted(xs, n, side="right") - 1, 0, len(xs) - 2)
+        d = n - xs[k]
+        return at_breaks[k] + d * f[k] + slopes[k] * d * (d + 1) / 2

@@ -5,6 +5,15 @@ on ``remote_prefill`` replicas in datacenter ``compute`` and ship their KV over 
 prefill on ``local_prefill`` replicas next to the ``decode`` replicas in datacenter ``bandwidth``
 (intra-datacenter KV hand-off is not modelled: RDMA within a datacenter).
 
+Costs come from the scenario's profiles (:mod:`.profiles`: a replica is ``accelerators_per_replica``
+accelerators, one 8-accelerator node in ``prfaas``, ASSUMED; prefill FLOPs include attention, decode
+steps read weights and the resident KV of full and sliding layers). Homogeneous PD is planned on
+:meth:`Scenario.homogeneous` (both pools on one type; the caller plans both types and keeps the better).
+Fleet sizing (:meth:`Planner.size_fleet`, :meth:`Planner.plan_bandwidth_aware`) searches the split of
+the one budget per policy: decode gets the fewest replicas meeting TPOT, and every division of the rest
+between remote (``compute``) and local (``bandwidth``) prefill is tried (bandwidth-aware: remote pools
+up to the link-limited size), keeping the best predicted attainment or goodput.
+
 Formulas (``lambda`` the arrival rate, expectations over the prompt distribution's quantile grid):
 
 - Prefill pools are M/G/c FIFO queues of one request per replica. Probability of waiting: Erlang C,
@@ -21,8 +30,8 @@ Formulas (``lambda`` the arrival rate, expectations over the prompt distribution
 - Decode, as a fluid model of continuous batching: each replica carries ``x = lambda * E[out] / D``
   tokens/s; with the step time ``beta + gamma * B`` (``beta`` weights, ``gamma`` one sequence's KV read)
   and Little's law ``B = x * TPOT``, ``TPOT = beta / (1 - gamma * x)`` while compute allows
-  (``x * 2P / flops < max_decode_utilisation``). The fluid model has no queueing, hence the
-  utilisation cap.
+  (``x * (2P + a * kv) / flops < max_decode_utilisation``, ``a * kv`` one sequence's attention FLOPs,
+  :mod:`.profiles`). The fluid model has no queueing, hence the utilisation cap.
 - Goodput (DistServe, Zhong et al., OSDI 2024): the highest rate at which at least ``slo_attainment``
   of requests meet both TTFT and TPOT objectives.
 
@@ -235,7 +244,8 @@ class Planner:
         x = rate * self.w.mean_out / replicas
         gamma = self.w.decode_kv / p.decode_bytes_per_s
         beta = p.weight_bytes / p.decode_bytes_per_s
-        if x * p.decode_compute_s_per_seq >= MAX_DECODE_UTILISATION or gamma * x >= 1:
+        per_seq = p.decode_compute_s_per_seq + p.decode_attention_s(self.w.decode_kv)
+        if x * per_seq >= MAX_DECODE_UTILISATION or gamma * x >= 1:
             return float("nan"), float("nan")
         tpot = beta / (1 - gamma * x)
         batch = x * tpot
@@ -314,42 +324,53 @@ class Planner:
         return (*best, curve)
 
     def link_limited_remote_replicas(self, threshold: int) -> int:
-        """Remote prefill replicas whose KV output, all busy on prompts above ``threshold``, fills the link share.
+        """Fewest remote prefill replicas whose KV output, all busy on prompts above ``threshold``, fills the link share.
 
         A busy replica ships ``E[bytes(N); N > T] / E[t_prefill(N); N > T]`` bytes/s; the link may carry
-        ``max_link_share * B``. Returns the floor of the ratio (0 when no prompt is above ``threshold``).
+        ``max_link_share * B``. Returns the ceiling of the ratio (0 when no prompt is above ``threshold``): a
+        pool one replica larger than the floor is still fed (below capacity) by the link share, which
+        :meth:`bandwidth_aware_weights` throttles, and where one busy replica alone ships more than the share
+        (10 Gbit/s; a dense model) the floor would rule remote prefill out entirely.
         """
         w, sc = self.w, self.scenario
         mask = w.n > threshold
         if not mask.any():
             return 0
-        return int(sc.max_link_share * sc.link_bytes_per_s // (w.bytes[mask].sum() / w.t_remote[mask].sum()))
+        return math.ceil(sc.max_link_share * sc.link_bytes_per_s / (w.bytes[mask].sum() / w.t_remote[mask].sum()))
 
-    def bandwidth_aware_weights(self, fleet: Fleet, rate: float, low_tokens: int) -> np.ndarray:
-        """Remote probability per grid prompt under bandwidth-aware routing with lower bound ``low_tokens``.
+    def bandwidth_aware_weights(self, fleet: Fleet, rate: float, low_tokens: int,
+                                high_tokens: int | None = None) -> np.ndarray:
+        """Remote probability per grid prompt under bandwidth-aware routing with bounds ``low_tokens``, ``high_tokens``.
 
-        Prompts above ``low_tokens`` go remote with probability ``f = min(1, f_link, f_pool)``: the link
-        budget carries ``f_link = max_link_share * B / (lambda * E[bytes; N > low])`` of their KV, and
-        the remote pool stays under ``MAX_DECODE_UTILISATION`` (``f_pool = u R / (lambda E[t_remote; N > low])``;
-        the router's queue-aware rule sends prompts local when the remote queue grows).
+        Prompts above ``high_tokens`` always go remote (the router's upper bound; None: no upper bound).
+        Prompts in ``(low, high]`` go remote with probability ``f = min(1, f_link, f_pool)`` (at least 0):
+        the link budget left by the forced ones carries ``f_link = (max_link_share * B - lambda *
+        E[bytes; N > high]) / (lambda * E[bytes; low < N <= high])`` of their KV, and the remote pool stays
+        under ``MAX_DECODE_UTILISATION`` (``f_pool = (u R - lambda E[t_remote; N > high]) / (lambda
+        E[t_remote; low < N <= high])``; the router's queue-aware rule sends prompts local when the remote
+        queue grows).
         """
         w, sc = self.w, self.scenario
-        tail = (w.n > low_tokens) * 1.0
+        if fleet.remote_prefill == 0:
+            return np.zeros(len(w.n))
+        forced = (w.n > high_tokens) * 1.0 if high_tokens is not None else np.zeros(len(w.n))
+        tail = (w.n > low_tokens) * (1.0 - forced)
         demand_bytes = rate * (w.bytes * tail).mean()
         demand_s = rate * (w.t_remote * tail).mean()
-        if demand_bytes == 0 or fleet.remote_prefill == 0:
-            return tail * 0.0
-        f = min(1.0, sc.max_link_share * sc.link_bytes_per_s / demand_bytes,
-                MAX_DECODE_UTILISATION * fleet.remote_prefill / demand_s)
-        return tail * f
+        if demand_bytes == 0:
+            return forced
+        f = min(1.0, (sc.max_link_share * sc.link_bytes_per_s - rate * (w.bytes * forced).mean()) / demand_bytes,
+                (MAX_DECODE_UTILISATION * fleet.remote_prefill - rate * (w.t_remote * forced).mean()) / demand_s)
+        return forced + tail * max(f, 0.0)
 
     def plan_bandwidth_aware(self, thresholds) -> tuple[int, float, Fleet, Prediction]:
         """Central threshold ``T``, remote replicas and the rest of the fleet for bandwidth-aware routing.
 
-        For each ``T`` of ``thresholds`` (lower bound ``low * T``, the scenario's bounds) and each remote
+        For each ``T`` of ``thresholds`` (bounds ``low * T`` and ``high * T``, the scenario's) and each remote
         pool from 0 to :meth:`link_limited_remote_replicas` replicas, the rate is bisected on the
-        prediction with :meth:`bandwidth_aware_weights`; decode gets the fewest replicas meeting TPOT,
-        local prefill the rest of the budget. Returns the best ``(T, goodput, fleet, prediction)``.
+        prediction with :meth:`bandwidth_aware_weights` (attainment met and the link share at most
+        ``max_link_share``); decode gets the fewest replicas meeting TPOT, local prefill the rest of the
+        budget. Returns the best ``(T, goodput, fleet, prediction)``.
 
         Raises:
             ValueError: no combination meets the SLOs.
@@ -357,22 +378,23 @@ class Planner:
         sc = self.scenario
         best = None
         for t in thresholds:
-            low = int(sc.threshold_bounds[0] * t)
+            low, high = int(sc.threshold_bounds[0] * t), int(sc.threshold_bounds[1] * t)
             for remote in range(self.link_limited_remote_replicas(low) + 1):
                 lo, hi, found = 0.0, 2 * sc.budget, None
                 for _ in range(20):
                     mid = (lo + hi) / 2
-                    got = self._bandwidth_aware_fleet(mid, int(t), low, remote)
+                    got = self._bandwidth_aware_fleet(mid, int(t), low, high, remote)
                     lo, hi, found = (mid, hi, (got, mid)) if got else (lo, mid, found)
                 if found and (best is None or found[1] > best[1][1]):
                     best = (int(t), found)
         if best is None:
             raise ValueError("no bandwidth-aware fleet meets the SLOs within the budget")
         t, (fleet, rate) = best
-        low = int(sc.threshold_bounds[0] * t)
-        return t, rate, fleet, self.predict(fleet, rate, remote_weight=self.bandwidth_aware_weights(fleet, rate, low))
+        low, high = int(sc.threshold_bounds[0] * t), int(sc.threshold_bounds[1] * t)
+        return t, rate, fleet, self.predict(fleet, rate,
+                                            remote_weight=self.bandwidth_aware_weights(fleet, rate, low, high))
 
-    def _bandwidth_aware_fleet(self, rate: float, threshold: int, low: int, remote: int) -> Fleet | None:
+    def _bandwidth_aware_fleet(self, rate: float, threshold: int, low: int, high: int, remote: int) -> Fleet | None:
         """The bandwidth-aware fleet with ``remote`` replicas if it meets the SLOs at ``rate``, else None."""
         sc = self.scenario
         c_cost, b_cost = sc.profiles["compute"].cost, sc.profiles["bandwidth"].cost
@@ -382,5 +404,7 @@ class Planner:
             return None
         fleet = Fleet(remote, int((sc.budget - remote * c_cost - decode * b_cost) // b_cost), decode, threshold)
         pred = self.predict(fleet, rate, percentiles=False,
-                            remote_weight=self.bandwidth_aware_weights(fleet, rate, low))
-        return fleet if pred.attainment >= sc.slo_attainment else None
+                            remote_weight=self.bandwidth_aware_weights(fleet, rate, low, high))
+        # prompts above the upper bound go remote whatever the link: their KV alone may pass the share
+        link_ok = pred.link_share <= sc.max_link_share * (1 + 1e-9)
+        return fleet if pred.attainment >= sc.slo_attainment and link_ok else None

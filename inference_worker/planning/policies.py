@@ -3,7 +3,8 @@
 - :class:`HomogeneousPD`: prefill and decode in one datacenter on one accelerator type; always local.
 - :class:`NaiveHeterogeneous`: every prefill remote (compute datacenter), decode local.
 - :class:`FixedThreshold`: remote iff ``N > T``.
-- :class:`BandwidthAware`: ``N <= low`` local, ``N > high`` remote; in between, remote iff the link
+- :class:`BandwidthAware`: ``N <= low`` local, ``N > high`` remote (its KV drains the link budget
+  without being gated by it); in between, remote iff the link
   budget allows it (a token bucket filled at ``max_link_share * B`` bytes/s, one second deep, that
   every remote decision drains by its KV bytes and may overdraw once: the long-run link share stays
   under ``max_link_share`` plus the bucket's depth over the run; a measured-utilisation gate lags by a
@@ -28,6 +29,7 @@ class SystemView(Protocol):
     def remote_prefill_s(self, num_tokens: int) -> float: ...
     def transfer_eta_s(self, num_tokens: int) -> float: ...
     def link_budget_allows(self, num_tokens: int) -> bool: ...
+    def link_budget_spend(self, num_tokens: int) -> None: ...
 
 
 class Policy(Protocol):
@@ -82,6 +84,7 @@ class BandwidthAware:
         if num_tokens <= self.low_tokens:
             return False
         if num_tokens > self.high_tokens:
+            view.link_budget_spend(num_tokens)  # forced remote: its KV counts against the link budget too
             return True
         local = view.local_wait_s() + view.local_prefill_s(num_tokens)
         remote = view.remote_wait_s() + view.remote_prefill_s(num_tokens) + view.transfer_eta_s(num_tokens)

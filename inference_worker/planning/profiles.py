@@ -3,15 +3,24 @@
 Two kinds, one interface (``prefill_time_s``, ``decode_step_s``, ``kv_capacity_bytes``):
 
 - :class:`RooflineProfile` from public accelerator specifications (peak FLOP/s, memory bandwidth,
-  memory size). A forward pass costs 2 FLOP per parameter per token (Kaplan et al. 2020, "Scaling
-  Laws for Neural Language Models", C_forward ~ 2N). Prefill is compute-bound:
-  ``t_prefill(N) = 2 * P * N / (k * peak_flops * u_prefill)``. A decode step over a batch of ``B``
-  is the roofline maximum (Williams et al. 2009, "Roofline") of compute and memory time:
-  ``max(2 * P * B / (k * peak_flops * u_flops), (weight_bytes + kv_bytes) / (k * bandwidth * u_bw))``
-  with ``k`` accelerators per replica (tensor parallel, assumed to keep the same utilisation).
-  **Attention FLOPs are not modelled** (the scenario gives no query-head count; with 8 full layers
-  of a 48-layer hybrid they add a few percent at 32K tokens); attention *bytes* are: the decode
-  step reads the batch's resident KV.
+  memory size), for replicas of ``k`` accelerators (tensor parallel, assumed to keep the same
+  utilisation; a scenario states its ``k``). FLOPs of a forward pass: 2 per parameter per token
+  (Kaplan et al. 2020, "Scaling Laws for Neural Language Models", ``C_forward ~ 2N``) plus attention,
+  ``4 * n_q * d_head`` per (query, key) pair per layer (``QK^T`` and ``PV``, 2 FLOP per multiply-add;
+  PaLM, Chowdhery et al. 2022, Appendix B counts the same ``4 L H Q T`` per token). A pair reads one
+  key's K and V on that layer, ``2 * n_kv * d_head * dtype_bytes`` bytes, so attention costs
+  ``a = 2 * n_q / (n_kv * dtype_bytes)`` FLOP per KV byte attended (:func:`attention_flops_per_kv_byte`;
+  8 for 64 query heads over 8 bf16 KV heads), and the catalog's one KV formula gives the bytes:
+
+  - Prefill (compute-bound): ``t_prefill(N) = (2 P N + a * sum_{i=1..N} kv_bytes(i)) / (k * peak_flops
+    * u_prefill)``, query ``i`` attending ``kv_bytes(i)`` (``N`` tokens on full layers, ``min(i, W)``
+    on sliding ones: quadratic in ``N`` on full layers, linear beyond ``W`` on sliding ones;
+    :meth:`KVGeometry.cumulative_resident_bytes_array`).
+  - A decode step over a batch of ``B`` sequences holding ``kv`` resident bytes is the roofline
+    maximum (Williams et al. 2009, "Roofline") of compute and memory time:
+    ``max((2 P B + a * kv) / (k * peak_flops * u_flops), (weight_bytes + kv) / (k * bandwidth * u_bw))``:
+    every step reads all weights and the batch's whole resident KV (full and sliding layers).
+
 - :class:`FittedProfile` from measured points (``ferry_profile`` or an imported file):
   ``t_prefill(N) = a0 + a1 * N + a2 * N**2`` and ``t_step(B) = b0 + b1 * B`` by least squares.
 """
@@ -22,8 +31,24 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from inference_worker.planning.geometry import KVGeometry
+
 # vLLM's default ``gpu_memory_utilization``: the share of accelerator memory the engine may use.
 DEFAULT_MEMORY_UTILISATION = 0.9
+
+
+def attention_flops_per_kv_byte(num_query_heads: int, num_kv_heads: int, kv_dtype_bytes: int) -> float:
+    """Attention FLOP per KV byte attended: ``2 * n_q / (n_kv * dtype_bytes)`` (module docstring).
+
+    ``4 * n_q * d_head`` FLOP per (query, key, layer) over ``2 * n_kv * d_head * dtype_bytes`` bytes.
+
+    Raises:
+        ValueError: a non-positive count, or ``num_query_heads`` not a multiple of ``num_kv_heads``.
+    """
+    if min(num_query_heads, num_kv_heads, kv_dtype_bytes) < 1 or num_query_heads % num_kv_heads:
+        raise ValueError(f"need positive counts and num_query_heads a multiple of num_kv_heads, got "
+                         f"{num_query_heads}, {num_kv_heads}, {kv_dtype_bytes}")
+    return 2.0 * num_query_heads / (num_kv_heads * kv_dtype_bytes)
 
 
 @dataclass(frozen=True)
@@ -67,10 +92,16 @@ class RooflineProfile:
     """Bytes per weight (bf16: 2)."""
     memory_utilisation: float = DEFAULT_MEMORY_UTILISATION
     """Share of the replica's memory for weights plus KV cache."""
+    kv_geometry: KVGeometry | None = None
+    """The model's KV bytes, for attention FLOPs (None: attention FLOPs not counted)."""
+    attention_flops_per_kv_byte: float = 0.0
+    """``a`` of the module docstring (:func:`attention_flops_per_kv_byte`); 0: attention FLOPs not counted."""
 
     def __post_init__(self) -> None:
         if not self.num_params > 0 or self.accelerators_per_replica < 1:
             raise ValueError("num_params must be positive and accelerators_per_replica >= 1")
+        if self.attention_flops_per_kv_byte < 0 or (self.attention_flops_per_kv_byte and self.kv_geometry is None):
+            raise ValueError("attention_flops_per_kv_byte must be >= 0 and needs kv_geometry")
         for name in ("prefill_flops_utilisation", "decode_bandwidth_utilisation", "decode_flops_utilisation",
                      "memory_utilisation"):
             if not 0 < getattr(self, name) <= 1:
@@ -102,20 +133,38 @@ class RooflineProfile:
 
     @property
     def prefill_tokens_per_s(self) -> float:
-        """Prefill speed, tokens/s: ``k * peak_flops * u_prefill / (2 * P)``."""
-        k = self.accelerators_per_replica
-        return k * self.accelerator.peak_flops * self.prefill_flops_utilisation / self.flops_per_token
+        """Prefill speed without attention FLOPs, tokens/s: ``k * peak_flops * u_prefill / (2 * P)``."""
+        return self._prefill_flops_per_s / self.flops_per_token
+
+    @property
+    def _prefill_flops_per_s(self) -> float:
+        return self.accelerators_per_replica * self.accelerator.peak_flops * self.prefill_flops_utilisation
+
+    def prefill_flops(self, num_tokens):
+        """FLOPs of a prefill of ``num_tokens`` (scalar or array): ``2 P N + a * sum_{i<=N} kv_bytes(i)``."""
+        n = np.asarray(num_tokens, dtype=float)
+        flops = self.flops_per_token * n
+        if self.attention_flops_per_kv_byte:
+            top = max(int(np.max(n)) if n.size else 1, 1)
+            flops = flops + self.attention_flops_per_kv_byte * self.kv_geometry.cumulative_resident_bytes_array(n, top)
+        return flops if np.ndim(num_tokens) else float(flops)
 
     def prefill_time_s(self, num_tokens):
-        """Seconds to prefill ``num_tokens`` (scalar or array): ``N / prefill_tokens_per_s``."""
-        return np.asarray(num_tokens, dtype=float) / self.prefill_tokens_per_s if np.ndim(num_tokens) else \
-            num_tokens / self.prefill_tokens_per_s
+        """Seconds to prefill ``num_tokens`` (scalar or array): ``prefill_flops(N) / (k * peak_flops * u_prefill)``."""
+        return self.prefill_flops(num_tokens) / self._prefill_flops_per_s
+
+    @property
+    def _decode_flops_per_s(self) -> float:
+        return self.accelerators_per_replica * self.accelerator.peak_flops * self.decode_flops_utilisation
 
     @property
     def decode_compute_s_per_seq(self) -> float:
-        """Compute time one sequence adds to a decode step (s): ``2P / (k * peak_flops * u_flops)``."""
-        k = self.accelerators_per_replica
-        return self.flops_per_token / (k * self.accelerator.peak_flops * self.decode_flops_utilisation)
+        """Compute time one sequence's weight FLOPs add to a decode step (s): ``2P / (k * peak_flops * u_flops)``."""
+        return self.flops_per_token / self._decode_flops_per_s
+
+    def decode_attention_s(self, kv_bytes: float) -> float:
+        """Compute time of a decode step's attention over ``kv_bytes`` resident KV (s): ``a * kv / (k peak u_flops)``."""
+        return self.attention_flops_per_kv_byte * kv_bytes / self._decode_flops_per_s
 
     @property
     def decode_bytes_per_s(self) -> float:
@@ -125,7 +174,8 @@ class RooflineProfile:
 
     def decode_step_s(self, batch_size: int, kv_bytes: float) -> float:
         """Seconds of one decode iteration of ``batch_size`` sequences reading ``kv_bytes`` of KV (roofline)."""
-        return max(batch_size * self.decode_compute_s_per_seq, (self.weight_bytes + kv_bytes) / self.decode_bytes_per_s)
+        return max(batch_size * self.decode_compute_s_per_seq + self.decode_attention_s(kv_bytes),
+                   (self.weight_bytes + kv_bytes) / self.decode_bytes_per_s)
 
 
 @dataclass(frozen=True)

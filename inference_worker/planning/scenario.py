@@ -14,8 +14,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from inference_worker.config import DTYPE_BYTES
 from inference_worker.planning.geometry import KVGeometry, hypothetical_model_config
-from inference_worker.planning.profiles import Accelerator, RooflineProfile
+from inference_worker.planning.profiles import Accelerator, RooflineProfile, attention_flops_per_kv_byte
 from inference_worker.planning.workload import LengthDistribution
 
 SCENARIO_DIR = Path(__file__).with_name("scenarios")
@@ -68,6 +69,22 @@ class Scenario:
         """A copy with fields replaced (e.g. a smaller budget for a test)."""
         return replace(self, **changes)
 
+    def homogeneous(self, datacenter: str) -> Scenario:
+        """The same scenario with both datacenters on ``datacenter``'s accelerator type (homogeneous PD).
+
+        A homogeneous-PD fleet keeps prefill and decode in one datacenter on one type: planned and
+        simulated as the ``bandwidth`` datacenter's pools (local prefill, decode) with this profile, at
+        this type's cost per replica. Issue 24's baseline gets the better of the two types.
+
+        Raises:
+            ScenarioError: an unknown datacenter.
+        """
+        if datacenter not in self.profiles:
+            raise ScenarioError(f"unknown datacenter {datacenter!r}; expected one of {sorted(self.profiles)}")
+        profile = self.profiles[datacenter]
+        return replace(self, name=f"{self.name}[{datacenter}]",
+                       profiles={dc: profile for dc in self.profiles})
+
 
 def load_scenario(path: str | Path) -> Scenario:
     """Read a scenario file (``.toml`` or ``.json``), or a name under ``scenarios/`` (``"prfaas"``).
@@ -99,6 +116,9 @@ def scenario_from_dict(data: dict[str, Any], *, default_name: str = "scenario") 
             sliding_window=model.get("sliding_window"), num_kv_heads=int(model["num_kv_heads"]),
             head_dim=int(model["head_dim"]), kv_dtype=str(model.get("kv_dtype", "bfloat16")))
         geometry = KVGeometry(config, dense=bool(model.get("dense", False)))
+        query_heads = model.get("num_query_heads")
+        attention = 0.0 if query_heads is None else attention_flops_per_kv_byte(
+            int(query_heads), config.num_key_value_heads, DTYPE_BYTES[config.dtype])
         profiles = {}
         for dc in DATACENTERS:
             acc = data["accelerators"][dc]
@@ -108,7 +128,8 @@ def scenario_from_dict(data: dict[str, Any], *, default_name: str = "scenario") 
             profiles[dc] = RooflineProfile(
                 accelerator, float(model["num_params"]), int(eff["accelerators_per_replica"]),
                 float(eff["prefill_flops_utilisation"]), float(eff["decode_bandwidth_utilisation"]),
-                float(eff["decode_flops_utilisation"]))
+                float(eff["decode_flops_utilisation"]), kv_geometry=geometry,
+                attention_flops_per_kv_byte=attention)
         cap = int(work["prompt_cap"])
         bounds = data.get("bandwidth_aware", {})
         return Scenario(
