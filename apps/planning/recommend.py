@@ -77,6 +77,11 @@ class FittedReplicaProfile:
     def kv_capacity_bytes(self) -> float:
         return self.fitted.kv_capacity_bytes
 
+    def decode_attention_s(self, kv_bytes: float) -> float:
+        """0 s: a measured step's attention over its sequences' KV is inside the fitted slope ``b1``, which
+        :attr:`decode_compute_s_per_seq` already charges per sequence (a roofline profile computes the two apart)."""
+        return 0.0
+
     def decode_step_s(self, batch_size: int, kv_bytes: float = 0.0) -> float:
         """The fitted step ``b0 + b1 * batch_size`` seconds."""
         return self.fitted.decode_step_s(batch_size, kv_bytes)
