@@ -14,6 +14,9 @@ from apps.setup import hermetic
 
 hermetic.setup_session()
 
+import sys  # noqa: E402
+
+import pytest  # noqa: E402
 from django.test import override_settings  # noqa: E402 - after Django is set up
 
 # Enabled here, at import, not in a session fixture: a test module that builds the project's ASGI application at
@@ -40,6 +43,44 @@ def pytest_sessionstart(session):
 def pytest_configure(config):
     if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):  # xdist controller
         hermetic.hand_over_to_xdist_workers()  # each worker starts its own servers (apps/setup/hermetic.py)
+
+
+def pytest_runtest_setup(item):
+    """The suite's one-thread torch rule (``inference_worker.tests.support.models``), before every test: a test
+    module sets it at import, but code run in-process (a worker's ``serve`` honouring ``TORCH_NUM_THREADS``) can
+    change it for whatever runs next in that process, and bf16 parity is only exact at one thread (a different
+    reduction order flips greedy tokens with top-2 gaps of 0.016-0.027; pytest-xdist's other file order showed it)."""
+    torch = sys.modules.get("torch")  # never imports torch for a test that does not use it
+    if torch is not None and torch.get_num_threads() != 1:
+        torch.set_num_threads(1)
+
+
+_FLUSHING_FIXTURES = {"transactional_db", "live_server", "django_db_reset_sequences", "django_db_serialized_rollback"}
+
+
+def _flushes_the_database(item: pytest.Item) -> bool:
+    """Whether ``item`` ran as a transactional test, whose teardown empties every table (Django's flush)."""
+    if _FLUSHING_FIXTURES & set(getattr(item, "fixturenames", ())):
+        return True
+    marker = item.get_closest_marker("django_db")
+    return marker is not None and bool(marker.kwargs.get("transaction") or (marker.args and marker.args[0]))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """After a transactional test's flush, put back the rows the migrations create (the default alert rules), so a
+    later test finds the database as migrated whatever the order: pytest-django runs transactional tests last in a
+    serial run, but under pytest-xdist's ``--dist loadfile`` a file's transactional tests run whenever its file
+    does (a flushed default rule set failed later files' tests)."""
+    yield
+    if nextitem is not None and _flushes_the_database(item):  # none next: the test database is already gone
+        from pytest_django.plugin import blocking_manager_key
+
+        from apps.telemetry.alerts import create_default_rules
+        from apps.telemetry.models import AlertRule
+
+        with item.config.stash[blocking_manager_key].unblock():
+            create_default_rules(AlertRule)
 
 
 def pytest_unconfigure(config):

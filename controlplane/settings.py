@@ -281,6 +281,8 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
+    # one name for the pool roles wherever a field uses them (pools' role, planning profiles' pool_kind)
+    "ENUM_NAME_OVERRIDES": {"RoleEnum": "apps.fleet.models.Pool.Role"},
 }
 
 # --------------------------------------------------------------------------- Ferry

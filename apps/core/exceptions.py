@@ -47,7 +47,9 @@ RETRY_AFTER_S = 1
 
 
 def _protected_message(exc: ProtectedError | RestrictedError) -> str:
-    objs = list(exc.protected_objects if isinstance(exc, ProtectedError) else exc.restricted_objects)
+    # a set: sorted so the message is the same whatever the primary keys' hashes
+    objs = sorted(exc.protected_objects if isinstance(exc, ProtectedError) else exc.restricted_objects,
+                  key=lambda obj: (str(obj._meta.verbose_name), str(obj)))
     names = ", ".join(f"{obj._meta.verbose_name} {obj}" for obj in objs[:5])
     more = f" and {len(objs) - 5} more" if len(objs) > 5 else ""
     return f"Cannot delete: still in use by {names}{more}. Remove or change those first."

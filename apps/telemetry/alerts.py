@@ -136,6 +136,17 @@ class AlertEvaluator:
         return transitions
 
 
+
+def create_default_rules(alert_rule_model) -> None:
+    """Create the fleet-default rules (:data:`DEFAULT_RULES`, ``pool=None``) that do not exist yet; idempotent.
+
+    ``alert_rule_model`` is ``AlertRule``: the migration's historical model (``0002_default_alert_rules``) or the
+    current one (the test suite re-creates the defaults after a transactional test flushed every table).
+    """
+    for rule in DEFAULT_RULES:
+        alert_rule_model.objects.get_or_create(name=rule["name"], pool=None,
+                                               defaults={k: v for k, v in rule.items() if k != "name"})
+
 def _duration(seconds: float) -> str:
     return f"{int(seconds)}s" if float(seconds).is_integer() else f"{round(seconds * 1000)}ms"
 

@@ -29,6 +29,12 @@ torch.set_num_threads(1)
 W = 512
 MAX_TOKENS = 4
 GAP = 1e-2
+GAP_BF16 = 5e-2
+"""The near-tie bound for the bf16 model. bf16 keeps 8 significant bits, and a different chunking of the same
+prompt (cached prefix vs computed) changes the accumulation order through 18 layers: on a CPU with AMX-BF16
+(oneDNN picks AMX tiles for some matmul shapes and AVX-512 for others) caching on and off differed on greedy
+steps whose reference top-2 gaps were 0.0156 and 0.0273, a tie at bf16's resolution, not a caching defect (fp32
+keeps the 1e-2 bound)."""
 SHA = "ab" * 32
 RESUME_POINTS = [W - 2, W - 1, W, W + 1]
 L = 530
@@ -67,7 +73,8 @@ def run(engine, prompts, *, first_id=0):
 
 
 def assert_same_under_divergence_rule(label, got, reference):
-    check_divergence(label, [tokens for tokens, _ in got], reference, num_tokens=MAX_TOKENS, gap=GAP)
+    gap = GAP_BF16 if label.startswith("gemma-bf16") else GAP
+    check_divergence(label, [tokens for tokens, _ in got], reference, num_tokens=MAX_TOKENS, gap=gap)
 
 
 def engine(model, caching, **kwargs):

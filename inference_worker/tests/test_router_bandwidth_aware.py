@@ -25,6 +25,7 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
+from inference_worker import http_headers
 from inference_worker.router.app import Router, RouterConfig
 from inference_worker.router.decisions import LoadTracker
 from inference_worker.router.metrics import RouterMetrics
@@ -236,7 +237,7 @@ def test_the_router_exports_the_effective_threshold_and_the_bound_reason(tmp_pat
     routed = []
 
     def upstream(request):
-        routed.append((request.url.host, request.headers.get("X-Ferry-Prefill-Endpoint")))
+        routed.append((request.url.host, request.headers.get(http_headers.PREFILL_ENDPOINT)))
         return httpx.Response(200, stream=httpx.ByteStream(b'{"choices": [{"text": "ok"}]}'))
 
     router.client = httpx.AsyncClient(transport=httpx.MockTransport(upstream))

@@ -2,13 +2,11 @@
 
 from django.db import migrations
 
-from apps.telemetry.alerts import DEFAULT_RULES
+from apps.telemetry.alerts import DEFAULT_RULES, create_default_rules
 
 
 def create_defaults(apps, schema_editor):
-    AlertRule = apps.get_model("telemetry", "AlertRule")
-    for rule in DEFAULT_RULES:
-        AlertRule.objects.get_or_create(name=rule["name"], pool=None, defaults={k: v for k, v in rule.items() if k != "name"})
+    create_default_rules(apps.get_model("telemetry", "AlertRule"))
 
 
 def remove_defaults(apps, schema_editor):
