@@ -12,7 +12,9 @@ LOAD ?=
 # Extra pip options, e.g. PIP_EXTRA='--extra-index-url https://download.pytorch.org/whl/cpu' where no CPU torch
 # wheel is configured (the pinned torch from PyPI is the multi-GB CUDA build on Linux).
 PIP_EXTRA ?=
-PYTEST_ARGS ?=
+# Two pytest-xdist workers, a test file whole in one (README, "Tests"): the suite in about 20 minutes on 2 cores
+# instead of 26. With a given REDIS_URL one process (the workers would share its Redis); PYTEST_ARGS= for one anyway.
+PYTEST_ARGS ?= $(if $(REDIS_URL),,-n 2 --dist loadfile)
 # When this `make` started (Unix seconds, read once as the Makefile is parsed): `make run` passes it to the launcher so
 # "Ferry is ready" counts the install and model preparation that run before it.
 RUN_STARTED_AT := $(shell date +%s)

@@ -49,10 +49,6 @@ pytestmark = [
     pytest.mark.timeout(1800),  # make run's start and five worker moves; 15 to 20 minutes on a loaded 2-core machine
     pytest.mark.django_db(transaction=True),
     pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's Chromium: apt-get install -y chromium"),
-    # opt-in: it has not yet passed end to end (issue 25, acceptance 2 is open) and takes 10-15 minutes, more than
-    # the suite's whole budget for browser tests; run it with FERRY_RELEASE_E2E=1
-    pytest.mark.skipif(os.environ.get("FERRY_RELEASE_E2E") != "1",
-                       reason="opt-in release/rollback browser run (10-15 min): set FERRY_RELEASE_E2E=1"),
 ]
 
 SCREENS = ARTIFACTS / "release-rollback"
