@@ -37,6 +37,12 @@ THRESHOLD_BOUND_FACTORS = (0.5, 2.0)
 BOUND_FIELDS = ("remote_threshold_min_tokens", "remote_threshold_max_tokens")
 """The pool fields (pools API) holding a pool's remote-threshold bounds."""
 MAX_POINTS = 64
+MAX_POINT_X = 1_000_000
+"""The largest prompt length or batch size a profile point may have (the plans API's largest prompt)."""
+MAX_POINT_SECONDS = 3600.0
+"""The longest time a profile point may have: a prefill or a decode step of an hour is not a measurement."""
+GROWTH_RTOL = 1e-9
+"""A fitted prefill must grow by more than this share of its time across the measured lengths (above float noise)."""
 
 
 def _points(value: Any, name: str, *, integer_x: bool = True) -> list[tuple[int, float]]:
@@ -48,20 +54,40 @@ def _points(value: Any, name: str, *, integer_x: bool = True) -> list[tuple[int,
                 or any(isinstance(v, bool) or not isinstance(v, int | float) for v in item)):
             raise ValidationError({name: [f"item {i}: expected [x, seconds] (two numbers), got {item!r}"]})
         x, seconds = item
-        if integer_x and (x != int(x) or x < 1):
-            raise ValidationError({name: [f"item {i}: x must be a positive whole number, got {x!r}"]})
-        if not (math.isfinite(seconds) and seconds > 0):
-            raise ValidationError({name: [f"item {i}: seconds must be a positive finite number, got {seconds!r}"]})
+        # Range first: int() of NaN, an infinity or a float beyond MAX_POINT_X would raise or overflow the fit.
+        if integer_x and not (1 <= x <= MAX_POINT_X and x == int(x)):
+            raise ValidationError({name: [f"item {i}: x must be a positive whole number at most {MAX_POINT_X}, "
+                                          f"got {x!r:.40}"]})
+        if not (0 < seconds <= MAX_POINT_SECONDS):
+            raise ValidationError({name: [f"item {i}: seconds must be a positive finite number at most "
+                                          f"{MAX_POINT_SECONDS:g}, got {seconds!r}"]})
         points.append((int(x), float(seconds)))
     return points
+
+
+def _check_prefill_grows(fitted: FittedProfile, lengths: set[int]) -> None:
+    """Refuse a fitted prefill time that does not grow from the shortest to the longest measured prompt or is not
+    positive between them (the quadratic's minimum is at an end or at its vertex ``-a1 / (2 a2)``)."""
+    a0, a1, a2 = fitted.prefill_coefficients
+    low, high = min(lengths), max(lengths)
+    ends = [float(fitted.prefill_time_s(low)), float(fitted.prefill_time_s(high))]
+    vertex = -a1 / (2 * a2) if a2 > 0 else None
+    lowest = min(ends + ([float(fitted.prefill_time_s(vertex))] if vertex is not None and low < vertex < high else []))
+    if not (lowest > 0 and ends[1] - ends[0] > GROWTH_RTOL * ends[1]):
+        raise ValidationError({"prefill_points": [
+            f"the fitted prefill time {a0:.4g} + {a1:.4g} * N + {a2:.4g} * N^2 s must grow with the prompt length "
+            f"over the measured lengths {low}..{high} and stay positive there; measure the prefill again "
+            "(the time must grow with the prompt)"]})
 
 
 def profile_fit(*, prefill_points: Any, decode_points: Any, kv_capacity_bytes: int | None = None) -> FittedProfile:
     """Validate raw points and fit them (:meth:`FittedProfile.fit`: numpy least squares).
 
     Raises:
-        ValidationError: malformed points, fewer than 3 prefill lengths or 2 batch sizes (distinct), or a decode
-            step fit that does not grow with the batch (``b1 <= 0``: the planner's decode model needs it).
+        ValidationError: malformed points (x outside ``1..MAX_POINT_X``, seconds outside ``(0, MAX_POINT_SECONDS]``),
+            fewer than 3 prefill lengths or 2 batch sizes (distinct), a prefill fit that does not grow from the
+            shortest to the longest measured prompt or is not positive between them, or a decode step fit that does
+            not grow with the batch (``b1 <= 0``: the planner's decode model needs it).
     """
     prefill, decode = _points(prefill_points, "prefill_points"), _points(decode_points, "decode_points")
     if len({n for n, _ in prefill}) < 3:
@@ -73,6 +99,7 @@ def profile_fit(*, prefill_points: Any, decode_points: Any, kv_capacity_bytes: i
         raise ValidationError({"kv_capacity_bytes": ["a positive whole number of bytes, or null"]})
     fitted = FittedProfile.fit(prefill_points=prefill, decode_points=decode,
                                kv_capacity_bytes=math.inf if kv_capacity_bytes is None else kv_capacity_bytes)
+    _check_prefill_grows(fitted, {n for n, _ in prefill})
     b0, b1 = fitted.decode_coefficients
     if not (b0 > 0 and b1 > 0):
         raise ValidationError({"decode_points": [
@@ -108,12 +135,14 @@ def profile_import(*, pool: Pool, text: str) -> Profile:
     """Import a profile file (JSON text) for ``pool``: :func:`profile_import_data` of the parsed object.
 
     Raises:
-        ValidationError: not JSON, or see :func:`profile_import_data`.
+        ValidationError: not JSON or nested too deeply, or see :func:`profile_import_data`.
     """
     try:
         data = json.loads(text)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ValidationError({"file": [f"not valid JSON: {exc}"]}) from exc
+    except RecursionError as exc:
+        raise ValidationError({"file": ["not a profile: the JSON nests too deeply (a profile nests 3 levels)"]}) from exc
     return profile_import_data(pool=pool, data=data)
 
 
@@ -125,7 +154,8 @@ def profile_import_data(*, pool: Pool, data: Any) -> Profile:
     "kv_capacity_bytes": int | null}``. Coefficients are always fitted here, never read from the file.
 
     Raises:
-        ValidationError: not an object, an unknown key, or invalid points (the message names the field).
+        ValidationError: not an object, an unknown key, a label over 100 characters, or invalid points (the
+            message names the field).
     """
     if not isinstance(data, dict):
         raise ValidationError({"file": ["expected a JSON object with hardware_label, prefill_points, decode_points"]})
@@ -138,7 +168,7 @@ def profile_import_data(*, pool: Pool, data: Any) -> Profile:
     label = data.get("hardware_label")
     if not isinstance(label, str) or not label.strip():
         raise ValidationError({"hardware_label": ["a non-empty string naming the hardware, e.g. 'h200x8'"]})
-    return profile_create(model_version=pool.model_version, pool_kind=pool.role, hardware_label=label.strip()[:100],
+    return profile_create(model_version=pool.model_version, pool_kind=pool.role, hardware_label=label.strip(),
                           source=source, prefill_points=data.get("prefill_points"),
                           decode_points=data.get("decode_points"), kv_capacity_bytes=data.get("kv_capacity_bytes"),
                           pool=pool)
@@ -245,17 +275,21 @@ def plan_apply(*, result: PlanResult, requested_by: AbstractBaseUser | None = No
     One transaction: both ``pool.scale`` Actions are created or neither (a busy pool refuses with 409). Each has
     the idempotency key ``plan-<id>:scale-<pool id>``; applying an applied plan again returns its first steps. The bounds step
     is skipped, with the reason recorded in the step, when the planned threshold is "never" or "always" remote. Returns the steps
-    ``[{step, pool, status, action, reason}]`` (also stored on the result).
+    ``[{step, pool, status, action, reason}]`` (also stored on the result). Concurrent applies of one plan are
+    ordered by a lock on its row: the later one returns the earlier one's steps.
 
     Raises:
         ConflictError: a pool has an active Action, or a key was reused.
         ValidationError: a replica count the pool refuses (e.g. outside its autoscaling min..max).
     """
-    if result.applied_at is not None:
-        return result.applied
     scenario = result.scenario
     steps: list[dict] = []
     with transaction.atomic():
+        # The row lock orders concurrent applies of one plan: the second reads the first's steps and returns them.
+        locked = PlanResult.objects.select_for_update().only("applied", "applied_at").get(pk=result.pk)
+        if locked.applied_at is not None:
+            result.applied, result.applied_at = locked.applied, locked.applied_at
+            return result.applied
         for pool, replicas in ((scenario.prefill_pool, result.prefill_replicas),
                                (scenario.decode_pool, result.decode_replicas)):
             action, _ = pools.pool_scale(pool=pool, replicas=replicas, requested_by=requested_by,

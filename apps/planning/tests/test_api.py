@@ -164,3 +164,18 @@ def test_measured_shows_each_pools_newest_telemetry_beside_the_prediction(two_dc
     assert measured[str(two_dcs["decode"].pk)] == {"at": 1001.0, "ttft_p50_s": 0.25, "ttft_p95_s": 0.75,
                                                    "tpot_p50_s": 0.03, "request_rate_per_s": 1.5}
     assert measured[str(two_dcs["prefill"].pk)]["ttft_p50_s"] is None
+
+
+@pytest.mark.parametrize(("points", "message"), [
+    ({"prefill_points": [[64, 0.1], [128, 0.2], [1e300, 0.3]]},
+     "item 2: x must be a positive whole number at most 1000000, got 1e+300"),
+    ({"decode_points": [[1, 0.1], [10 ** 400, 0.2]]}, "item 1: x must be a positive whole number at most 1000000"),
+    ({"prefill_points": [[64, 1.0], [256, 0.5], [512, 0.1], [1024, 0.01]]}, "must grow with the prompt length"),
+])
+def test_an_out_of_range_profile_is_a_400_naming_the_points(two_dcs, operator_api, points, message):
+    profile = {**json.loads((FIXTURES / "prefill_profile.json").read_text()), **points}
+    refused = operator_api.post("/api/v1/profiles/", {"pool": two_dcs["prefill"].pk, "profile": profile}, format="json")
+    assert refused.status_code == 400
+    field, = points
+    assert message in refused.json()[field][0]
+    assert not Profile.objects.exists()

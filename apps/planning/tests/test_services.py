@@ -52,6 +52,25 @@ def test_import_fits_the_fixture_points_exactly(profiles):
      "prefill_points", "item 0: x must be a positive whole number"),
     ('{"hardware_label": "x", "source": "measured", "prefill_points": [], "decode_points": []}', "source",
      "'imported' or 'roofline'"),
+    # Out-of-range numbers (a file may hold NaN and Infinity; huge x overflowed or broke the least-squares fit).
+    ('{"hardware_label": "x", "prefill_points": [[NaN, 0.1], [128, 0.2], [256, 0.3]], "decode_points": [[1, 0.1], [2, 0.2]]}',
+     "prefill_points", "item 0: x must be a positive whole number at most 1000000, got nan"),
+    ('{"hardware_label": "x", "prefill_points": [[64, 0.1], [128, 0.2], [Infinity, 0.3]], "decode_points": [[1, 0.1], [2, 0.2]]}',
+     "prefill_points", "item 2: x must be a positive whole number at most 1000000, got inf"),
+    ('{"hardware_label": "x", "prefill_points": [[64, 0.1], [128, 0.2], [1e300, 0.3]], "decode_points": [[1, 0.1], [2, 0.2]]}',
+     "prefill_points", "item 2: x must be a positive whole number at most 1000000, got 1e+300"),
+    ('{"hardware_label": "x", "prefill_points": [[64, 0.1], [128, 0.2], [256, 0.3]], "decode_points": [[1, 0.1], [1' + "0" * 400
+     + ', 0.2]]}', "decode_points", "item 1: x must be a positive whole number at most 1000000, got 1000"),
+    ('{"hardware_label": "x", "prefill_points": [[64, 0.1], [128, 0.2], [256, 1e308]], "decode_points": [[1, 0.1], [2, 0.2]]}',
+     "prefill_points", "item 2: seconds must be a positive finite number at most 3600, got 1e+308"),
+    # A prefill that is fitted faster for longer prompts is not a measurement of one.
+    ('{"hardware_label": "x", "prefill_points": [[64, 1.0], [256, 0.5], [512, 0.1], [1024, 0.01]], "decode_points": [[1, 0.1], [2, 0.2]]}',
+     "prefill_points", "must grow with the prompt length over the measured lengths 64..1024"),
+    ('{"hardware_label": "x", "prefill_points": [[64, 0.5], [128, 0.5], [256, 0.5]], "decode_points": [[1, 0.1], [2, 0.2]]}',
+     "prefill_points", "must grow with the prompt length over the measured lengths 64..256"),
+    ("[" * 100_000 + "]" * 100_000, "file", "nests too deeply"),
+    ('{"hardware_label": "' + "h" * 101 + '", "prefill_points": [[64, 0.1], [128, 0.2], [256, 0.3]], "decode_points": [[1, 0.1], [2, 0.2]]}',
+     "hardware_label", "at most 100 characters (it has 101)"),
 ])
 def test_a_malformed_profile_file_is_refused_naming_the_field(two_dcs, text, field, message):
     with pytest.raises(ValidationError) as refused:
@@ -115,6 +134,19 @@ def test_apply_requests_one_scale_action_per_pool_and_records_why_bounds_were_sk
     # Applying again changes nothing: the same steps, no new Action.
     assert services.plan_apply(result=PlanResult.objects.get(pk=result.pk)) == steps
     assert Action.objects.count() == len([s for s in steps if s["action"] is not None])
+
+
+def test_two_applies_of_one_plan_apply_it_once(two_dcs, profiles):
+    """Two requests that both read the plan before either applied it (concurrent applies): the second waits for the
+    first and returns its steps; no second bounds Action, the first steps are kept."""
+    result = services.plan_create(prefill_pool=two_dcs["prefill"], decode_pool=two_dcs["decode"],
+                                  link=two_dcs["link"], workload=WORKLOAD)
+    stale = PlanResult.objects.get(pk=result.pk)
+    steps = services.plan_apply(result=result)
+    assert services.plan_apply(result=stale) == steps
+    assert sorted(Action.objects.values_list("kind", flat=True)) == [
+        "pool.scale", "pool.scale", services.POOL_SET_THRESHOLD_BOUNDS]
+    assert PlanResult.objects.get(pk=result.pk).applied == steps
 
 
 def test_apply_to_a_busy_pool_creates_nothing(two_dcs, profiles):
