@@ -160,16 +160,28 @@ def parse_link_load(data: object) -> dict[tuple[str, str], float]:
     """``{"links": [{"source", "target", "utilisation"}, ...]}`` -> utilisation per (source, target).
 
     Raises:
-        ValueError: not that shape, or a utilisation that is not a finite number >= 0.
+        ValueError: not that shape (a link that is not an object with the three keys, a source or target that is
+            not a string), or a utilisation that is not a finite number >= 0 (a bool, a string, an int too large
+            for a float, NaN); the message names the link's index. Only ValueError: the poller catches it.
     """
     if not isinstance(data, dict) or not isinstance(data.get("links"), list):
         raise ValueError("the link-load document must be an object with a 'links' list")
     out = {}
-    for entry in data["links"]:
-        share = float(entry["utilisation"])
+    for i, entry in enumerate(data["links"]):
+        if not isinstance(entry, dict) or not {"source", "target", "utilisation"} <= entry.keys():
+            raise ValueError(f"link {i}: expected an object with source, target and utilisation, got {entry!r:.100}")
+        source, target, value = entry["source"], entry["target"], entry["utilisation"]
+        if not (isinstance(source, str) and isinstance(target, str)):
+            raise ValueError(f"link {i}: source and target must be cluster names, got {source!r:.50}, {target!r:.50}")
+        share = math.nan
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            try:
+                share = float(value)
+            except OverflowError:
+                pass
         if not (math.isfinite(share) and share >= 0):
-            raise ValueError(f"link utilisation must be a finite number >= 0, got {entry['utilisation']!r}")
-        out[(str(entry["source"]), str(entry["target"]))] = share
+            raise ValueError(f"link {i}: utilisation must be a finite number >= 0, got {value!r:.50}")
+        out[(source, target)] = share
     return out
 
 
@@ -209,7 +221,7 @@ class LinkLoadSource:
                 return
             response.raise_for_status()
             utilisation = parse_link_load(response.json())
-        except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+        except (httpx.HTTPError, ValueError, RecursionError) as exc:  # RecursionError: JSON nested too deeply
             log.debug("link load from %s not refreshed: %s", self.url, exc)
             if self.fetched_at is not None and self.clock() - self.fetched_at > self.stale_s:
                 self.fetched_at, self.etag = None, None

@@ -187,6 +187,26 @@ def test_the_link_load_document_url_and_shape():
             parse_link_load(bad)
 
 
+@pytest.mark.parametrize(("links", "message"), [
+    ([1], "link 0: expected an object with source, target and utilisation, got 1"),
+    ([{}], "link 0: expected an object with source, target and utilisation, got {}"),
+    ([{"source": "a", "target": "b"}], "link 0: expected an object with source, target and utilisation"),
+    ([{"source": "a", "target": "b", "utilisation": 10 ** 400}], "link 0: utilisation must be a finite number >= 0"),
+    ([{"source": "a", "target": "b", "utilisation": None}], "link 0: utilisation must be a finite number >= 0, got None"),
+    ([{"source": "a", "target": "b", "utilisation": [1]}], "link 0: utilisation must be a finite number >= 0, got [1]"),
+    ([{"source": "a", "target": "b", "utilisation": True}], "link 0: utilisation must be a finite number >= 0, got True"),
+    ([{"source": "a", "target": "b", "utilisation": "0.5"}], "link 0: utilisation must be a finite number >= 0, got '0.5'"),
+    ([{"source": "a", "target": "b", "utilisation": math.nan}], "link 0: utilisation must be a finite number >= 0, got nan"),
+    ([{"source": {"x": 1}, "target": "b", "utilisation": 0.5}], "link 0: source and target must be cluster names"),
+])
+def test_a_garbage_link_load_document_is_a_value_error_naming_the_link(links, message):
+    """Whatever the document holds, the parser raises ValueError (the poller catches it and keeps polling); an
+    OverflowError or TypeError escaped the poller's handler and ended its task."""
+    with pytest.raises(ValueError) as refused:
+        parse_link_load({"links": [{"source": "dc2", "target": "dc1", "utilisation": 0.1}, *links]})
+    assert str(refused.value).startswith(message.replace("link 0", "link 1"))
+
+
 TABLE_URL = "http://web/api/v1/routing-table/"
 LOAD_URL = "http://web/api/v1/link-load/"
 
@@ -228,6 +248,34 @@ def test_the_link_load_source_applies_keeps_on_304_and_drops_a_stale_measurement
     assert shares == [(0.5, 249), (0.5, 249), (0.5, 249), (0.0, 87)]
     assert seen == [(None, "Bearer svc"), ('"abc"', "Bearer svc"), ('"abc"', "Bearer svc"), ('"abc"', "Bearer svc")]
     assert gauge == 0.0
+
+
+def test_a_garbage_link_load_answer_keeps_the_current_measurement_and_the_poller_alive():
+    """A 200 whose utilisation overflows a float, one whose link is not an object, one nested past the JSON
+    decoder's recursion limit: each refresh returns (the
+    measurement of the first answer stays until stale) instead of raising out of the poller's loop."""
+    answers = [httpx.Response(200, json={"links": [{"source": "dc2", "target": "dc1", "utilisation": 0.5}]}),
+               httpx.Response(200, json={"links": [{"source": "dc2", "target": "dc1", "utilisation": 10 ** 400}]}),
+               httpx.Response(200, json={"links": ["dc2"]}),
+               httpx.Response(200, content=b"[" * 100_000 + b"]" * 100_000)]
+
+    def web(request):
+        if request.url == TABLE_URL:
+            return httpx.Response(200, json=table_dict(), headers={"ETag": '"t1"'})
+        return answers.pop(0)
+
+    async def go():
+        async with httpx.AsyncClient(transport=httpx.MockTransport(web)) as client:
+            source = TableSource(TABLE_URL, client=client, metrics=RouterMetrics(CollectorRegistry()))
+            await source.refresh()
+            load = LinkLoadSource(source, client=client, url=LOAD_URL, clock=lambda: 0.0)
+            shares = []
+            for _ in range(4):
+                await load.refresh()
+                shares.append(source.table.links[0].utilisation)
+            return shares
+
+    assert asyncio.run(go()) == [0.5, 0.5, 0.5, 0.5]
 
 
 def test_the_router_exports_the_effective_threshold_and_the_bound_reason(tmp_path):
