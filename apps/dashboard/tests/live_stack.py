@@ -257,3 +257,13 @@ def signed_in(browser, server, username: str):
         page.screenshot(path=str(ARTIFACTS / "login-failed.png"))
         raise AssertionError(f"sign-in failed at {page.url}:\n{page.content()[:2000]}\n{server.log()[-3000:]}") from exc
     return context, page, guard
+
+
+def wait_for_page(page, expression: str, **kwargs):
+    """``page.wait_for_function(expression)``, where an expression that reads an element or chart the page has not
+    built yet (``document.getElementById(…)`` null, a Plotly div without ``data``: a TypeError) counts as not yet
+    true instead of failing the wait: Playwright rejects at the predicate's first exception, so a page that builds its
+    charts after its stream went live raced every such wait. Other errors still fail at once."""
+    return page.wait_for_function(
+        f"() => {{ try {{ return ({expression}); }} catch (e) {{ if (e instanceof TypeError) return false; throw e; }} }}",
+        **kwargs)

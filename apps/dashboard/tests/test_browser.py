@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from apps.dashboard.tests.live_stack import ARTIFACTS, CHROMIUM, signed_in
+from apps.dashboard.tests.live_stack import ARTIFACTS, CHROMIUM, signed_in, wait_for_page
 from apps.dashboard.views import DEFAULT_ROLLOUT_STEPS
 from apps.fleet.services import cluster_link_create
 from apps.operations.models import Action
@@ -75,17 +75,17 @@ def test_pages_load_only_from_loopback_viewer_has_no_controls_and_gaps_resync(
         page.screenshot(path=str(ARTIFACTS / f"operator-{name}.png"), full_page=True)
         if name == "pool":
             assert page.evaluate("typeof Plotly") == "object"  # served from the plotly package, offline
-            page.wait_for_function("document.getElementById('chart-queue-depth').data[0].x.length === 5")
+            wait_for_page(page, "document.getElementById('chart-queue-depth').data[0].x.length === 5")
             assert page.locator("#scale-form").count() == 1
             page.wait_for_selector("#actions button.retry")
             # A lost message (seq taken, never delivered) -> the page asks for a snapshot and catches up.
             telemetry_keys.next_seq(pool_group(pool.pk))
             publish(pool.pk, time.time(), 9.0, telemetry_keys)
             page.wait_for_function("window.ferryStats.resyncs === 1 && window.ferryStats.gaps === 1")
-            page.wait_for_function("document.getElementById('chart-queue-depth').data[0].x.length === 6")
+            wait_for_page(page, "document.getElementById('chart-queue-depth').data[0].x.length === 6")
             assert page.evaluate("document.getElementById('chart-queue-depth').data[0].y.slice(-1)[0]") == 9.0
             publish(pool.pk, time.time(), 10.0, telemetry_keys)  # the next message applies without a resync
-            page.wait_for_function("document.getElementById('chart-queue-depth').data[0].x.length === 7")
+            wait_for_page(page, "document.getElementById('chart-queue-depth').data[0].x.length === 7")
             assert page.evaluate("window.ferryStats.resyncs") == 1
             # Router decisions: local (fallback included) vs remote prefill, the fallback alone "no data".
             router = page.evaluate("Array.from(document.getElementById('chart-router').data, "
@@ -162,8 +162,8 @@ def test_rollout_create_form_defaults_follow_the_pools_and_create_lands_on_the_r
     page.reload()  # the address is the rollout's own: a reload shows the same rollout
     assert page.inner_text("main h1").startswith("Rollout v2-from-the-page")
     # The weight chart, charted from the first reading: no "no data yet" note, an axis around now.
-    page.wait_for_function("document.getElementById('chart-canary-weight').data[0].x.length >= 1")
-    page.wait_for_function("document.getElementById('chart-canary-weight').layout.annotations.length === 0")
+    wait_for_page(page, "document.getElementById('chart-canary-weight').data[0].x.length >= 1")
+    wait_for_page(page, "document.getElementById('chart-canary-weight').layout.annotations.length === 0")
     end = page.evaluate(f"{TO_SECONDS}(document.getElementById('chart-canary-weight').layout.xaxis.range[1])")
     assert abs(end - time.time()) < 60
     page.screenshot(path=str(ARTIFACTS / "operator-rollout-created.png"), full_page=True)

@@ -37,6 +37,7 @@ from apps.dashboard.tests.live_stack import (
     purge_celery_queues,
     signed_in,
     telemetry_poller,
+    wait_for_page,
 )
 from apps.fleet.models import Replica
 from apps.fleet.services import cluster_create, pool_create
@@ -184,7 +185,7 @@ def test_operator_watches_live_charts_scales_the_pool_and_starts_a_canary(
     # Flush the KV cache from the page (confirmed): the Action succeeds and logs the blocks the worker cleared.
     page.once("dialog", lambda d: d.accept())
     page.click("#flush-kv-cache", no_wait_after=True)
-    page.wait_for_function("document.getElementById('flush-result').textContent.includes('pool.flush_kv_cache')",
+    wait_for_page(page, "document.getElementById('flush-result').textContent.includes('pool.flush_kv_cache')",
                            timeout=30_000, polling=500)
     page.wait_for_selector("#actions tr.status-succeeded td:text('pool.flush_kv_cache')", timeout=120_000)
     flush = Action.objects.get(pool=pool, kind="pool.flush_kv_cache")
@@ -197,7 +198,7 @@ def test_operator_watches_live_charts_scales_the_pool_and_starts_a_canary(
     for target, text in ((2, "2 / 2"), (1, "1 / 1")):
         page.fill("#scale-replicas", str(target))
         page.click("#scale-submit", no_wait_after=True)  # the form posts with fetch: no navigation to wait for
-        page.wait_for_function("document.getElementById('scale-result').textContent.includes('pool.scale')",
+        wait_for_page(page, "document.getElementById('scale-result').textContent.includes('pool.scale')",
                                timeout=120_000, polling=500)
         replica_count_is(page, text, READY_TIMEOUT_S)
         page.screenshot(path=str(ARTIFACTS / f"live-pool-scaled-to-{target}.png"), full_page=True, timeout=120_000)
@@ -214,7 +215,7 @@ def test_operator_watches_live_charts_scales_the_pool_and_starts_a_canary(
     page.click("#rc-submit")
     page.wait_for_url(re.compile(r".*/rollouts/[0-9]+/$"))
     page.click("#rollout-controls button[data-verb=start]", no_wait_after=True)
-    page.wait_for_function("document.getElementById('rollout-state').textContent === 'progressing'",
+    wait_for_page(page, "document.getElementById('rollout-state').textContent === 'progressing'",
                            timeout=120_000, polling=500)
     page.wait_for_function(  # set_weight 50 applied (canary ready): the pause step is the current one
         "document.querySelector('#steps li.current')?.textContent === 'pause until resumed'",
@@ -233,7 +234,7 @@ def test_operator_watches_live_charts_scales_the_pool_and_starts_a_canary(
     assert page.inner_text("#rollout-state") == state  # dismissed: nothing sent
     page.once("dialog", lambda d: (dialogs.append(d.message), d.accept()))
     page.click("#rollout-controls button[data-verb=abort]", no_wait_after=True)
-    page.wait_for_function("document.getElementById('rollout-state').textContent === 'aborted'",
+    wait_for_page(page, "document.getElementById('rollout-state').textContent === 'aborted'",
                            timeout=120_000, polling=500)
     assert [m.startswith("Abort rollout gemma-v2-canary?") for m in dialogs] == [True, True]
     page.wait_for_selector("#events td:text('rollout.abort')")

@@ -26,6 +26,7 @@ from apps.dashboard.tests.live_stack import (
     ReconcileLoop,
     purge_celery_queues,
     signed_in,
+    wait_for_page,
 )
 from apps.fleet.models import Replica
 from apps.fleet.services import cluster_create, cluster_link_create, pool_create
@@ -94,7 +95,7 @@ def test_apply_from_the_planning_page_scales_both_pools_to_the_recommendation(
         page.select_option("#import-pool", str(pool.pk))
         page.set_input_files("#import-file", str(FIXTURES / fixture))
         page.click("#import-submit", no_wait_after=True)
-        page.wait_for_function("document.getElementById('import-result').textContent.startsWith('Imported profile')",
+        wait_for_page(page, "document.getElementById('import-result').textContent.startsWith('Imported profile')",
                                timeout=30_000, polling=200)
         page.wait_for_function("document.querySelectorAll('#profiles tbody tr[data-profile]').length === "
                                f"{Profile.objects.count()}", timeout=30_000, polling=200)

@@ -39,7 +39,13 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 
-from apps.dashboard.tests.live_stack import ARTIFACTS, CHROMIUM, current_database_url, signed_in
+from apps.dashboard.tests.live_stack import (
+    ARTIFACTS,
+    CHROMIUM,
+    current_database_url,
+    signed_in,
+    wait_for_page,
+)
 from apps.fleet.models import Pool, Replica
 from apps.rollouts.models import RolloutPlan
 from inference_worker.tests.support.worker import REPO_ROOT, free_port
@@ -237,7 +243,7 @@ def _flow(page, make_run, prefill: Pool, decode: Pool) -> None:
     canary = [("canary", "v2", 1, 50), ("stable", "v1", 1, 50)]
     assert tracks() == {"decode": canary, "prefill": canary}
     assert ready_by_track() == {"decode": {"canary": 1, "stable": 1}, "prefill": {"canary": 1, "stable": 1}}
-    page.wait_for_function("document.getElementById('chart-canary-weight').data.every(t => t.y[t.y.length - 1] "
+    wait_for_page(page, "document.getElementById('chart-canary-weight').data.every(t => t.y[t.y.length - 1] "
                            "=== 50)", timeout=30_000)
     dashes = page.evaluate("document.getElementById('chart-canary-weight').data.map(t => [t.name, t.line.dash])")
     assert dashes == [["prefill (prefill)", "dot"], ["decode (decode)", "solid"]]  # distinguishable when equal
@@ -268,7 +274,7 @@ def _flow(page, make_run, prefill: Pool, decode: Pool) -> None:
     assert page.inner_text("#rollout-position") == "all 2 steps done"
     assert tracks() == {"decode": [("stable", "v2", 1, 100)], "prefill": [("stable", "v2", 1, 100)]}
     assert set(Pool.objects.values_list("model_version__version", flat=True)) == {"v2"}
-    page.wait_for_function("document.getElementById('chart-canary-weight').data.every(t => t.y[t.y.length - 1] "
+    wait_for_page(page, "document.getElementById('chart-canary-weight').data.every(t => t.y[t.y.length - 1] "
                            "=== 100)", timeout=30_000)
     assert event_times_newest_first(page)
     shot(page, "07-rollout-promoted.png")
@@ -288,7 +294,7 @@ def _flow(page, make_run, prefill: Pool, decode: Pool) -> None:
         f"Rolled back: every pool runs gemma-3-270m:v1 again (rollback of rollout #{back.rollback_of_id}).")
     assert tracks() == {"decode": [("stable", "v1", 1, 100)], "prefill": [("stable", "v1", 1, 100)]}
     assert set(Pool.objects.values_list("model_version__version", flat=True)) == {"v1"}
-    page.wait_for_function("document.getElementById('chart-canary-weight').data.every(t => t.y[t.y.length - 1] "
+    wait_for_page(page, "document.getElementById('chart-canary-weight').data.every(t => t.y[t.y.length - 1] "
                            "=== 100)", timeout=30_000)
     assert {v for trace in weight_values(page) for v in trace} <= {0, 100}  # never "through 50%"
     assert event_times_newest_first(page)

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from apps.dashboard.tests.live_stack import ARTIFACTS, CHROMIUM, signed_in
+from apps.dashboard.tests.live_stack import ARTIFACTS, CHROMIUM, signed_in, wait_for_page
 from apps.fleet.services import router_create
 from apps.rollouts.models import RolloutPlan
 from apps.rollouts.services import rollout_plan_delete
@@ -230,7 +230,7 @@ def test_an_admin_registers_a_model_version_from_the_page_checked_by_the_api(ser
     page.fill("#mv-version", "q4km")
     page.fill("#mv-sha256", "0" * 64)
     page.click("#mv-submit")
-    page.wait_for_function("document.getElementById('mv-sha256-error').textContent !== ''")
+    wait_for_page(page, "document.getElementById('mv-sha256-error').textContent !== ''")
     assert f"has SHA-256 {digest}, not {'0' * 64}" in page.inner_text("#mv-sha256-error")
     assert not ModelVersion.objects.filter(name="gemma-3-270m").exists()
     page.fill("#mv-sha256", "")  # empty: the local file's own digest

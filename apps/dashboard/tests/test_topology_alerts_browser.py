@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from django.utils import timezone
 
-from apps.dashboard.tests.live_stack import ARTIFACTS, CHROMIUM, signed_in
+from apps.dashboard.tests.live_stack import ARTIFACTS, CHROMIUM, signed_in, wait_for_page
 from apps.fleet.services import cluster_link_create, pool_create
 from apps.operations.models import Action
 from apps.telemetry.broadcast import FLEET_GROUP, pool_group, telemetry_broadcast
@@ -116,7 +116,7 @@ def test_topology_draws_both_datacenters_pools_and_the_link_whose_label_follows_
     transfers = [[c.strip() for c in r.split("\t")] for r in page.inner_text("#transfers tbody").split("\n")]
     assert transfers == [["dc-prefill/prefill", "send", "failure", "timeout", "0.08"],
                          ["dc-prefill/prefill", "send", "success", "none", "3.92"]]
-    page.wait_for_function("document.getElementById('chart-link-kv').data[0].y.slice(-1)[0] === 7.5")
+    wait_for_page(page, "document.getElementById('chart-link-kv').data[0].y.slice(-1)[0] === 7.5")
     page.screenshot(path=str(ARTIFACTS / "link-page.png"), full_page=True)
     assert guard.remote == []
     context.close()
