@@ -14,6 +14,7 @@ from apps.setup import hermetic
 
 hermetic.setup_session()
 
+import os  # noqa: E402
 import sys  # noqa: E402
 
 import pytest  # noqa: E402
@@ -45,11 +46,22 @@ def pytest_configure(config):
         hermetic.hand_over_to_xdist_workers()  # each worker starts its own servers (apps/setup/hermetic.py)
 
 
+_SESSION_UMASK = os.umask(0o022)
+os.umask(_SESSION_UMASK)
+
+
 def pytest_runtest_setup(item):
-    """The suite's one-thread torch rule (``inference_worker.tests.support.models``), before every test: a test
+    """The process umask as the session started, and the suite's one-thread torch rule, before every test.
+
+    The launcher's ``make_private`` sets umask 0077 for the process (``apps.setup.run``); a test running it in-process
+    left it set for the next tests of that process, and files they created became unreachable for the embedded
+    PostgreSQL's server user (``test_embedded_postgresql`` failed when pytest-xdist ran it after such a test).
+
+    The one-thread torch rule (``inference_worker.tests.support.models``), before every test: a test
     module sets it at import, but code run in-process (a worker's ``serve`` honouring ``TORCH_NUM_THREADS``) can
     change it for whatever runs next in that process, and bf16 parity is only exact at one thread (a different
     reduction order flips greedy tokens with top-2 gaps of 0.016-0.027; pytest-xdist's other file order showed it)."""
+    os.umask(_SESSION_UMASK)
     torch = sys.modules.get("torch")  # never imports torch for a test that does not use it
     if torch is not None and torch.get_num_threads() != 1:
         torch.set_num_threads(1)
