@@ -33,9 +33,9 @@ from collections.abc import Iterable, Sequence
 from apps.catalog.models import ModelVersion
 from apps.fleet.models import ClusterLink, Pool, PoolTrack
 from inference_worker.config import DTYPE_BYTES
+from inference_worker.router.table import BOUND_FIELDS  # the pool fields the router reads (one spelling)
 
 ROUTING_ROLES = ("decode", "colocated")
-BOUND_FIELDS = ("remote_threshold_min_tokens", "remote_threshold_max_tokens")
 """The pool's threshold bounds, under the same names in the model, the API and the table."""
 
 

@@ -26,6 +26,7 @@ from apps.planning import profiling, selectors
 from apps.planning.models import PlanResult, PlanScenario, Profile
 from apps.planning.recommend import Workload, plan
 from inference_worker.planning.profiles import FittedProfile
+from inference_worker.router.table import BOUND_FIELDS
 
 POOL_PROFILE = "pool.profile"
 """Action kind of a profiling sweep (:mod:`apps.planning.handlers`)."""
@@ -34,8 +35,6 @@ POOL_SET_THRESHOLD_BOUNDS = "pool.set_threshold_bounds"
 THRESHOLD_BOUND_FACTORS = (0.5, 2.0)
 """The bounds a plan sets around its threshold ``T``: ``[0.5 T, 2 T]`` (scenario ``prfaas``'s ``bandwidth_aware``
 ``low``/``high``: the router's threshold may follow the link's load within them)."""
-BOUND_FIELDS = ("remote_threshold_min_tokens", "remote_threshold_max_tokens")
-"""The pool fields (pools API) holding a pool's remote-threshold bounds."""
 MAX_POINTS = 64
 MAX_POINT_X = 1_000_000
 """The largest prompt length or batch size a profile point may have (the plans API's largest prompt)."""
