@@ -15,12 +15,18 @@ sessions arriving as a Poisson process at ``--session-rate`` per second (default
 order, all of them live at once (``--concurrency 16``). Each turn appends to the session's history the user's
 tokens (``--user-tokens``, default 64..128: a chat message or an agent loop's tool output) and the model's answer
 exactly as generated (``--output-tokens``, default 8), after a 64-token system prompt shared by every session
-(``--system-tokens``); the user thinks before every later turn (``--think-time-s``, exponential, mean 15 s;
+(``--system-tokens``); the user thinks before every later turn (``--think-time-s``, exponential, mean 3 s;
 :func:`bench.workloads.think_times`). Why these lengths: a session's own history (about 80 tokens more per
 turn) soon outweighs the shared system prompt, which every replica caches after its first request, so what a
 policy decides is where a session's history is; and why think time: when a session's next turn arrives its
 previous replica is no less loaded than the other, so least-loaded's choice is blind to the session (turns
 back to back hand it an affinity no real traffic has: the replica that just answered has a request fewer).
+Why 3 s, the stated rate: 16 sessions each sending a turn about 3 s after their previous answer (about 1.7
+turns/s in all: 128 turns in 62-75 s) keep both CPU decode replicas busy, TTFT about 1-2 s with a queue most of the time; that is
+where placement matters for latency, since every recomputed history token delays the requests queued behind
+it. With 15 s (the default until 2026-12-02) the fleet idles between turns and a turn's TTFT follows only its
+own computed tokens, so the p50 ratio cannot pass about 1.2x (below). Least-loaded still moves about half of
+the later turns at 3 s (47-53 of 112 in the runs of 2026-12-02), as random placement would.
 KV cache per worker ``--kv-cache-memory`` (default 1 GiB: about 29,000 tokens of Gemma 3 270M float32 KV at
 36,864 B per token, about twice what one replica alone holds of the default workload, so no run evicts and the
 comparison is about placement, not a cache too small for one policy: ``ferry_prefix_cache_evictions_total`` is
@@ -102,15 +108,17 @@ least-loaded 592 ms, cache-aware 535 ms; prefill tokens 23163 vs 13771). Each ru
   100-165 ms (the step in flight, the batch it joins, the other worker's CPU). At equal computed tokens
   cache-aware's median TTFT was the higher one (50-99 tokens: 464 vs 387 ms; 100-149: 575 vs 466 ms).
 
-So the 1.3x p50 target cannot be met by this workload on any host. Host-independent
+So on an idle fleet (15 s think time) the 1.3x p50 target cannot be met by this workload. Host-independent
 (``placement_bounds``' ``random_over_sticky_p50``: the median request's computed tokens under random vs sticky
 placement, seeds 0-2): 1.14-1.21x with the default 64..128 user tokens, 1.26-1.35x with ``--user-tokens 16 48``
 and 1.25-1.32x with 8..32, while the total-token ratio stays 1.61-1.75x; any fixed cost per request lowers the TTFT
 ratio below these. Most turns of a randomly placed session still find most of their history (a turn that moves
 hits everything up to its last visit there), so cache affinity shows in the tail: TTFT p90 (1.63x in that run)
-or mean, not p50.
+or mean, not p50. Under load (the 3 s default) p50 follows the queue, which is shorter by the prefill
+cache-aware does not repeat: least-loaded 1,812 ms, cache-aware 1,045 ms (1.73x) on 2026-12-02, prefill tokens
+23,531 vs 14,171 (1.66x).
 
-    .venv/bin/python bench/routing.py [--num-sessions 16] [--num-turns 8] [--session-rate 1] [--think-time-s 15]
+    .venv/bin/python bench/routing.py [--num-sessions 16] [--num-turns 8] [--session-rate 1] [--think-time-s 3]
 """
 
 from __future__ import annotations
@@ -167,10 +175,11 @@ def model_entry(model: str, block_size: int) -> dict:
 
 def routing_table(args: argparse.Namespace, decode: list[WorkerProcess], prefill: WorkerProcess) -> dict:
     length = {"decode_prefill_tokens_per_s": args.decode_prefill_tokens_per_s}
+    weights = {"routing_weights": json.loads(args.routing_weights)} if args.routing_weights else {}
     if args.prefill_tokens_per_s:
         length["prefill_tokens_per_s"] = args.prefill_tokens_per_s
     return {"version": 1, "tracks": [{"name": "stable", "model_version": "v1", "weight": 100}],
-            "pools": [{"name": "decode", "role": "decode", "datacenter": "dc1", "replicas": [
+            "pools": [{"name": "decode", "role": "decode", "datacenter": "dc1", **weights, "replicas": [
                           {"name": f"decode-{i}", "url": w.base_url, "track": "stable"} for i, w in enumerate(decode)]},
                       {"name": "prefill", "role": "prefill", "datacenter": "dc2", "replicas": [
                           {"name": "prefill-0", "url": prefill.base_url, "track": "stable"}]}],
@@ -262,11 +271,13 @@ def main() -> None:
     parser.add_argument("--user-tokens", type=int, nargs=2, default=[64, 128], metavar=("MIN", "MAX"))
     parser.add_argument("--output-tokens", type=int, default=8)
     parser.add_argument("--session-rate", type=float, default=1.0, help="session arrivals per second (Poisson)")
-    parser.add_argument("--think-time-s", type=float, default=15.0,
+    parser.add_argument("--think-time-s", type=float, default=3.0,
                         help="mean user think time before each later turn of a session (exponential; 0: back to back)")
     parser.add_argument("--concurrency", type=int, default=16, help="sessions in flight at most")
     parser.add_argument("--kv-cache-memory", default="1GiB", help="KV cache per worker")
     parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--routing-weights", default=None, metavar="JSON",
+                        help='the decode pool\'s scoring weight overrides, e.g. \'{"hit": 2}\' (router/scoring.py)')
     parser.add_argument("--link-gbps", type=float, default=1.0)
     parser.add_argument("--rtt-ms", type=float, default=5.0)
     parser.add_argument("--decode-prefill-tokens-per-s", type=float, default=1000.0)

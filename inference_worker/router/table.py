@@ -37,7 +37,7 @@ JSON shape (served by the control plane at ``GET /api/v1/routing-table/`` or kep
 (:mod:`.auth`): a table that carries the list (even empty) is the authority for those keys, and the router
 accepts them besides its own ``--api-keys`` file; a table without it leaves the router with its file's keys.
 
-Pools may also carry ``"routing_weights": {"hit": 1.0, "waiting": 512, ...}`` (scoring weights, see
+Pools may also carry ``"routing_weights": {"hit": 2.0, "waiting": 512, ...}`` (scoring weights, see
 :mod:`.scoring`), ``"remote_threshold_min_tokens"`` / ``"remote_threshold_max_tokens"`` (the operator's bounds
 on a decode pool's effective remote-prefill threshold, integers >= 0, min <= max; :mod:`.pipeline`) and ``length_routing`` may carry ``prefill_tokens_per_s`` (the prefill pool's speed).
 The PD decision (local or remote prefill) is :mod:`.pd_cost`'s cost function; ``threshold_tokens`` is an

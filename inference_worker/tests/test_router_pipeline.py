@@ -107,12 +107,12 @@ def test_hits_on_the_prefill_replica_lower_the_remote_cost():
 def test_cached_tokens_outweigh_a_short_queue_but_not_a_long_one():
     t, index = table(), index_with({"d0": 125})
     loads = LoadTracker()
-    loads.queue_depth["d0"] = 3.0  # score 1984 - 3 * 512 = 448 > 0 (d1)
+    loads.queue_depth["d0"] = 7.0  # score 2 * 1984 - 7 * 512 = 384 > 0 (d1); hit weight 2 (router/scoring.py)
     assert plan(t, index, loads).decode.name == "d0"
-    loads.queue_depth["d0"] = 4.0  # 1984 - 2048 < 0
+    loads.queue_depth["d0"] = 8.0  # 3968 - 4096 < 0
     p = plan(t, index, loads)
     assert (p.decode.name, p.decision) == ("d1", REMOTE_PREFILL)
-    loads.kv_usage["d1"] = 0.5  # d1: -512; d0: -64
+    loads.kv_usage["d1"] = 0.5  # d1: -512; d0: -128
     assert plan(t, index, loads).decode.name == "d0"
 
 
@@ -207,22 +207,22 @@ def test_a_tokenizer_that_does_not_load_turns_cache_scoring_off(tmp_path):
 
 
 def test_a_session_stays_on_its_cache_while_the_replica_only_decodes_and_moves_for_prefill_work_ahead():
-    # d0 holds the whole prompt (1984 tokens hit). Another request in flight on d0 that already has its first
-    # byte is decoding: it costs only as running once scraped, so the session stays (least_loaded, which counts
-    # every in-flight request as waiting, leaves). Prefill work still ahead on d0 is charged token for token:
-    # 1983 uncached tokens pending keep d0 (1984 - 1983 > 0), 1985 move the session to d1.
+    # d0 holds the whole prompt (1984 tokens hit, scored at hit weight 2: 3968). Another request in flight on d0
+    # that already has its first byte is decoding: it costs only as running once scraped, so the session stays
+    # (least_loaded, which counts every in-flight request as waiting, leaves). Prefill work still ahead on d0 is
+    # charged token for token: 3967 uncached tokens pending keep d0 (3968 - 3967 > 0), 3969 move it to d1.
     t, index = table(), index_with({"d0": 125})
     loads = LoadTracker()
     d0 = next(r for r in t.replicas if r.name == "d0")
-    loads.begin(d0, 2000)  # another request prefilling 2000 uncached tokens on d0
-    assert plan(t, index, loads).decode.name == "d1"  # 1984 - 2000 < 0
-    loads.prefill_done(d0, 2000)  # its first byte came back: now decoding
+    loads.begin(d0, 4000)  # another request prefilling 4000 uncached tokens on d0
+    assert plan(t, index, loads).decode.name == "d1"  # 3968 - 4000 < 0
+    loads.prefill_done(d0, 4000)  # its first byte came back: now decoding
     assert (loads.in_flight["d0"], loads.pending_prefill_tokens["d0"]) == (1, 0)
     assert plan(t, index, loads).decode.name == "d0"
     eligible = eligibility(t, model="gemma", sticky_key="s")
     least = plan_route(t, eligible=eligible, prompt=prompt(), loads=loads, index=index, policy="least_loaded")
     assert least.decode.name == "d1"  # one request in flight on d0 counts as waiting
-    for pending, chosen in ((1983, "d0"), (1985, "d1")):
+    for pending, chosen in ((3967, "d0"), (3969, "d1")):
         loads.pending_prefill_tokens["d0"] = pending
         assert plan(t, index, loads).decode.name == chosen, pending
 
@@ -241,8 +241,9 @@ def test_admission_books_the_uncached_tokens_of_a_local_prefill_and_none_for_a_r
 def test_an_own_request_queued_in_the_engine_is_charged_once_by_its_tokens():
     # d0 holds 320 tokens of the prompt (20 blocks). A request this router sent d0 waits in d0's engine queue with
     # 100 uncached tokens, so the scrape shows queue depth 1: it delays us by its 100 tokens, once. d0 scores
-    # 320 - 100 > 0 and keeps the session (charged again as a waiting request, 512 more, it sent the session to
-    # cold d1). A second queued request that is not this router's (depth 2) is charged as waiting: 320 - 100 - 512.
+    # 2 * 320 - 100 > 0 and keeps the session (charged again as a waiting request, 512 more, it went to cold d1
+    # at hit weight 1). Two more queued requests that are not this router's (depth 3) are charged as waiting:
+    # 640 - 100 - 2 * 512 < 0.
     t, index = table(), index_with({"d0": 20})
     loads = LoadTracker()
     d0 = next(r for r in t.replicas if r.name == "d0")
@@ -254,7 +255,10 @@ def test_an_own_request_queued_in_the_engine_is_charged_once_by_its_tokens():
     assert (chosen.decode.name, chosen.predicted_cached_tokens) == ("d0", 320)
     loads.queue_depth["d0"] = 2.0
     assert loads.cache_signals(d0).waiting == 1.0
+    assert plan(t, index, loads).decode.name == "d0"  # 640 - 100 - 512 > 0
+    loads.queue_depth["d0"] = 3.0
+    assert loads.cache_signals(d0).waiting == 2.0
     assert plan(t, index, loads).decode.name == "d1"
     loads.prefill_done(d0, 100)  # its first byte: no longer this router's pending work, the scrape is stale
     assert (loads.pending_requests["d0"], loads.pending_prefill_tokens["d0"], loads.cache_signals(d0).waiting) == (
-        0, 0, 2.0)
+        0, 0, 3.0)
