@@ -65,6 +65,7 @@ import argparse
 import asyncio
 import datetime
 import json
+import re
 import shutil
 import signal
 import sys
@@ -503,21 +504,46 @@ def run_matrix(stack: Stack, api: Api, load: Load, args: argparse.Namespace) -> 
     return {"cells": cells, "table": render_table(cells)}
 
 
+REDIS_MEMORY_FIELDS = ("used_memory", "used_memory_rss", "used_memory_peak", "used_memory_overhead",
+                       "used_memory_startup", "used_memory_dataset", "used_memory_scripts", "number_of_cached_scripts",
+                       "mem_clients_normal", "allocator_allocated", "allocator_active", "allocator_resident",
+                       "mem_allocator")
+"""``INFO memory`` fields each soak minute records (Redis 6.2's names), to tell data from allocator and clients."""
+_KEY_PART = re.compile(rb"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|[0-9a-f]{8,}|[A-Za-z0-9]{16,}|[0-9]+")
+
+
+def key_pattern(key: bytes) -> str:
+    """A Redis key with its variable parts (hex digests, numbers, long random names) replaced by ``*``, so keys
+    of one kind group together: ``ferry:telemetry:history:pool:12:recent`` -> ``ferry:telemetry:history:pool:*:recent``."""
+    return _KEY_PART.sub(b"*", key).decode(errors="replace")
+
+
 def redis_memory(stack: Stack) -> dict:
-    """Redis ``INFO memory`` ``used_memory`` (bytes) and the telemetry history's share: ``MEMORY USAGE`` of every
-    ``*telemetry:history:*`` key (``SAMPLES 0``: every element counted) and how many keys; ``None`` values while
-    Redis does not answer (killed or restarting)."""
+    """Redis memory each soak minute: ``INFO memory`` (:data:`REDIS_MEMORY_FIELDS`), the telemetry history's share
+    (``MEMORY USAGE`` of every ``*telemetry:history:*`` key, ``SAMPLES 0``: every element counted), and every key
+    grouped by :func:`key_pattern` (pattern -> [keys, bytes]); ``None`` values while Redis does not answer."""
     import redis
 
     try:
         client = redis.Redis.from_url(stack.redis.url, socket_timeout=5)
-        keys = list(client.scan_iter(match="*telemetry:history:*", count=1000))
+        keys = list(client.scan_iter(count=1000))
         pipe = client.pipeline(transaction=False)
         for key in keys:
             pipe.memory_usage(key, samples=0)
-        history = sum(int(n or 0) for n in pipe.execute()) if keys else 0
-        return {"redis_used_memory": int(client.info("memory")["used_memory"]), "history_bytes": history,
-                "history_keys": len(keys)}
+        sizes = [int(n or 0) for n in pipe.execute()] if keys else []
+        patterns: dict[str, list[int]] = {}
+        history = history_keys = 0
+        for key, size in zip(keys, sizes, strict=True):
+            entry = patterns.setdefault(key_pattern(key), [0, 0])
+            entry[0] += 1
+            entry[1] += size
+            if b"telemetry:history:" in key:
+                history += size
+                history_keys += 1
+        info = client.info("memory")
+        return {"redis_used_memory": int(info["used_memory"]), "history_bytes": history,
+                "history_keys": history_keys, "redis_info": {k: info.get(k) for k in REDIS_MEMORY_FIELDS},
+                "redis_keys": dict(sorted(patterns.items()))}
     except redis.RedisError:
         return {"redis_used_memory": None, "history_bytes": None, "history_keys": None}
 
@@ -548,6 +574,18 @@ def run_soak(stack: Stack, args: argparse.Namespace) -> dict:
         if base is not None and end is not None:
             lines.append(f"{label:<28} {base / unit:>9.2f} {end / unit:>9.2f} "
                          f"{'-' if not base else f'{100 * (end - base) / base:+.1f}%':>8}")
+    base_info, end_info = samples[baseline].get("redis_info") or {}, samples[-1].get("redis_info") or {}
+    for name in REDIS_MEMORY_FIELDS:
+        base, end = base_info.get(name), end_info.get(name)
+        if isinstance(base, int) and isinstance(end, int) and name.startswith(("used_memory", "mem_", "allocator_")):
+            lines.append(f"{'redis ' + name:<28} {base / 2**20:>9.2f} {end / 2**20:>9.2f} "
+                         f"{'-' if not base else f'{100 * (end - base) / base:+.1f}%':>8}")
+    base_keys, end_keys = samples[baseline].get("redis_keys") or {}, samples[-1].get("redis_keys") or {}
+    moved = sorted(set(base_keys) | set(end_keys),
+                   key=lambda k: -abs(end_keys.get(k, [0, 0])[1] - base_keys.get(k, [0, 0])[1]))
+    for pattern in moved[:8]:
+        (n0, b0), (n1, b1) = base_keys.get(pattern, [0, 0]), end_keys.get(pattern, [0, 0])
+        lines.append(f"redis keys {pattern[:40]}: {n0} -> {n1} keys, {b0 / 2**10:.1f} -> {b1 / 2**10:.1f} KiB")
     over = sorted(name for name, g in growth.items() if g["growth"] is not None and g["growth"] >= RSS_GROWTH_LIMIT)
     lines.append(f"grew {100 * RSS_GROWTH_LIMIT:.0f}% or more from minute {baseline}: {', '.join(over) or 'none'}")
     return {"samples": samples, "baseline_minute": baseline, "growth": growth, "over_limit": over,
