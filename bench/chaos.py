@@ -541,8 +541,10 @@ def redis_memory(stack: Stack) -> dict:
                 history += size
                 history_keys += 1
         info = client.info("memory")
+        clients = client.info("clients")
         return {"redis_used_memory": int(info["used_memory"]), "history_bytes": history,
-                "history_keys": history_keys, "redis_info": {k: info.get(k) for k in REDIS_MEMORY_FIELDS},
+                "history_keys": history_keys, "redis_info": {**{k: info.get(k) for k in REDIS_MEMORY_FIELDS},
+                                                             "connected_clients": clients.get("connected_clients")},
                 "redis_keys": dict(sorted(patterns.items()))}
     except redis.RedisError:
         return {"redis_used_memory": None, "history_bytes": None, "history_keys": None}

@@ -11,7 +11,7 @@ actions. Each poll:
    outcome and reason (``kv_transfers``, the link page's breakdown), and each replica's ejections by the
    routers' circuit breaker (``ejections`` in the record, :func:`replica_ejections`; reconcile reads them);
 4. broadcasts them (``telemetry.signals`` to the pool group, ``telemetry.fleet`` to the fleet
-   group) with Redis sequence numbers, and appends the same pool records to the Redis history (the fleet
+   group; values at :data:`SIGNAL_DIGITS` significant digits) with Redis sequence numbers, and appends the same pool records to the Redis history (the fleet
    record replaces the previous one: only the newest is read);
 5. evaluates the effective alert rules on the pool-level signals and records transitions;
 6. adds the routers' per-key request counts to the client API keys' use counts and last use
@@ -83,6 +83,28 @@ def default_source_factory(choice: SourceChoice, *, window_s: float, routers: Sa
                 return [("namespace", "=", namespace), ("pod", "=~", pod)] if namespace else [("pod", "=~", pod)]
         return PrometheusSource(choice.prometheus_url, dcgm_matchers=dcgm)
     return DirectScrapeSource(retention_s=scrape_retention_s(window_s), routers=routers)
+
+
+SIGNAL_DIGITS = 6
+"""Significant digits of the non-integral signal values a poll records (stream and history): a latency, rate or
+ratio measured over a window is not known to more than about 4 digits, and the 17 digits of a float's repr are
+what the history's compression cannot squeeze (the 2-pool demo's records compressed to about 90 and 150 bytes
+each at full precision, 65 and 93 at 6 digits, 2026-12-02). Integral values (counts, totals, replica counts)
+and the record's ``at`` are kept exact."""
+
+
+def significant(value: object, digits: int = SIGNAL_DIGITS) -> object:
+    """``value`` with every finite non-integral float, in nested dicts and lists too, rounded to ``digits``
+    significant digits (``0.5170436412210931`` -> ``0.517044``); other values unchanged."""
+    if isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")) or value.is_integer():
+            return value
+        return float(f"{value:.{digits}g}")
+    if isinstance(value, dict):
+        return {k: significant(v, digits) for k, v in value.items()}
+    if isinstance(value, list):
+        return [significant(v, digits) for v in value]
+    return value
 
 
 def replica_ejections(routers: SampleStore, scope: Scope) -> dict[str, float]:
@@ -170,7 +192,8 @@ class TelemetryPoller:
                 logger.warning("pool %s: %s", target.pool_id, exc)
                 continue
             record = {"pool_id": target.pool_id, "at": now, "window_s": self.window_s, "source": source.name,
-                      "signals": pool_set.values, "tracks": tracks, "kv_transfers": kv_transfers,
+                      "signals": significant(pool_set.values), "tracks": significant(tracks),
+                      "kv_transfers": significant(kv_transfers),
                       "ejections": replica_ejections(self.router_source.store, target.scope())}
             message = telemetry_broadcast(pool_group(target.pool_id), "telemetry.signals", record, history=self.history)
             self.history.append(history_scope(target.pool_id), now, message)

@@ -20,7 +20,7 @@ from apps.telemetry.broadcast import FLEET_GROUP, pool_group
 from apps.telemetry.endpoints import ReplicaEndpoint, set_endpoint_provider
 from apps.telemetry.history import SignalHistory
 from apps.telemetry.models import Alert
-from apps.telemetry.poller import TelemetryPoller
+from apps.telemetry.poller import TelemetryPoller, significant
 from apps.telemetry.selectors import telemetry_signal
 from apps.telemetry.services import alert_rules_load_defaults
 from apps.telemetry.sources.scrape import DirectScrapeSource
@@ -187,8 +187,9 @@ def test_router_decisions_reach_the_pool_they_name_scraped_once_for_every_cluste
     # 3 -> 8 in 10 s: 0.5/s (Prometheus' extrapolation to the window start stops where the counter was 0).
     signals = records[decode.pk]["signals"]
     assert signals["router_local_prefill_per_s"] == pytest.approx(0.5, rel=1e-12)
-    # 0 -> 2: a counter at 0 on its first sample is not extrapolated backwards, so 2 over the 15 s window.
-    assert signals["router_remote_prefill_per_s"] == pytest.approx(2 / 15, rel=1e-12)
+    # 0 -> 2: a counter at 0 on its first sample is not extrapolated backwards, so 2 over the 15 s window
+    # (recorded at 6 significant digits: poller.SIGNAL_DIGITS).
+    assert signals["router_remote_prefill_per_s"] == 0.133333
     assert signals["router_local_prefill_fallback_per_s"] is None
     assert records[decode.pk]["tracks"]["stable"]["router_local_prefill_per_s"] == pytest.approx(0.5, rel=1e-12)
     assert records[prefill.pk]["signals"]["router_remote_prefill_per_s"] is None  # counted on the decode pool
@@ -264,3 +265,37 @@ def test_the_poller_loop_keeps_one_polls_queries_in_the_debug_log(pool, history,
     finally:
         poller.close()
     assert len(connection.queries_log) == queries_of_one_poll > 0
+
+
+def test_recorded_signals_keep_six_significant_digits_and_counts_and_times_exact():
+    nested = {"ttft_p99_s": 0.14166666666666666, "wire": 1813353.3979619257, "tiny": 2.5e-07 / 3,
+              "blocks": 421.0, "total": 12345678.0, "none": None, "nan": float("nan"), "inf": float("inf"),
+              "count": 3, "name": "stable", "list": [{"per_s": 0.5170436412210931}, 7.0]}
+    out = significant(nested)
+    assert {k: v for k, v in out.items() if k != "nan"} == {
+        "ttft_p99_s": 0.141667, "wire": 1813350.0, "tiny": 8.33333e-08, "blocks": 421.0, "total": 12345678.0,
+        "none": None, "inf": float("inf"), "count": 3, "name": "stable", "list": [{"per_s": 0.517044}, 7.0]}
+    assert out["nan"] != out["nan"]
+    assert significant(-0.000123456789) == -0.000123457
+
+
+def test_a_polls_record_stores_its_measured_values_at_six_digits_and_its_time_exact(pool, exporter, history):
+    metrics, endpoint = exporter
+    clock = Clock(float(int(time.time()) - 60) + 0.123456789)
+    poller = TelemetryPoller(history=history, window_s=7, clock=clock, endpoints=lambda: [endpoint],
+                             routers=lambda: [],
+                             source_factory=lambda choice, window_s, routers: DirectScrapeSource(
+                                 retention_s=30, routers=routers, clock=clock))
+    poller.poll_once()
+    metrics.kv_transfer.transfers.labels(**metrics.identity, direction="send", outcome="success", reason="none").inc()
+    metrics.kv_transfer.wire_bytes.labels(**metrics.identity, direction="send").inc(1000)
+    clock.t += 3.0
+    record = poller.poll_once()[pool.pk]
+    assert record["at"] == clock.t  # the time is not rounded
+    # one transfer and 1000 bytes, new series, over the 7 s window: 1/7 and 1000/7 per second, at 6 significant
+    # digits (full precision 0.14285714285714285 and 142.85714285714286)
+    assert record["kv_transfers"] == {"transfers": [{"direction": "send", "outcome": "success", "reason": "none",
+                                                     "per_s": 0.142857}], "wire_bytes_per_s": {"send": 142.857}}
+    assert record["signals"]["kv_transfer_bytes_per_s"] == 142.857
+    assert history.latest(f"pool:{pool.pk}") == record
+    poller.close()
