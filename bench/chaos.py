@@ -579,7 +579,8 @@ def run_soak(stack: Stack, args: argparse.Namespace) -> dict:
     base_info, end_info = samples[baseline].get("redis_info") or {}, samples[-1].get("redis_info") or {}
     for name in REDIS_MEMORY_FIELDS:
         base, end = base_info.get(name), end_info.get(name)
-        if isinstance(base, int) and isinstance(end, int) and name.startswith(("used_memory", "mem_", "allocator_")):
+        if (name != "used_memory" and isinstance(base, int) and isinstance(end, int)
+                and name.startswith(("used_memory", "mem_", "allocator_"))):
             lines.append(f"{'redis ' + name:<28} {base / 2**20:>9.2f} {end / 2**20:>9.2f} "
                          f"{'-' if not base else f'{100 * (end - base) / base:+.1f}%':>8}")
     base_keys, end_keys = samples[baseline].get("redis_keys") or {}, samples[-1].get("redis_keys") or {}
