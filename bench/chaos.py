@@ -48,7 +48,9 @@ settling, so the 30 cells need more than 45 minutes there: run them in parts wit
 process (each supervised process with its children, Redis, PostgreSQL, each model worker) is recorded, and
 the growth between minute 5 (minute ``MINUTES - 1`` in a run shorter than 6 minutes) and the end; processes
 that grew 5% or more are named. Each minute also records Redis' ``used_memory`` and the telemetry history's
-share of it (``MEMORY USAGE`` of its keys), which fills for its 15-minute horizon and is flat after. The 12-hour soak of seed
+share of it (``MEMORY USAGE`` of its keys), which fills for its 15-minute horizon and is flat after, Redis'
+``INFO memory`` (data, overhead, clients, allocator) and every key grouped by kind (:func:`key_pattern`); the table
+names the key kinds that grew, so a leak shows as a kind of key and not only as RSS. The 12-hour soak of seed
 003 is ``nohup .venv/bin/python bench/chaos.py --soak 720 > chaos-soak.log 2>&1 &`` on a machine of its
 own (a shared one measures the neighbours' pressure too); results land in the same JSON form.
 
