@@ -40,6 +40,7 @@ import django  # noqa: E402
 django.setup()
 
 import redis  # noqa: E402
+import zstandard  # noqa: E402
 
 from apps.setup.embedded_redis import MALLOC_TUNABLES, start_embedded_redis  # noqa: E402
 from apps.telemetry.history import SignalHistory  # noqa: E402
@@ -77,13 +78,16 @@ def synthetic_records(pool_id: int, count: int, seed: int) -> list[dict]:
 
 
 def records_from_redis(url: str) -> list[list[dict]]:
-    """Every pool history's records found in the Redis at ``url`` (:meth:`SignalHistory.read`), one list per pool,
+    """Every pool history's records found in the Redis at ``url`` (chunks and recent list), one list per pool,
     :data:`ROUNDED` parts rounded as the poller rounds them."""
     client = redis.Redis.from_url(url)
     pools = []
     for key in sorted(client.scan_iter(match="*telemetry:history:pool:*:chunks")):
-        prefix, scope = key.decode().rsplit(":history:", 1)
-        records = SignalHistory(client, prefix=prefix + ":").read(scope.removesuffix(":chunks"))
+        recent = key[: -len(b"chunks")] + b"recent"
+        members = [m for blob in client.zrange(key, 0, -1)
+                   for m in zstandard.ZstdDecompressor().decompress(blob).split(b"\n")]
+        members += client.lrange(recent, 0, -1)
+        records = [json.loads(m)[1] for m in members]
         pools.append([{k: significant(v) if k in ROUNDED else v for k, v in r.items()} for r in records])
     if not pools:
         raise SystemExit(f"no telemetry history in {url}")

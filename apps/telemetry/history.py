@@ -3,12 +3,11 @@
 Layout (prefix ``ferry:telemetry:`` by default), per scope (``pool:<id>`` or ``fleet``; the poller keeps only the
 newest fleet record, :meth:`SignalHistory.replace`: nothing reads the fleet's past):
 
-- ``history:<scope>:recent``: a list of the newest records, one member each, oldest first. A member is one
-  zstandard frame of the compact JSON (sorted keys) of ``[at_s, record]``, ``at_s`` the poll time in Unix
-  seconds (a member written before 2026-12-02 is that JSON uncompressed, and still reads).
+- ``history:<scope>:recent``: a list of the newest records, one member each, oldest first. A member is the
+  compact JSON (sorted keys) of ``[at_s, record]``, ``at_s`` the poll time in Unix seconds.
 - ``history:<scope>:chunks``: a sorted set of *sealed chunks*: each member is one zstandard frame of
-  ``CHUNK_RECORDS - 1`` (or, from :meth:`SignalHistory.append_many`, up to ``CHUNK_RECORDS``) records' JSON
-  joined by ``\\n``; its score is the newest ``at_s`` in it.
+  ``CHUNK_RECORDS - 1`` (or, from :meth:`SignalHistory.append_many`, up to ``CHUNK_RECORDS``) recent-list
+  members joined by ``\\n``; its score is the newest ``at_s`` in it.
 - ``seq:<group>``: an ``INCR`` counter per channel-layer group; it lives in Redis, so numbers keep increasing
   across poller restarts and a client detects a gap by a skipped number.
 
@@ -16,17 +15,12 @@ Why chunks: a record is ~1-3 KB of JSON (about 25 signals per pool and per track
 that repeats its keys and most values from one poll to the next. One sorted-set member per record (the
 layout before) costs the whole JSON plus a skiplist node and dict entry per poll: Redis grew ~3.3 MiB while the
 2-pool demo's history filled its 15 minutes. Compressed together, 29 consecutive records cost about a tenth
-(zstandard finds the repeated keys and values), and Redis holds 31 chunks and at most ``CHUNK_RECORDS`` recent
+(zstandard finds the repeated keys and values), and Redis holds 31 chunks and at most ``CHUNK_RECORDS`` raw
 members per scope: 253 KiB (``MEMORY USAGE``) at the full horizon of that demo in ``bench/chaos.py --soak``.
-Why the recent members are compressed one by one too: uncompressed, the two demo pools' recent lists swung
-between 0 and about 110 KiB every 29 polls, more than the chunks of the whole horizon add between the soak's
-minute 5 and 30, so Redis' RSS at a given minute depended on where in that cycle it was sampled (issue 20's soak:
-+5.1%). Alone, a record compresses to about 30% (1.76-1.82 KB of JSON at 6 significant digits to 520-550 B,
-the demo's real records, 2026-12-02); together in a chunk, to about 4-5%.
 
-Appends: ``RPUSH`` the compressed member, drop chunks whose newest record is older than ``at_s - horizon_s``
+Appends: ``RPUSH`` the member, drop chunks whose newest record is older than ``at_s - horizon_s``
 (``ZREMRANGEBYSCORE``), refresh both keys' expiry (2 x horizon); once the list holds ``CHUNK_RECORDS``
-members, all but the newest are decompressed, compressed together into one chunk, added and trimmed from the list in one
+members, all but the newest are compressed into one chunk, added and trimmed from the list in one
 ``MULTI`` under ``WATCH`` of the list (a concurrent append retries the seal; nothing is lost or doubled).
 Reads take both keys in one ``MULTI``, so a seal is never seen half done. Records older than the newest
 append's ``at_s - horizon_s`` (the older part of the oldest chunk) are left out of reads, so a read returns
@@ -60,28 +54,14 @@ def _encode(at_s: float, record: dict) -> bytes:
     return json.dumps([at_s, record], sort_keys=True, separators=(",", ":")).encode()
 
 
-ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
-"""The first bytes of every zstandard frame (RFC 8878, 3.1.1); a JSON member starts with ``[``."""
-
-
-def _pack(encoded: bytes) -> bytes:
-    """A recent-list member: one record's JSON (:func:`_encode`) as one zstandard frame."""
-    return zstandard.ZstdCompressor(level=ZSTD_LEVEL).compress(encoded)
-
-
-def _unpack(member: bytes) -> bytes:
-    """A recent-list member's JSON: decompressed, or as it is when written uncompressed (before 2026-12-02)."""
-    return zstandard.ZstdDecompressor().decompress(member) if member[:4] == ZSTD_MAGIC else member
-
-
-def _decode(line: bytes) -> tuple[float, dict]:
-    at_s, record = json.loads(line)
+def _decode(member: bytes) -> tuple[float, dict]:
+    at_s, record = json.loads(member)
     return float(at_s), record
 
 
-def _line_at(line: bytes) -> float:
-    """The ``at_s`` of a record's JSON without parsing the record (it starts ``[<at_s>,``)."""
-    return float(line[1:line.index(b",")])
+def _member_at(member: bytes) -> float:
+    """The ``at_s`` of a member without parsing its record (a member starts ``[<at_s>,``)."""
+    return float(member[1:member.index(b",")])
 
 
 def _unchunk(blob: bytes) -> list[bytes]:
@@ -125,7 +105,7 @@ class SignalHistory:
         recent, chunks = self.history_keys(scope)
         ttl_s = int(self.horizon_s * 2)
         pipe = self.client.pipeline()
-        pipe.rpush(recent, _pack(_encode(at_s, record)))
+        pipe.rpush(recent, _encode(at_s, record))
         pipe.zremrangebyscore(chunks, "-inf", f"({at_s - self.horizon_s}")
         pipe.expire(recent, ttl_s)
         pipe.expire(chunks, ttl_s)
@@ -139,7 +119,7 @@ class SignalHistory:
         recent, chunks = self.history_keys(scope)
         pipe = self.client.pipeline()
         pipe.delete(recent, chunks)
-        pipe.rpush(recent, _pack(_encode(at_s, record)))
+        pipe.rpush(recent, _encode(at_s, record))
         pipe.expire(recent, int(self.horizon_s * 2))
         pipe.execute()
 
@@ -154,9 +134,8 @@ class SignalHistory:
                     if len(members) < self.chunk_records - 1:
                         pipe.unwatch()
                         return  # another writer sealed them first
-                    lines = [_unpack(m) for m in members]
-                    newest = max(_line_at(line) for line in lines)
-                    blob = zstandard.ZstdCompressor(level=ZSTD_LEVEL).compress(b"\n".join(lines))
+                    newest = max(_member_at(m) for m in members)
+                    blob = zstandard.ZstdCompressor(level=ZSTD_LEVEL).compress(b"\n".join(members))
                     pipe.multi()
                     pipe.zadd(chunks, {blob: newest})
                     pipe.ltrim(recent, len(members), -1)
@@ -186,7 +165,7 @@ class SignalHistory:
                 part = members[start:min(start + self.chunk_records, len(members) - 1)]
                 pipe.zadd(chunks, {compressor.compress(b"\n".join(part)): max(times[scope][start:start + len(part)])})
                 queued += 1
-            pipe.rpush(recent, _pack(members[-1]))
+            pipe.rpush(recent, members[-1])
             queued += 1
             if queued >= 500:
                 pipe.execute()
@@ -225,8 +204,7 @@ class SignalHistory:
             if not members and not blobs:
                 out[scope] = []
                 continue
-            decoded = [_decode(line) for blob in blobs for line in _unchunk(blob)] + [_decode(_unpack(m))
-                                                                                        for m in members]
+            decoded = [_decode(m) for blob in blobs for m in _unchunk(blob)] + [_decode(m) for m in members]
             low = -float("inf") if since_s is None else since_s
             if members:  # the newest append's horizon (the oldest chunk may reach further back)
                 low = max(low, decoded[-1][0] - self.horizon_s)
@@ -251,10 +229,9 @@ class SignalHistory:
         out: dict[str, dict | None] = {}
         for i, scope in enumerate(scopes):
             member, newest_chunk = found[2 * i], found[2 * i + 1]
-            line = None if member is None else _unpack(member)
-            if line is None and newest_chunk:  # only a bulk load or a partial expiry leaves the list empty
-                line = _unchunk(newest_chunk[0])[-1]
-            out[scope] = None if line is None else _decode(line)[1]
+            if member is None and newest_chunk:  # only a bulk load or a partial expiry leaves the list empty
+                member = _unchunk(newest_chunk[0])[-1]
+            out[scope] = None if member is None else _decode(member)[1]
         return out
 
     # -- snapshots ---------------------------------------------------------------------------------------------

@@ -149,26 +149,3 @@ def test_the_full_horizon_costs_a_fraction_of_one_sorted_set_member_per_record(h
     print(f"\nfull horizon of one pool: {compact / 1024:.1f} KiB in chunks, {before / 1024:.1f} KiB as one "
           f"sorted-set member per record ({before / compact:.1f}x)")
     assert compact * 4 < before
-
-
-def test_recent_members_are_compressed_one_by_one_and_members_written_uncompressed_still_read(history):
-    """A recent-list member is one record's JSON as a zstandard frame (about a third of the JSON for a poll
-    record: the list no longer swings by ~55 KiB per pool between seals); members a version before wrote as
-    plain JSON stay readable, through reads, latest and the seal that compresses them into a chunk."""
-    rng = random.Random(3)
-    records = [poller_shaped_record(i, rng, 1) for i in range(4)]
-    legacy = [json.dumps([T0 + i, rec], sort_keys=True, separators=(",", ":")).encode()
-              for i, rec in enumerate(records[:2])]
-    recent, chunks = history.history_keys("pool:1")
-    history.client.rpush(recent, *legacy)
-    for i in (2, 3):
-        history.append("pool:1", T0 + i, records[i])
-    members = history.client.lrange(recent, 0, -1)
-    assert [m[:1] for m in members[:2]] == [b"[", b"["] and all(m[:4] == b"\x28\xb5\x2f\xfd" for m in members[2:])
-    for member, rec in zip(members[2:], records[2:], strict=True):
-        assert len(member) * 2 < len(json.dumps([0.0, rec], sort_keys=True, separators=(",", ":")))
-    assert history.read("pool:1") == records and history.latest("pool:1") == records[3]
-    small = SignalHistory(history.client, prefix=history.prefix, chunk_records=4)
-    small.append("pool:1", T0 + 4, records[0])  # the 5th member: seals 4 (2 plain, 2 compressed) into a chunk
-    assert (history.client.llen(recent), history.client.zcard(chunks)) == (1, 1)
-    assert small.read("pool:1") == [*records, records[0]]
