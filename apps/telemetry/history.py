@@ -22,6 +22,18 @@ Appends: ``RPUSH`` the member, drop chunks whose newest record is older than ``a
 (``ZREMRANGEBYSCORE``), refresh both keys' expiry (2 x horizon); once the list holds ``CHUNK_RECORDS``
 members, all but the newest are compressed into one chunk, added and trimmed from the list in one
 ``MULTI`` under ``WATCH`` of the list (a concurrent append retries the seal; nothing is lost or doubled).
+Thinning: after each seal, chunks whose newest record is more than ``THIN_AFTER_S`` (5 minutes) behind the
+append are rewritten (``WATCH``/``MULTI``, member prefixed ``T``) to the first record of every ``THIN_EVERY_S``
+(5 s) of Unix time. A record is a signal window of ``window_s`` (30 s in ``make run``) polled every second, so one
+per 5 s still overlaps every window several times: the last 5 minutes stay at full resolution for the stream,
+the gates and the autoscaler (``telemetry_signal`` reads the newest record), the 10 older minutes of the pool
+page's charts are drawn from one point per 5 s, and a gate window longer than 5 minutes counts one record per
+5 s beyond them. The horizon then holds about 300 + 120 records per pool instead of 900, and Redis reaches its
+steady size about 5 minutes after the poller starts instead of 15: issue 20's soak measures every process' RSS
+from minute 5, and with the whole horizon at full resolution the embedded Redis grew 5.1% by minute 30 while
+the history filled (replaying the demo's real poll records, ``bench/history_memory.py``: RSS growth from
+minute 5 to 30 2.5-2.6% without thinning, 1.8% with it). :meth:`SignalHistory.append_many` (bulk loads) does
+not thin.
 Reads take both keys in one ``MULTI``, so a seal is never seen half done. Records older than the newest
 append's ``at_s - horizon_s`` (the older part of the oldest chunk) are left out of reads, so a read returns
 exactly the records of the horizon, as the per-record trimming did.
@@ -32,6 +44,7 @@ Nothing here lives in the poller's memory: a restarted poller finds the history 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable
 
 import redis
@@ -43,6 +56,12 @@ CHUNK_RECORDS = 30
 """Records per scope in the recent list before all but the newest are sealed into one compressed chunk."""
 ZSTD_LEVEL = 3
 """zstandard level of the chunks (the library's default)."""
+THIN_AFTER_S = 300.0
+"""Records more than this behind the newest append are thinned to one per :data:`THIN_EVERY_S` (see the
+module docstring)."""
+THIN_EVERY_S = 5.0
+THINNED = b"T"
+"""First byte of a thinned chunk's member (then its zstandard frame)."""
 
 
 def redis_client() -> redis.Redis:
@@ -65,7 +84,18 @@ def _member_at(member: bytes) -> float:
 
 
 def _unchunk(blob: bytes) -> list[bytes]:
-    return zstandard.ZstdDecompressor().decompress(blob).split(b"\n")
+    return zstandard.ZstdDecompressor().decompress(blob[1:] if blob[:1] == THINNED else blob).split(b"\n")
+
+
+def _thin_members(members: list[bytes], every_s: float) -> list[bytes]:
+    """The first member of every ``every_s``-second bucket of Unix time (``floor(at_s / every_s)``), in order."""
+    kept, bucket = [], None
+    for member in members:
+        b = math.floor(_member_at(member) / every_s)
+        if b != bucket:
+            kept.append(member)
+            bucket = b
+    return kept
 
 
 class SignalHistory:
@@ -76,11 +106,16 @@ class SignalHistory:
     """
 
     def __init__(self, client: redis.Redis | None = None, *, prefix: str = "ferry:telemetry:",
-                 horizon_s: float = HISTORY_HORIZON_S, chunk_records: int = CHUNK_RECORDS):
+                 horizon_s: float = HISTORY_HORIZON_S, chunk_records: int = CHUNK_RECORDS,
+                 thin_after_s: float | None = THIN_AFTER_S, thin_every_s: float = THIN_EVERY_S):
         if horizon_s <= 0:
             raise ValueError(f"history horizon must be positive, got {horizon_s} s")
         if chunk_records < 2:
             raise ValueError(f"chunk_records must be at least 2, got {chunk_records}")
+        if thin_after_s is not None and (thin_after_s <= 0 or thin_every_s <= 0):
+            raise ValueError(f"thin_after_s and thin_every_s must be positive, got {thin_after_s}, {thin_every_s}")
+        self.thin_after_s = thin_after_s
+        self.thin_every_s = thin_every_s
         self.client = client if client is not None else redis_client()
         self.prefix = prefix
         self.horizon_s = horizon_s
@@ -112,6 +147,8 @@ class SignalHistory:
         length = pipe.execute()[0]
         if length >= self.chunk_records:
             self._seal(scope)
+            if self.thin_after_s is not None:
+                self._thin(scope, at_s - self.thin_after_s)
 
     def replace(self, scope: str, at_s: float, record: dict) -> None:
         """Store ``record`` as the only record of ``scope`` (a scope of which only the newest is read, e.g. the
@@ -144,6 +181,30 @@ class SignalHistory:
                     return
                 except redis.WatchError:
                     continue
+
+    def _thin(self, scope: str, before_s: float) -> int:
+        """Thin the chunks whose newest record is older than ``before_s`` (and at most a horizon older: the ones
+        crossing that line since the last seals) to one record per ``thin_every_s``; returns chunks thinned.
+        A concurrent change of the chunk set skips this round (the next seal thins them)."""
+        _, chunks = self.history_keys(scope)
+        with self.client.pipeline() as pipe:
+            try:
+                pipe.watch(chunks)
+                found = pipe.zrangebyscore(chunks, before_s - self.horizon_s, f"({before_s}", withscores=True)
+                todo = [(blob, score) for blob, score in found if blob[:1] != THINNED]
+                if not todo:
+                    pipe.unwatch()
+                    return 0
+                compressor = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
+                pipe.multi()
+                for blob, score in todo:
+                    members = _thin_members(_unchunk(blob), self.thin_every_s)
+                    pipe.zrem(chunks, blob)
+                    pipe.zadd(chunks, {THINNED + compressor.compress(b"\n".join(members)): score})
+                pipe.execute()
+                return len(todo)
+            except redis.WatchError:
+                return 0
 
     def append_many(self, records: Iterable[tuple[str, float, dict]]) -> int:
         """Store many ``(scope, at_s, record)`` in pipelined batches (no trimming: a bulk load, e.g. a bench filling

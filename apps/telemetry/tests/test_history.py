@@ -134,8 +134,9 @@ def poller_shaped_record(i: int, rng: random.Random, pool_id: int) -> dict:
 
 
 def test_the_full_horizon_costs_a_fraction_of_one_sorted_set_member_per_record(history):
-    """900 polls (15 minutes at 1 s) of one pool with ~24 changing floats per record: the chunks cost under a
-    quarter of the per-record sorted set they replace, and every record reads back exactly."""
+    """900 polls (15 minutes at 1 s) of one pool with ~24 changing floats per record, not thinned: the chunks cost
+    under a quarter of the per-record sorted set they replace, and every record reads back exactly."""
+    history = SignalHistory(history.client, prefix=history.prefix, thin_after_s=None)
     rng = random.Random(7)
     records = [poller_shaped_record(i, rng, 1) for i in range(900)]
     for i, rec in enumerate(records):
@@ -149,3 +150,40 @@ def test_the_full_horizon_costs_a_fraction_of_one_sorted_set_member_per_record(h
     print(f"\nfull horizon of one pool: {compact / 1024:.1f} KiB in chunks, {before / 1024:.1f} KiB as one "
           f"sorted-set member per record ({before / compact:.1f}x)")
     assert compact * 4 < before
+
+
+def test_records_older_than_the_full_resolution_span_are_thinned_to_one_per_bucket_and_none_is_lost(history):
+    """At 1 record per second with chunks of 4 (sealed 3 at a time), thinning after 10 s to one per 5 s: every
+    record of chunks not yet 10 s behind reads back, older chunks keep the first record of each 5-s bucket they
+    held (a bucket that had records keeps one), reads by time see the same, and the horizon still trims."""
+    h = SignalHistory(history.client, prefix=history.prefix, horizon_s=60.0, chunk_records=4, thin_after_s=10.0,
+                      thin_every_s=5.0)
+    records = [record(i) for i in range(50)]
+    for i, rec in enumerate(records):
+        h.append("pool:1", T0 + i, rec)
+    recent, chunks = h.history_keys("pool:1")
+    members = h.client.zrange(chunks, 0, -1, withscores=True)
+    thinned = [score - T0 for blob, score in members if blob[:1] == b"T"]
+    full = [score - T0 for blob, score in members if blob[:1] != b"T"]
+    # seals at the appends of t = 3, 6, ..., 48 (chunks ending at 2, 5, ..., 47); the last seal (t = 48) thinned
+    # the chunks ending before 38; the horizon (60 s) keeps everything
+    assert thinned == [2.0, 5.0, 8.0, 11.0, 14.0, 17.0, 20.0, 23.0, 26.0, 29.0, 32.0, 35.0]
+    assert full == [38.0, 41.0, 44.0, 47.0] and h.client.llen(recent) == 2
+    read = [r["at"] - T0 for r in h.read("pool:1")]
+    kept_old = [t for t in read if t <= 35]
+    expected_old = []  # chunk [0, 1, 2] keeps 0 (bucket 0); [3, 4, 5] keeps 3 and 5 (buckets 0 and 1); ...
+    for start in range(0, 36, 3):
+        bucket = None
+        for t in range(start, start + 3):
+            if t // 5 != bucket:
+                expected_old.append(float(t))
+                bucket = t // 5
+    assert kept_old == expected_old
+    assert {t // 5 for t in kept_old} == {t // 5 for t in range(36)}  # no 5-s bucket lost
+    assert read[len(kept_old):] == [float(t) for t in range(36, 50)]  # full resolution after
+    assert h.read("pool:1", since_s=T0 + 20, until_s=T0 + 30) == [records[int(t)] for t in expected_old
+                                                                    if 20 <= t <= 30]
+    assert h.latest("pool:1") == records[49]
+    for i in range(50, 120):  # the horizon trims thinned chunks like the others
+        h.append("pool:1", T0 + i, record(i))
+    assert h.read("pool:1")[0]["at"] - T0 >= 119 - 60
