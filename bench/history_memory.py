@@ -6,8 +6,8 @@ as ``make run`` starts it (:data:`apps.setup.embedded_redis.MALLOC_TUNABLES`) an
 the same operations in the same order on both (so the ratio is what the allocator setting does):
 
 - per simulated second, one record appended to each of ``--pools`` pool histories
-  (:class:`apps.telemetry.history.SignalHistory`, the poller's call; records sealed into compressed chunks and
-  trimmed at the 15-minute horizon as in production);
+  (:class:`apps.telemetry.history.SignalHistory`, the poller's call; records sealed into compressed chunks,
+  thinned after 5 minutes and trimmed at the 15-minute horizon as in production);
 - every ``--read-every-s`` simulated seconds, a read of every pool's whole history (``read_many``: what the
   autoscaler, the rollout gates and the pool page read).
 
