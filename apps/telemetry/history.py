@@ -7,7 +7,8 @@ newest fleet record, :meth:`SignalHistory.replace`: nothing reads the fleet's pa
   compact JSON (sorted keys) of ``[at_s, record]``, ``at_s`` the poll time in Unix seconds.
 - ``history:<scope>:chunks``: a sorted set of *sealed chunks*: each member is one zstandard frame of
   ``CHUNK_RECORDS - 1`` (or, from :meth:`SignalHistory.append_many`, up to ``CHUNK_RECORDS``) recent-list
-  members joined by ``\\n``; its score is the newest ``at_s`` in it.
+  members joined by ``\\n``; its score is the newest ``at_s`` in it. A thinned chunk's member is ``T`` and then
+  the frame of the records it kept.
 - ``seq:<group>``: an ``INCR`` counter per channel-layer group; it lives in Redis, so numbers keep increasing
   across poller restarts and a client detects a gap by a skipped number.
 
@@ -36,7 +37,7 @@ minute 5 to 30 2.5-2.6% without thinning, 1.8% with it). :meth:`SignalHistory.ap
 not thin.
 Reads take both keys in one ``MULTI``, so a seal is never seen half done. Records older than the newest
 append's ``at_s - horizon_s`` (the older part of the oldest chunk) are left out of reads, so a read returns
-exactly the records of the horizon, as the per-record trimming did.
+exactly the records of the horizon (thinned beyond ``THIN_AFTER_S``), as the per-record trimming did.
 
 Nothing here lives in the poller's memory: a restarted poller finds the history where it was.
 """
