@@ -44,13 +44,10 @@ import zstandard  # noqa: E402
 
 from apps.setup.embedded_redis import MALLOC_TUNABLES, start_embedded_redis  # noqa: E402
 from apps.telemetry.history import SignalHistory  # noqa: E402
-from apps.telemetry.poller import significant  # noqa: E402
+from apps.telemetry.poller import SIGNAL_PARTS, significant  # noqa: E402
 from apps.telemetry.signals import SIGNAL_SPECS  # noqa: E402
 
 T0 = 1_796_000_000.0
-ROUNDED = ("signals", "tracks", "kv_transfers")
-"""The record parts the poller rounds (:data:`apps.telemetry.poller.SIGNAL_DIGITS`); a stack older than that
-rounding stored them at full precision, so replayed records are rounded the same way."""
 
 
 def rss_bytes(pid: int) -> int:
@@ -79,7 +76,8 @@ def synthetic_records(pool_id: int, count: int, seed: int) -> list[dict]:
 
 def records_from_redis(url: str) -> list[list[dict]]:
     """Every pool history's records found in the Redis at ``url`` (chunks and recent list), one list per pool,
-    :data:`ROUNDED` parts rounded as the poller rounds them."""
+    :data:`~apps.telemetry.poller.SIGNAL_PARTS` rounded as the poller rounds them (a stack older than that
+    rounding stored them at full precision)."""
     client = redis.Redis.from_url(url)
     pools = []
     for key in sorted(client.scan_iter(match="*telemetry:history:pool:*:chunks")):
@@ -88,7 +86,7 @@ def records_from_redis(url: str) -> list[list[dict]]:
                    for m in zstandard.ZstdDecompressor().decompress(blob).split(b"\n")]
         members += client.lrange(recent, 0, -1)
         records = [json.loads(m)[1] for m in members]
-        pools.append([{k: significant(v) if k in ROUNDED else v for k, v in r.items()} for r in records])
+        pools.append([{k: significant(v) if k in SIGNAL_PARTS else v for k, v in r.items()} for r in records])
     if not pools:
         raise SystemExit(f"no telemetry history in {url}")
     return pools

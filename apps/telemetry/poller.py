@@ -33,6 +33,7 @@ within one window after a restart.
 from __future__ import annotations
 
 import logging
+import math
 import re
 import threading
 import time
@@ -93,11 +94,15 @@ each at full precision, 65 and 93 at 6 digits, 2026-12-02). Integral values (cou
 and the record's ``at`` are kept exact."""
 
 
+SIGNAL_PARTS = ("signals", "tracks", "kv_transfers")
+"""The parts of a pool record holding measured values, the ones :func:`significant` rounds."""
+
+
 def significant(value: object, digits: int = SIGNAL_DIGITS) -> object:
     """``value`` with every finite non-integral float, in nested dicts and lists too, rounded to ``digits``
     significant digits (``0.5170436412210931`` -> ``0.517044``); other values unchanged."""
     if isinstance(value, float):
-        if value != value or value in (float("inf"), float("-inf")) or value.is_integer():
+        if not math.isfinite(value) or value.is_integer():
             return value
         return float(f"{value:.{digits}g}")
     if isinstance(value, dict):
@@ -191,10 +196,9 @@ class TelemetryPoller:
             except MetricSourceError as exc:
                 logger.warning("pool %s: %s", target.pool_id, exc)
                 continue
+            measured = dict(zip(SIGNAL_PARTS, significant([pool_set.values, tracks, kv_transfers]), strict=True))
             record = {"pool_id": target.pool_id, "at": now, "window_s": self.window_s, "source": source.name,
-                      "signals": significant(pool_set.values), "tracks": significant(tracks),
-                      "kv_transfers": significant(kv_transfers),
-                      "ejections": replica_ejections(self.router_source.store, target.scope())}
+                      **measured, "ejections": replica_ejections(self.router_source.store, target.scope())}
             message = telemetry_broadcast(pool_group(target.pool_id), "telemetry.signals", record, history=self.history)
             self.history.append(history_scope(target.pool_id), now, message)
             records[target.pool_id] = message
