@@ -7,21 +7,28 @@ settings, ``FERRY_CLIENT_API_KEY`` for the router)::
 
 1. **Profiles, co-located**: ``manage.py ferry_profile`` on the demo's prefill and decode pools while the whole
    fleet runs (the sweep shares the machine with it, as the load will), unless ``--reuse-profiles`` takes each
-   pool's newest profile.
-2. **Load**: ``bench/workloads.py``'s multi-turn sessions (:class:`MultiTurnConfig`) through the router, sessions
-   arriving as a Poisson process at ``--session-rate`` per second (``bench/serve_load.run_sessions``), TTFT
-   measured client-side (first streamed token).
+   pool's newest profile. The decode pool's sweep also measures its prefill while it decodes
+   (:mod:`apps.planning.profiling`). Batch sizes ``--batch-sizes`` (1, 2, 3: the batches this load runs at; on
+   this CPU a step of 4 or more sequences takes a faster matrix path than one of 2 or 3, about 0.11 s against
+   0.13 and 0.18 s, so a line through 1, 2 and 4 would halve the step the load sees).
+2. **Load**: ``bench/workloads.py``'s multi-turn sessions (:class:`MultiTurnConfig`, its token ids drawn with
+   ``--seed``: a new seed per run by default, since a rerun of the same prompts would hit the prefix caches the
+   last run filled) through the router, sessions arriving as a Poisson process at ``--session-rate`` per second
+   and each later turn after the user's think time (``--think-time-s``, exponential, ``bench/serve_load.
+   run_sessions``), TTFT measured client-side (first streamed token).
 3. **Prediction** for the fleet as it runs: the planner (:class:`inference_worker.planning.planner.Planner`, on the
    measured profiles through :mod:`apps.planning.recommend`) at the run's request rate (requests / wall time), its
    prompt lengths the tokens each request really computed (``prompt_tokens - cached_tokens``, median and p90 as a
    log-normal), its outputs the requested ``max_tokens``, the router's threshold (``--threshold``, the demo's 256
-   by default), and ``Fleet(remote_prefill=P, local_prefill=D, decode=D)`` with ``P`` and ``D`` the pools' ready
-   replicas: a demo decode replica prefills short prompts itself, so the same replicas are counted as local
-   prefill and decode (the planner keeps them apart; contention between the two is not modelled).
+   by default), and ``Fleet(remote_prefill=P, local_prefill=0, decode=D, colocated=True)`` with ``P`` and ``D`` the
+   pools' ready replicas: a demo decode replica prefills short prompts itself, in the batch of its decodes (the
+   planner's "co-located local prefill": its prompts wait for the step in progress and share steps with the
+   decoding sequences, and remotely prefilled requests wait for the step in progress before their first token).
 
 Prints predicted vs measured TTFT p50 and p90 and their ratios; writes ``bench/results/planner_check.json``.
 Acceptance: the prediction's p50 within 25% of the measured p50. Session arrivals are Poisson but a session's turns
-follow one another, so request arrivals are burstier than the planner's Poisson assumption.
+follow one another, so request arrivals are burstier than the planner's Poisson assumption; without a think time
+(``--think-time-s 0``) turns whose answers ended in the same decode step arrive together.
 """
 
 from __future__ import annotations
@@ -78,28 +85,38 @@ def ready_replicas(pool: Pool) -> int:
     return Replica.objects.filter(pool=pool, ready=True, alive=True).count()
 
 
-def profile(pool: Pool, label: str) -> None:
+def profile(pool: Pool, label: str, batch_sizes: str) -> None:
     """``ferry_profile`` on ``pool`` (prints the Action's log)."""
     out = io.StringIO()
-    call_command("ferry_profile", f"{pool.cluster.name}/{pool.name}", "--hardware-label", label, stdout=out)
+    call_command("ferry_profile", f"{pool.cluster.name}/{pool.name}", "--hardware-label", label,
+                 "--batch-sizes", batch_sizes, stdout=out)
     print(out.getvalue(), end="", flush=True)
 
 
 def run_load(router_url: str, model: str, config: MultiTurnConfig, session_rate: float, concurrency: int,
-             seed: int) -> tuple[list, float]:
+             seed: int, think_time_s: float) -> tuple[list, float]:
     workload = MultiTurnWorkload.from_config(config)
     return asyncio.run(run_sessions(router_url, model, workload, concurrency=concurrency, session_rate=session_rate,
-                                    seed=seed, encode=None, timeout_s=600.0))
+                                    seed=seed, encode=None, timeout_s=600.0, think_time_s=think_time_s))
+
+
+def request_rows(turns: list) -> list[dict]:
+    """Per request: session, turn, router decision, prompt and cached tokens, TTFT and end-to-end seconds."""
+    return [{"session": t.session_id, "turn": t.turn, "ok": t.result.ok, "decision": t.result.decision,
+             "prompt_tokens": t.result.num_prompt_tokens, "cached_tokens": t.result.num_cached_tokens,
+             "ttft_s": t.result.ttft_s, "e2e_s": t.result.e2e_s} for t in turns]
 
 
 def measured_workload(turns: list, wall_s: float) -> dict:
-    """Rate, computed prompt tokens (median, p90, max) and output tokens of a run's successful turns."""
+    """Rate, computed prompt tokens (median, p90, max), output tokens, TTFT percentiles and median TPOT of a run's
+    successful turns."""
     ok = [t.result for t in turns if t.result.ok]
     computed = [max(1, r.num_prompt_tokens - r.num_cached_tokens) for r in ok]
     return {"requests": len(ok), "failed": len(turns) - len(ok), "wall_s": wall_s, "rate_per_s": len(ok) / wall_s,
             "computed_prompt_median": int(percentile(computed, 50)), "computed_prompt_p90": int(percentile(computed, 90)),
             "computed_prompt_max": max(computed), "output_median": int(percentile([r.max_tokens for r in ok], 50)),
-            "ttft_p50_s": percentile([r.ttft_s for r in ok], 50), "ttft_p90_s": percentile([r.ttft_s for r in ok], 90)}
+            "ttft_p50_s": percentile([r.ttft_s for r in ok], 50), "ttft_p90_s": percentile([r.ttft_s for r in ok], 90),
+            "tpot_s": percentile([r.tpot_s for r in ok if r.num_output_tokens > 1], 50)}
 
 
 def predict(prefill: Pool, decode: Pool, link: ClusterLink, run: dict, threshold: int | None,
@@ -116,7 +133,7 @@ def predict(prefill: Pool, decode: Pool, link: ClusterLink, run: dict, threshold
     scenario = build_scenario(config=decode.model_version.model_config(), prefill=fitted[0], decode=fitted[1],
                               bandwidth_gbps=link.bandwidth_gbps, rtt_s=link.rtt_ms / 1000, workload=workload,
                               budget=float(prefill_replicas + 2 * decode_replicas))
-    fleet = Fleet(prefill_replicas, decode_replicas, decode_replicas, threshold)
+    fleet = Fleet(prefill_replicas, 0, decode_replicas, threshold, colocated=True)
     prediction = Planner(scenario).predict(fleet, run["rate_per_s"])
     return {"profiles": [p_profile.pk, d_profile.pk], "fleet": fleet.to_dict(), **prediction.to_dict()}
 
@@ -132,11 +149,16 @@ def main() -> None:
     parser.add_argument("--output-tokens", type=int, default=16)
     parser.add_argument("--session-rate", type=float, default=0.2, help="Poisson session arrivals per second")
     parser.add_argument("--concurrency", type=int, default=4, help="sessions in flight at most")
+    parser.add_argument("--think-time-s", type=float, default=2.0, help="mean user think time before a later turn")
+    parser.add_argument("--batch-sizes", default="1,2,3", help="decode batch sizes of the profiles' sweep")
     parser.add_argument("--threshold", type=int, default=DEMO_REMOTE_PREFILL_THRESHOLD_TOKENS,
                         help="the router's remote-prefill threshold (tokens)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=None,
+                        help="token ids and arrivals (default: from the clock, so no run reuses another's prompts)")
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
+    if args.seed is None:
+        args.seed = time.time_ns() % 2**31
 
     prefill, decode, link = demo_pools()
     replicas = ready_replicas(prefill), ready_replicas(decode)
@@ -145,17 +167,18 @@ def main() -> None:
     started = time.time()
     if not args.reuse_profiles:
         for pool in (prefill, decode):
-            profile(pool, args.hardware_label)
+            profile(pool, args.hardware_label, args.batch_sizes)
     config = MultiTurnConfig(num_sessions=args.num_sessions, num_turns=args.num_turns,
-                             max_tokens=args.output_tokens)
-    turns, wall_s = run_load(args.router_url, args.model, config, args.session_rate, args.concurrency, args.seed)
+                             max_tokens=args.output_tokens, seed=args.seed)
+    turns, wall_s = run_load(args.router_url, args.model, config, args.session_rate, args.concurrency, args.seed,
+                             args.think_time_s)
     run = measured_workload(turns, wall_s)
     if run["requests"] == 0:
         raise SystemExit(f"every request failed; first error: {turns[0].result.error if turns else 'no turns'}")
     predicted = predict(prefill, decode, link, run, args.threshold, *replicas)
     ratio = predicted["ttft_p50_s"] / run["ttft_p50_s"]
     print(f"{'':24}{'measured':>12}{'predicted':>12}{'ratio':>8}")
-    for name in ("ttft_p50_s", "ttft_p90_s"):
+    for name in ("ttft_p50_s", "ttft_p90_s", "tpot_s"):
         print(f"{name:24}{run[name]:12.3f}{predicted[name]:12.3f}{predicted[name] / run[name]:8.2f}")
     print(f"rate {run['rate_per_s']:.2f} req/s, computed prompt tokens median {run['computed_prompt_median']} p90 "
           f"{run['computed_prompt_p90']}, fleet {predicted['fleet']}, load average {os.getloadavg()[0]:.1f}")
@@ -164,6 +187,7 @@ def main() -> None:
     args.out.write_text(json.dumps({"started_at": started, "args": {k: str(v) for k, v in vars(args).items()},
                                     "replicas": {"prefill": replicas[0], "decode": replicas[1]},
                                     "measured": run, "predicted": predicted, "p50_ratio": ratio,
+                                    "requests": request_rows(turns),
                                     "load_average": os.getloadavg()}, indent=2))
     print(f"wrote {args.out}")
 

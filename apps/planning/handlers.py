@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from django.core.exceptions import ValidationError
 
+from apps.fleet.models import Pool
 from apps.operations.handlers import ActionError, register
 from apps.operations.models import Action
 from apps.operations.services import action_log_append
@@ -17,7 +18,8 @@ from apps.planning.models import Profile
 
 @register(services.POOL_PROFILE)
 def pool_profile_handler(action: Action) -> None:
-    """Profile the Action's pool on its first ready replica (by name) and store a ``measured`` profile.
+    """Profile the Action's pool on its first ready replica (by name) and store a ``measured`` profile (a decode or
+    co-located pool's with its prefill measured while decoding: :mod:`apps.planning.profiling`).
 
     Raises:
         ActionError: (not retryable) the pool is gone; (retryable) no ready replica, the sweep failed, or the
@@ -36,17 +38,20 @@ def pool_profile_handler(action: Action) -> None:
     action_log_append(action_id=action.pk, message=f"profiling replica {replica.name} at {replica.endpoint}")
     try:
         found = sweep.run(lengths=params["lengths"], batch_sizes=params["batch_sizes"],
-                          max_new_tokens=params["max_new_tokens"])
+                          max_new_tokens=params["max_new_tokens"], colocated=pool.role in (Pool.Role.DECODE, Pool.Role.COLOCATED))
     except profiling.SweepError as exc:
         raise ActionError(f"replica {replica.name}: {exc}", retryable=True) from exc
     action_log_append(action_id=action.pk, message=(
         "prefill " + ", ".join(f"{n} tok {s * 1000:.1f} ms" for n, s in found.prefill_points)
-        + "; decode step " + ", ".join(f"B={b} {s * 1000:.1f} ms" for b, s in found.decode_points)))
+        + "; decode step " + ", ".join(f"B={b} {s * 1000:.1f} ms" for b, s in found.decode_points)
+        + "".join(f"; prefill while decoding {n} tok {s * 1000:.1f} ms" if i == 0 else f", {n} tok {s * 1000:.1f} ms"
+                  for i, (n, s) in enumerate(found.colocated_prefill_points))))
     try:
         profile = services.profile_create(
             model_version=pool.model_version, pool_kind=pool.role, hardware_label=params["hardware_label"],
             source=Profile.Source.MEASURED, prefill_points=[list(p) for p in found.prefill_points],
-            decode_points=[list(p) for p in found.decode_points], pool=pool)
+            decode_points=[list(p) for p in found.decode_points], pool=pool,
+            colocated_prefill_points=[list(p) for p in found.colocated_prefill_points])
     except ValidationError as exc:
         # Measurement noise (a loaded machine) can flatten the decode curve: measuring again may succeed.
         raise ActionError(f"the measured points could not be fitted: {'; '.join(exc.messages)}",

@@ -28,6 +28,10 @@ class Profile(models.Model):
                              help_text="The pool it was measured on (measured profiles).")
     prefill_points = models.JSONField(help_text="[[prompt tokens, seconds], ...] as measured.")
     decode_points = models.JSONField(help_text="[[batch size, seconds per decode step], ...] as measured.")
+    colocated_prefill_points = models.JSONField(
+        default=list, blank=True,
+        help_text="[[prompt tokens, seconds], ...] of prefills on a replica decoding one stream (a decode pool's "
+                  "own prefill of short prompts); empty: not measured.")
     prefill_coefficients = models.JSONField(help_text="[a0, a1, a2]: t_prefill(N) = a0 + a1 N + a2 N^2 seconds.")
     decode_coefficients = models.JSONField(help_text="[b0, b1]: t_step(B) = b0 + b1 B seconds.")
     kv_capacity_bytes = models.BigIntegerField(null=True, blank=True,

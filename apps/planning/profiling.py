@@ -10,6 +10,12 @@
   point is the smallest of ``repeats`` rounds (as for prefill: interference from other work on the machine only
   adds time). One unmeasured stream first warms the decode path up (a fresh worker's first decode steps were
   seen 10x slower than later ones).
+- **Prefill on a decoding replica** (co-located: a Ferry decode replica prefills short prompts itself, in the batch
+  of its decodes): the prefill requests again, each sent while one background stream decodes on the same worker
+  and after a random pause of up to ``COLOCATED_PHASE_S`` (so it lands at a random point of a decode step). The
+  point is the mean of ``colocated_repeats`` requests: here the interference is what is measured, and the
+  planner needs its mean (:mod:`inference_worker.planning.planner`, "co-located local prefill"). The background
+  stream's prompt is ``DECODE_PROMPT_TOKENS`` long, so its own prefills, when it restarts, stay short.
 
 Bounds: lengths are clipped to the worker's usable context (``/v1/models``' ``max_model_len``) less the
 output token, at most 8 lengths and 6 batch sizes, one timeout per request. Raises :class:`SweepError`
@@ -20,9 +26,10 @@ from __future__ import annotations
 
 import json
 import statistics
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import httpx
 import numpy as np
@@ -34,6 +41,11 @@ DEFAULT_BATCH_SIZES = (1, 2, 4)
 DEFAULT_MAX_NEW_TOKENS = 12
 DECODE_PROMPT_TOKENS = 16
 FIRST_TOKEN_ID = 100
+COLOCATED_REPEATS = 4
+COLOCATED_PHASE_S = 0.25
+"""Longest random pause before a co-located prefill request, seconds (about two CPU decode steps of the demo)."""
+COLOCATED_STREAM_TOKENS = 64
+"""Tokens per background decode stream of the co-located measurement (it restarts until the measurement ends)."""
 """Random prompt ids are drawn from ``[FIRST_TOKEN_ID, vocab_size)`` (low ids are special tokens in most vocabularies)."""
 
 
@@ -49,6 +61,9 @@ class SweepResult:
     decode_points: list[tuple[int, float]]
     model: str
     """The served model name (``/v1/models``)."""
+    colocated_prefill_points: list[tuple[int, float]] = field(default_factory=list)
+    """``[(prompt tokens, mean seconds of a max_tokens=1 completion while one stream decodes)]``; empty: not
+    measured."""
 
 
 def validate_sweep(lengths: list[int], batch_sizes: list[int], max_new_tokens: int) -> None:
@@ -108,6 +123,45 @@ class WorkerSweep:
             points.append((n, best))
         return points
 
+    def colocated_prefill_points(self, client: httpx.Client, model: str, lengths: list[int],
+                                 repeats: int = COLOCATED_REPEATS) -> list[tuple[int, float]]:
+        """``[(N, mean wall seconds of max_tokens=1 completions of N fresh ids sent while one stream decodes)]``.
+
+        Raises:
+            SweepError: a worker error (of a measured request or of the background stream).
+        """
+        stop, failures = threading.Event(), []
+
+        def decode_in_background() -> None:
+            try:
+                while not stop.is_set():
+                    self._stream_gaps(model, COLOCATED_STREAM_TOKENS)
+            except (SweepError, httpx.HTTPError) as exc:
+                failures.append(exc)
+
+        background = threading.Thread(target=decode_in_background, name="profile-decode", daemon=True)
+        background.start()
+        try:
+            time.sleep(COLOCATED_PHASE_S)  # the stream's short prompt is prefilled: it decodes from here on
+            points = []
+            for n in lengths:
+                times = []
+                for _ in range(repeats):
+                    time.sleep(float(self.rng.uniform(0, COLOCATED_PHASE_S)))
+                    body = {"model": model, "prompt": self._ids(n), "max_tokens": 1, "temperature": 0}
+                    started = time.perf_counter()
+                    response = client.post(f"{self.endpoint}/v1/completions", json=body)
+                    times.append(time.perf_counter() - started)
+                    if response.status_code != 200:
+                        raise _error(response)
+                    if failures:
+                        raise SweepError(f"the background decode stream failed: {failures[0]}")
+                points.append((n, statistics.fmean(times)))
+            return points
+        finally:
+            stop.set()
+            background.join(timeout=self.timeout_s)
+
     def _stream_gaps(self, model: str, max_new_tokens: int) -> list[float]:
         body = {"model": model, "prompt": self._ids(DECODE_PROMPT_TOKENS), "max_tokens": max_new_tokens,
                 "temperature": 0, "stream": True, "ignore_eos": True}
@@ -142,9 +196,10 @@ class WorkerSweep:
             points.append((batch, best))
         return points
 
-    def run(self, *, lengths: list[int], batch_sizes: list[int], max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
-            ) -> SweepResult:
-        """The whole sweep (lengths clipped to the usable context).
+    def run(self, *, lengths: list[int], batch_sizes: list[int], max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+            colocated: bool = False) -> SweepResult:
+        """The whole sweep (lengths clipped to the usable context); ``colocated``: also the prefill on a decoding
+        replica (what a decode pool, which prefills short prompts itself, needs).
 
         Raises:
             ValueError: see :func:`validate_sweep`.
@@ -159,7 +214,8 @@ class WorkerSweep:
                     if len(lengths) < 3:
                         raise SweepError(f"the worker's context ({context} tokens) leaves fewer than 3 lengths")
                 prefill = self.prefill_points(client, model, sorted(lengths))
+                colocated = self.colocated_prefill_points(client, model, sorted(lengths)) if colocated else []
             decode = self.decode_points(model, sorted(set(batch_sizes)), max_new_tokens)
         except httpx.HTTPError as exc:
             raise SweepError(f"{type(exc).__name__} talking to {self.endpoint}: {exc}") from exc
-        return SweepResult(prefill, decode, model)
+        return SweepResult(prefill, decode, model, colocated)

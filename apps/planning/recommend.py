@@ -61,6 +61,11 @@ class FittedReplicaProfile:
         """Seconds to prefill ``num_tokens`` (scalar or array): the fitted quadratic."""
         return self.fitted.prefill_time_s(num_tokens)
 
+    def colocated_prefill_time_s(self, num_tokens):
+        """Seconds from arrival to first token of ``num_tokens`` on a decoding replica
+        (:meth:`FittedProfile.colocated_prefill_time_s`)."""
+        return self.fitted.colocated_prefill_time_s(num_tokens)
+
     @property
     def decode_bytes_per_s(self) -> float:
         return self.decode_kv_bytes / self.fitted.decode_coefficients[1]

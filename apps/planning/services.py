@@ -64,7 +64,7 @@ def _points(value: Any, name: str, *, integer_x: bool = True) -> list[tuple[int,
     return points
 
 
-def _check_prefill_grows(fitted: FittedProfile, lengths: set[int]) -> None:
+def _check_prefill_grows(fitted: FittedProfile, lengths: set[int], name: str = "prefill_points") -> None:
     """Refuse a fitted prefill time that does not grow from the shortest to the longest measured prompt or is not
     positive between them (the quadratic's minimum is at an end or at its vertex ``-a1 / (2 a2)``)."""
     a0, a1, a2 = fitted.prefill_coefficients
@@ -73,22 +73,27 @@ def _check_prefill_grows(fitted: FittedProfile, lengths: set[int]) -> None:
     vertex = -a1 / (2 * a2) if a2 > 0 else None
     lowest = min(ends + ([float(fitted.prefill_time_s(vertex))] if vertex is not None and low < vertex < high else []))
     if not (lowest > 0 and ends[1] - ends[0] > GROWTH_RTOL * ends[1]):
-        raise ValidationError({"prefill_points": [
+        raise ValidationError({name: [
             f"the fitted prefill time {a0:.4g} + {a1:.4g} * N + {a2:.4g} * N^2 s must grow with the prompt length "
             f"over the measured lengths {low}..{high} and stay positive there; measure the prefill again "
             "(the time must grow with the prompt)"]})
 
 
-def profile_fit(*, prefill_points: Any, decode_points: Any, kv_capacity_bytes: int | None = None) -> FittedProfile:
+def profile_fit(*, prefill_points: Any, decode_points: Any, kv_capacity_bytes: int | None = None,
+                colocated_prefill_points: Any = None) -> FittedProfile:
     """Validate raw points and fit them (:meth:`FittedProfile.fit`: numpy least squares).
 
     Raises:
         ValidationError: malformed points (x outside ``1..MAX_POINT_X``, seconds outside ``(0, MAX_POINT_SECONDS]``),
             fewer than 3 prefill lengths or 2 batch sizes (distinct), a prefill fit that does not grow from the
             shortest to the longest measured prompt or is not positive between them, or a decode step fit that does
-            not grow with the batch (``b1 <= 0``: the planner's decode model needs it).
+            not grow with the batch (``b1 <= 0``: the planner's decode model needs it); co-located prefill points
+            (optional: None or empty) malformed, fewer than 3 lengths, or not growing with the prompt.
     """
     prefill, decode = _points(prefill_points, "prefill_points"), _points(decode_points, "decode_points")
+    colocated = _points(colocated_prefill_points, "colocated_prefill_points") if colocated_prefill_points else []
+    if colocated and len({n for n, _ in colocated}) < 3:
+        raise ValidationError({"colocated_prefill_points": ["need at least 3 distinct prompt lengths, or none"]})
     if len({n for n, _ in prefill}) < 3:
         raise ValidationError({"prefill_points": ["need at least 3 distinct prompt lengths"]})
     if len({b for b, _ in decode}) < 2:
@@ -97,8 +102,12 @@ def profile_fit(*, prefill_points: Any, decode_points: Any, kv_capacity_bytes: i
                                           or kv_capacity_bytes <= 0):
         raise ValidationError({"kv_capacity_bytes": ["a positive whole number of bytes, or null"]})
     fitted = FittedProfile.fit(prefill_points=prefill, decode_points=decode,
-                               kv_capacity_bytes=math.inf if kv_capacity_bytes is None else kv_capacity_bytes)
+                               kv_capacity_bytes=math.inf if kv_capacity_bytes is None else kv_capacity_bytes,
+                               colocated_prefill_points=colocated)
     _check_prefill_grows(fitted, {n for n, _ in prefill})
+    if colocated:
+        _check_prefill_grows(FittedProfile(fitted.colocated_prefill_coefficients, fitted.decode_coefficients, 0.0),
+                             {n for n, _ in colocated}, "colocated_prefill_points")
     b0, b1 = fitted.decode_coefficients
     if not (b0 > 0 and b1 > 0):
         raise ValidationError({"decode_points": [
@@ -109,17 +118,20 @@ def profile_fit(*, prefill_points: Any, decode_points: Any, kv_capacity_bytes: i
 
 def profile_create(*, model_version: ModelVersion, pool_kind: str, hardware_label: str, source: str,
                    prefill_points: Any, decode_points: Any, kv_capacity_bytes: int | None = None,
-                   pool: Pool | None = None) -> Profile:
+                   pool: Pool | None = None, colocated_prefill_points: Any = None) -> Profile:
     """Store a profile: the raw points and their least-squares fit.
 
     Raises:
         ValidationError: see :func:`profile_fit`; an unknown ``pool_kind`` or ``source``; an empty label.
     """
     fitted = profile_fit(prefill_points=prefill_points, decode_points=decode_points,
-                         kv_capacity_bytes=kv_capacity_bytes)
+                         kv_capacity_bytes=kv_capacity_bytes, colocated_prefill_points=colocated_prefill_points)
     profile = Profile(model_version=model_version, pool_kind=pool_kind, hardware_label=hardware_label, source=source,
                       pool=pool, prefill_points=[list(p) for p in _points(prefill_points, "prefill_points")],
                       decode_points=[list(p) for p in _points(decode_points, "decode_points")],
+                      colocated_prefill_points=[list(p) for p in _points(colocated_prefill_points,
+                                                                         "colocated_prefill_points")]
+                      if colocated_prefill_points else [],
                       prefill_coefficients=list(fitted.prefill_coefficients),
                       decode_coefficients=list(fitted.decode_coefficients), kv_capacity_bytes=kv_capacity_bytes)
     profile.full_clean()
@@ -127,7 +139,8 @@ def profile_create(*, model_version: ModelVersion, pool_kind: str, hardware_labe
     return profile
 
 
-IMPORT_KEYS = {"hardware_label", "source", "prefill_points", "decode_points", "kv_capacity_bytes"}
+IMPORT_KEYS = {"hardware_label", "source", "prefill_points", "decode_points", "colocated_prefill_points",
+               "kv_capacity_bytes"}
 
 
 def profile_import(*, pool: Pool, text: str) -> Profile:
@@ -150,6 +163,7 @@ def profile_import_data(*, pool: Pool, data: Any) -> Profile:
 
     ``data``: ``{"hardware_label": str, "source": "imported" | "roofline" (default imported),
     "prefill_points": [[tokens, seconds], ...], "decode_points": [[batch, seconds], ...],
+    "colocated_prefill_points": [[tokens, seconds], ...] (optional: prefills on a replica decoding one stream),
     "kv_capacity_bytes": int | null}``. Coefficients are always fitted here, never read from the file.
 
     Raises:
@@ -170,7 +184,7 @@ def profile_import_data(*, pool: Pool, data: Any) -> Profile:
     return profile_create(model_version=pool.model_version, pool_kind=pool.role, hardware_label=label.strip(),
                           source=source, prefill_points=data.get("prefill_points"),
                           decode_points=data.get("decode_points"), kv_capacity_bytes=data.get("kv_capacity_bytes"),
-                          pool=pool)
+                          pool=pool, colocated_prefill_points=data.get("colocated_prefill_points"))
 
 
 def profile_measure(*, pool: Pool, hardware_label: str, lengths: list[int] | None = None,

@@ -34,6 +34,26 @@ Formulas (``lambda`` the arrival rate, expectations over the prompt distribution
   :mod:`.profiles`). The fluid model has no queueing, hence the utilisation cap.
 - Goodput (DistServe, Zhong et al., OSDI 2024): the highest rate at which at least ``slo_attainment``
   of requests meet both TTFT and TPOT objectives.
+- **Co-located local prefill** (``Fleet.colocated``: a Ferry decode replica prefills the prompts at or
+  under the threshold itself, in the same continuous batch as its decodes). The ``D`` decode replicas are
+  the local prefill pool too. Decode steps run whenever a sequence decodes; a waiting prompt joins the next
+  step (vLLM-style mixed batches), so decoding acts as server vacations taken while no prompt waits. By
+  the decomposition property of M/G/1 with vacations (Fuhrmann and Cooper, "Stochastic Decompositions in
+  the M/G/1 Queue with Generalized Vacations", Operations Research 33(5), 1985) the prompt's delay is the
+  M/G/c wait of the prompts alone plus the residual of the step in progress. The profile's
+  ``colocated_prefill_time_s(N)`` holds that residual and the shared step, measured with one stream
+  decoding. A prompt finds the replica decoding with probability ``p = 1 - exp(-B)``, ``B`` the mean
+  decoding sequences per replica (Poisson occupancy of M/G/infinity; an arrival sees the time average,
+  PASTA). Its service time is then ``p * (t_colocated(N) + 1.5 * t_seq * (B / p - 1)) + (1 - p) *
+  t_prefill(N)``: ``t_colocated`` was measured with one sequence decoding, and each of the ``B / p - 1``
+  more sequences found on a decoding replica adds its share of a step, ``t_seq`` (``gamma``, the step's
+  slope), to the prompt's step and half of it to the residual of the step in progress. A decoding
+  sequence sees itself and ``B`` others (PASTA again): ``t_step = beta + gamma * (1 + B)``, which the
+  fluid model's ``beta + gamma * B`` is for large batches. The decoding sequences get one token per step. Prompt
+  steps take ``rho_p`` of the replica's time (``rho_p = lambda_local * E[service] / D``), and
+  ``lambda_local / D`` of them come per second. Decode steps fill the rest, ``(1 - rho_p) / t_step(B)``
+  per second. So ``TPOT = 1 / ((1 - rho_p) / t_step(B) + lambda_local / D)``, with ``B = x * TPOT``
+  (Little's law) solved by fixed-point iteration.
 
 :func:`latency_threshold` is the router's one PD cost function (:mod:`inference_worker.router.pd_cost`) fed
 with the planner's inputs; with the defaults (remote prefill free, no queues, the whole link) it is the
@@ -115,6 +135,14 @@ class Fleet:
     """Decode replicas in datacenter ``bandwidth``."""
     threshold_tokens: int | None
     """Prompts with more tokens prefill remotely; None: never remote; 0: always."""
+    colocated: bool = False
+    """The decode replicas prefill the local prompts themselves (Ferry's decode pool): ``local_prefill`` must be 0
+    (module docstring, "co-located local prefill")."""
+
+    def __post_init__(self) -> None:
+        if self.colocated and self.local_prefill:
+            raise ValueError(f"a co-located fleet prefills locally on its decode replicas: local_prefill must be 0, "
+                             f"got {self.local_prefill}")
 
     def cost(self, scenario: Scenario) -> float:
         """Total accelerator cost."""
@@ -204,14 +232,20 @@ class Planner:
             remote = remote_weight
         link_bps = rate * (w.bytes * remote).mean()
         rho = link_bps / sc.link_bytes_per_s
-        tpot, batch = self._decode(fleet.decode, rate)
-        local = self._pool(1 - remote, w.t_local, fleet.local_prefill, rate)
+        import_wait = 0.0
+        if fleet.colocated:
+            tpot, batch, t_local, import_wait = self._colocated(fleet.decode, rate, 1 - remote)
+            local = self._pool(1 - remote, t_local, fleet.decode, rate) if not math.isnan(tpot) else None
+        else:
+            tpot, batch = self._decode(fleet.decode, rate)
+            t_local = w.t_local
+            local = self._pool(1 - remote, t_local, fleet.local_prefill, rate)
         far = self._pool(remote, w.t_remote, fleet.remote_prefill, rate)
         nan = float("nan")
         if local is None or far is None or rho >= 1 or math.isnan(tpot):
             return Prediction(rate, nan, nan, float(tpot), 0.0, float(link_bps * 8e-9), float(rho),
                               float(remote.mean()), float(batch))
-        delay_far = w.t_remote + w.bytes / (sc.link_bytes_per_s * (1 - rho)) + sc.rtt_s
+        delay_far = w.t_remote + w.bytes / (sc.link_bytes_per_s * (1 - rho)) + sc.rtt_s + import_wait
 
         def ok(t: float, delay: np.ndarray, pool) -> np.ndarray:
             slack = t - delay
@@ -220,10 +254,10 @@ class Planner:
             return np.nan_to_num(done, nan=1.0)
 
         def cdf(t: float) -> float:
-            return float((remote * ok(t, delay_far, far) + (1 - remote) * ok(t, w.t_local, local)).mean())
+            return float((remote * ok(t, delay_far, far) + (1 - remote) * ok(t, t_local, local)).mean())
 
         def quantile(q: float) -> float:
-            lo, hi = 0.0, float(max(delay_far.max(), w.t_local.max())) + 1.0
+            lo, hi = 0.0, float(max(delay_far.max(), t_local.max())) + 1.0
             while cdf(hi) < q:
                 hi *= 2
             for _ in range(50):
@@ -252,6 +286,46 @@ class Planner:
         if batch > self.scenario.max_num_seqs or batch * self.w.decode_kv > p.kv_capacity_bytes:
             return float("nan"), float("nan")
         return tpot, batch
+
+    def _colocated(self, replicas: int, rate: float, local_weight: np.ndarray
+                   ) -> tuple[float, float, np.ndarray, float]:
+        """(TPOT s, mean decoding batch, per-grid local service time s, import wait s) of decode replicas that also
+        prefill the local prompts (module docstring, "co-located local prefill"); TPOT NaN when over capacity.
+
+        The import wait is the mean residual of the step in progress when a remotely prefilled request's KV
+        arrives (its first token goes out once the replica has written it, between two steps): the residual of a
+        renewal process, ``sum_k r_k E[S_k^2] / 2`` over step kinds of rate ``r_k`` (Kleinrock, "Queueing
+        Systems" vol. 1, 1975, section 5.2), ``lambda_local / D * E[service^2] / 2`` for prompt steps and
+        ``(1 - rho_p) * p * t_step(B) / 2`` for decode steps (deterministic, a share ``(1 - rho_p) * p`` of the
+        time).
+        """
+        p = self.scenario.profiles["bandwidth"]
+        nan = float("nan")
+        t_alone, t_shared = self.w.t_local, p.colocated_prefill_time_s(self.w.n)
+        if replicas == 0:
+            return nan, nan, t_alone, nan
+        x = rate * self.w.mean_out / replicas
+        gamma = self.w.decode_kv / p.decode_bytes_per_s
+        beta = p.weight_bytes / p.decode_bytes_per_s
+        per_seq = p.decode_compute_s_per_seq + p.decode_attention_s(self.w.decode_kv)
+        lam_local = rate * local_weight.mean() / replicas
+        tpot, batch, service, rho_p, decoding = beta, 0.0, t_alone, 0.0, 0.0
+        share = max(float(local_weight.mean()), 1e-300)
+        for _ in range(50):
+            batch = x * tpot
+            decoding = 1 - math.exp(-batch)
+            extra = max(batch / decoding - 1, 0.0) if decoding > 0 else 0.0
+            service = decoding * (t_shared + 1.5 * gamma * extra) + (1 - decoding) * t_alone
+            rho_p = lam_local * float((local_weight * service).mean()) / share
+            if rho_p >= 1 or x * per_seq >= MAX_DECODE_UTILISATION * (1 - rho_p):
+                return nan, nan, service, nan
+            tpot = 1 / ((1 - rho_p) / (beta + gamma * (1 + batch)) + lam_local)
+        batch = x * tpot
+        if batch > self.scenario.max_num_seqs or batch * self.w.decode_kv > p.kv_capacity_bytes:
+            return nan, nan, service, nan
+        import_wait = (lam_local * float((local_weight * service**2).mean()) / share / 2
+                       + (1 - rho_p) * decoding * (beta + gamma * (1 + batch)) / 2)
+        return tpot, batch, service, import_wait
 
     # ------------------------------------------------------------------ sizing
     def size_fleet(self, threshold: int | None, rate: float, *, budget: float | None = None,

@@ -23,6 +23,14 @@ Two kinds, one interface (``prefill_time_s``, ``decode_step_s``, ``kv_capacity_b
 
 - :class:`FittedProfile` from measured points (``ferry_profile`` or an imported file):
   ``t_prefill(N) = a0 + a1 * N + a2 * N**2`` and ``t_step(B) = b0 + b1 * B`` by least squares.
+
+Both also give ``colocated_prefill_time_s(N)``: arrival to first token of a prompt on a replica that is
+decoding at the time (a Ferry decode replica prefills the prompts at or under the threshold itself, in the
+same continuous batch as its decodes). The prompt waits for the step in progress and then shares a step with
+the decoding sequences. A fitted profile measures it (``colocated_prefill_points``: prefills sent while one
+stream decodes on the same replica) or, without such points, uses ``t_prefill(N) + t_step(1) / 2``. A roofline
+profile uses ``t_prefill(N) + t_step(1) / 2``: half a one-sequence step of waiting on average, and the decoding
+sequences ride free in a compute-bound prefill step.
 """
 
 from __future__ import annotations
@@ -177,6 +185,11 @@ class RooflineProfile:
         return max(batch_size * self.decode_compute_s_per_seq + self.decode_attention_s(kv_bytes),
                    (self.weight_bytes + kv_bytes) / self.decode_bytes_per_s)
 
+    def colocated_prefill_time_s(self, num_tokens):
+        """Seconds from arrival to first token of ``num_tokens`` on a decoding replica: ``t_prefill(N) + t_step(1) / 2``
+        (module docstring; the step reads the weights only, KV not counted)."""
+        return self.prefill_time_s(num_tokens) + self.decode_step_s(1, 0.0) / 2
+
 
 @dataclass(frozen=True)
 class FittedProfile:
@@ -192,33 +205,60 @@ class FittedProfile:
     """Cost of one replica."""
     label: str = ""
     """Hardware label and model version the points were measured with."""
+    colocated_prefill_coefficients: tuple[float, float, float] | None = None
+    """``(c0, c1, c2)``: arrival to first token of ``N`` tokens on a decoding replica, ``c0 + c1 N + c2 N**2``
+    seconds; None: not measured (``colocated_prefill_time_s`` then estimates it)."""
 
     @classmethod
     def fit(cls, *, prefill_points: list[tuple[int, float]], decode_points: list[tuple[int, float]],
-            kv_capacity_bytes: float, cost: float = 1.0, label: str = "") -> FittedProfile:
+            kv_capacity_bytes: float, cost: float = 1.0, label: str = "",
+            colocated_prefill_points: list[tuple[int, float]] | None = None) -> FittedProfile:
         """Least-squares fit (``numpy.polyfit``) of ``(num_tokens, seconds)`` and ``(batch_size, seconds)``.
 
+        ``colocated_prefill_points`` (optional, ``(num_tokens, seconds)`` measured while the replica decodes) are
+        fitted like the prefill points.
+
         Raises:
-            ValueError: fewer than 3 prefill or 2 decode points, or a non-positive time.
+            ValueError: fewer than 3 prefill (or given co-located prefill) or 2 decode points, or a non-positive
+                time.
         """
-        if len(prefill_points) < 3 or len(decode_points) < 2:
-            raise ValueError("need at least 3 prefill points and 2 decode points to fit a profile")
-        if any(t <= 0 for _, t in prefill_points + decode_points):
+        colocated = list(colocated_prefill_points or [])
+        if len(prefill_points) < 3 or len(decode_points) < 2 or 0 < len(colocated) < 3:
+            raise ValueError("need at least 3 prefill points (3 co-located ones, if any) and 2 decode points "
+                             "to fit a profile")
+        if any(t <= 0 for _, t in prefill_points + decode_points + colocated):
             raise ValueError("measured times must be positive")
-        pn, pt = np.array(prefill_points, dtype=float).T
+        prefill = fit_prefill(prefill_points)
         dn, dt = np.array(decode_points, dtype=float).T
-        a2, a1, a0 = np.polyfit(pn, pt, 2)
         b1, b0 = np.polyfit(dn, dt, 1)
-        return cls((float(a0), float(a1), float(a2)), (float(b0), float(b1)), float(kv_capacity_bytes),
-                   float(cost), label)
+        return cls(prefill, (float(b0), float(b1)), float(kv_capacity_bytes), float(cost), label,
+                   fit_prefill(colocated) if colocated else None)
 
     def prefill_time_s(self, num_tokens):
         """Seconds to prefill ``num_tokens`` (scalar or array)."""
-        a0, a1, a2 = self.prefill_coefficients
-        n = np.asarray(num_tokens, dtype=float) if np.ndim(num_tokens) else float(num_tokens)
-        return a0 + a1 * n + a2 * n * n
+        return _quadratic(self.prefill_coefficients, num_tokens)
+
+    def colocated_prefill_time_s(self, num_tokens):
+        """Seconds from arrival to first token of ``num_tokens`` (scalar or array) on a decoding replica: the fitted
+        co-located curve, else ``t_prefill(N) + t_step(1) / 2`` (module docstring)."""
+        if self.colocated_prefill_coefficients is None:
+            return self.prefill_time_s(num_tokens) + self.decode_step_s(1, 0.0) / 2
+        return _quadratic(self.colocated_prefill_coefficients, num_tokens)
 
     def decode_step_s(self, batch_size: int, kv_bytes: float) -> float:
         """Seconds of one decode iteration of ``batch_size`` sequences (``kv_bytes`` is in the fit)."""
         b0, b1 = self.decode_coefficients
         return b0 + b1 * batch_size
+
+
+def fit_prefill(points: list[tuple[int, float]]) -> tuple[float, float, float]:
+    """``(a0, a1, a2)`` of the least-squares quadratic (``numpy.polyfit``) through ``(num_tokens, seconds)`` points."""
+    n, t = np.array(points, dtype=float).T
+    a2, a1, a0 = np.polyfit(n, t, 2)
+    return float(a0), float(a1), float(a2)
+
+
+def _quadratic(coefficients: tuple[float, float, float], num_tokens):
+    a0, a1, a2 = coefficients
+    n = np.asarray(num_tokens, dtype=float) if np.ndim(num_tokens) else float(num_tokens)
+    return a0 + a1 * n + a2 * n * n

@@ -399,3 +399,74 @@ def test_latency_threshold_is_the_pd_cost_functions_last_local_length(local_wait
     assert latency_threshold(geo, local_prefill_tokens_per_s=2000, remote_prefill_tokens_per_s=remote_speed,
                              bandwidth_gbps=10, rtt_s=0.02, local_wait_s=local_wait_s, remote_wait_s=remote_wait_s,
                              link_share_used=share, max_tokens=4096) == expected
+
+
+def test_colocated_fleet_local_prompts_hand_checked(prfaas):
+    # One decode replica prefills every prompt itself (no remote pool): constant prompts of 7893 tokens, 3 output
+    # tokens, 0.3 req/s. The roofline's co-located prefill is t(N) + t_step(1) / 2 (weights only).
+    sc = _tiny(prfaas)
+    planner = Planner(sc, grid_size=50)
+    p = sc.profiles["bandwidth"]
+    t_alone = prfaas_prefill_flops(7893) / H20_NODE_FLOPS
+    t_shared = t_alone + (60e9 / 19.2e12) / 2
+    assert float(p.colocated_prefill_time_s(7893)) == pytest.approx(t_shared, rel=1e-12)
+    rate = 0.3
+    pred = planner.predict(Fleet(0, 0, 1, None, colocated=True), rate)
+    # The fixed point the planner solved: B = x TPOT, p = 1 - exp(-B), service = p (t_shared + 1.5 gamma (B/p - 1))
+    # + (1 - p) t_alone, rho_p = rate * service, TPOT = 1 / ((1 - rho_p) / (beta + gamma (1 + B)) + rate).
+    kv = prfaas.geometry.resident_bytes_array(np.array([7893 + 1.5]), 131075)[0]
+    beta, gamma, x = 60e9 / 19.2e12, kv / 19.2e12, rate * 3
+    batch = pred.decode_batch
+    assert batch == pytest.approx(x * pred.tpot_s, rel=1e-12)
+    decoding = 1 - math.exp(-batch)
+    service = decoding * (t_shared + 1.5 * gamma * (batch / decoding - 1)) + (1 - decoding) * t_alone
+    assert pred.tpot_s == pytest.approx(1 / ((1 - rate * service) / (beta + gamma * (1 + batch)) + rate), rel=1e-9)
+    # One server, constant service: P(no wait) = 1 - rho >= 0.5, so the median TTFT is the service time itself,
+    # longer than the prefill alone (the step in progress, the sequences riding along).
+    assert pred.ttft_p50_s == pytest.approx(service, rel=1e-9)
+    assert t_alone < pred.ttft_p50_s < t_shared + 1.5 * gamma * batch
+    separate = planner.predict(Fleet(0, 1, 1, None), rate)
+    assert separate.ttft_p50_s == pytest.approx(t_alone, rel=1e-9) and separate.tpot_s < pred.tpot_s
+
+
+def test_colocated_fleet_remote_first_token_waits_for_the_step_in_progress(prfaas):
+    # Every prompt remote (threshold 0): no local prompt steps, so TPOT = beta + gamma (1 + B) with B = x TPOT,
+    # i.e. (beta + gamma) / (1 - gamma x); an imported request waits p * t_step(B) / 2 for the step in progress.
+    sc = _tiny(prfaas)
+    planner = Planner(sc, grid_size=50)
+    rate = 0.2
+    pred = planner.predict(Fleet(1, 0, 1, 0, colocated=True), rate)
+    kv = prfaas.geometry.resident_bytes_array(np.array([7893 + 1.5]), 131075)[0]
+    beta, gamma, x = 60e9 / 19.2e12, kv / 19.2e12, rate * 3
+    tpot = (beta + gamma) / (1 - gamma * x)
+    assert pred.tpot_s == pytest.approx(tpot, rel=1e-9)
+    batch = x * tpot
+    wait = (1 - math.exp(-batch)) * (beta + gamma * (1 + batch)) / 2
+    t_remote = prfaas_prefill_flops(7893) / H200_NODE_FLOPS
+    link = sc.link_bytes_per_s * (1 - pred.link_share)
+    transfer = sc.geometry.transfer_bytes_array(np.array([7893.0]), 131072 + 3)[0] / link
+    # rho of the remote pool 0.2 * 0.15 s < 0.5: the median waits for no prefill.
+    assert pred.ttft_p50_s == pytest.approx(t_remote + transfer + sc.rtt_s + wait, rel=1e-9)
+    plain = planner.predict(Fleet(1, 0, 1, 0), rate)
+    assert pred.ttft_p50_s - plain.ttft_p50_s == pytest.approx(wait, rel=1e-6)
+    with pytest.raises(ValueError, match="local_prefill must be 0"):
+        Fleet(1, 1, 1, 0, colocated=True)
+
+
+def test_fitted_profile_colocated_curve_fitted_or_estimated():
+    from inference_worker.planning.profiles import FittedProfile
+
+    prefill = [(n, 0.08 + 2.5e-3 * n) for n in (32, 128, 256, 512)]
+    decode = [(1, 0.075), (2, 0.13), (3, 0.185)]
+    colocated = [(n, 0.19 + 2.5e-3 * n + 1e-7 * n * n) for n in (32, 128, 256, 512)]
+    fitted = FittedProfile.fit(prefill_points=prefill, decode_points=decode, kv_capacity_bytes=1e9,
+                               colocated_prefill_points=colocated)
+    assert fitted.colocated_prefill_coefficients == pytest.approx((0.19, 2.5e-3, 1e-7), rel=1e-6)
+    assert fitted.colocated_prefill_time_s(200) == pytest.approx(0.19 + 0.5 + 4e-3, rel=1e-9)
+    # Not measured: the prefill alone plus half a one-sequence step (0.02 + 0.055 = 0.075 s).
+    plain = FittedProfile.fit(prefill_points=prefill, decode_points=decode, kv_capacity_bytes=1e9)
+    assert plain.colocated_prefill_coefficients is None
+    assert plain.colocated_prefill_time_s(200) == pytest.approx(0.08 + 0.5 + 0.075 / 2, rel=1e-9)
+    with pytest.raises(ValueError, match="3 co-located ones"):
+        FittedProfile.fit(prefill_points=prefill, decode_points=decode, kv_capacity_bytes=1e9,
+                          colocated_prefill_points=colocated[:2])

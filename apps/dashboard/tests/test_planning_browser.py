@@ -148,8 +148,12 @@ def test_apply_from_the_planning_page_scales_both_pools_to_the_recommendation(
     assert [n for n, _ in measured.prefill_points] == [16, 32, 64]
     assert [b for b, _ in measured.decode_points] == [1, 4]
     assert all(s > 0 for _, s in measured.prefill_points + measured.decode_points)
+    # A decode pool prefills short prompts itself: its prefill is measured again while one stream decodes.
+    assert [n for n, _ in measured.colocated_prefill_points] == [16, 32, 64]
+    assert all(s > 0 for _, s in measured.colocated_prefill_points)
     action = Action.objects.get(kind="pool.profile")
     messages = [line["message"] for line in action.log]
     assert action.status == "succeeded" and messages[-2:] == [f"stored profile #{measured.pk}", "succeeded"]
+    assert "; prefill while decoding 16 tok " in messages[-3]
     print("measured profile:", measured.prefill_points, measured.decode_points, messages[-3])
     context.close()

@@ -17,7 +17,7 @@ class ProfileSerializer(serializers.ModelSerializer):
     class Meta:
         model = Profile
         fields = ["id", "model_version", "model_version_label", "hardware_label", "pool_kind", "pool", "source", "prefill_points",
-                  "decode_points", "prefill_coefficients", "decode_coefficients", "kv_capacity_bytes", "created_at"]
+                  "decode_points", "colocated_prefill_points", "prefill_coefficients", "decode_coefficients", "kv_capacity_bytes", "created_at"]
         read_only_fields = fields
 
 
@@ -27,6 +27,7 @@ class ProfileImportSerializer(StrictFieldsMixin, serializers.Serializer):
     pool = serializers.PrimaryKeyRelatedField(queryset=Pool.objects.select_related("model_version"))
     profile = serializers.JSONField(help_text='The file: {"hardware_label", "source" (imported|roofline), '
                                               '"prefill_points": [[tokens, s]], "decode_points": [[batch, s]], '
+                                              '"colocated_prefill_points" (optional) [[tokens, s]], '
                                               '"kv_capacity_bytes"}.')
 
 

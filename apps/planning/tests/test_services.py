@@ -14,7 +14,7 @@ from apps.core.errors import ConflictError
 from apps.operations.execution import action_execute
 from apps.operations.models import Action
 from apps.operations.pools import pool_scale
-from apps.planning import services
+from apps.planning import selectors, services
 from apps.planning.models import PlanResult, Profile
 from apps.planning.tests.conftest import FIXTURES, WORKLOAD
 from inference_worker.planning.geometry import KVGeometry
@@ -33,6 +33,20 @@ def test_import_fits_the_fixture_points_exactly(profiles):
     assert decode.prefill_coefficients == pytest.approx([0.03, 0.001, 0.0], abs=1e-12)
     assert decode.decode_coefficients == pytest.approx([0.02, 0.005], abs=1e-12)
     assert prefill.kv_capacity_bytes is None
+    assert prefill.colocated_prefill_points == [] and selectors.fitted(prefill).colocated_prefill_coefficients is None
+
+
+def test_import_with_colocated_prefill_points_fits_them(two_dcs):
+    # Prefill while decoding: t = 0.1 + 0.001 N (the decode pool's own prefill 0.03 + 0.001 N, plus 70 ms).
+    text = ('{"hardware_label": "cpu-2core", "prefill_points": [[64, 0.094], [256, 0.286], [512, 0.542]], '
+            '"decode_points": [[1, 0.025], [2, 0.03]], '
+            '"colocated_prefill_points": [[64, 0.164], [256, 0.356], [512, 0.612]]}')
+    profile = services.profile_import(pool=two_dcs["decode"], text=text)
+    profile.refresh_from_db()
+    assert profile.colocated_prefill_points == [[64, 0.164], [256, 0.356], [512, 0.612]]
+    fitted = selectors.fitted(profile)
+    assert fitted.colocated_prefill_coefficients == pytest.approx((0.1, 0.001, 0.0), abs=1e-12)
+    assert fitted.colocated_prefill_time_s(300) == pytest.approx(0.4, rel=1e-9)
 
 
 @pytest.mark.parametrize(("text", "field", "message"), [
@@ -69,8 +83,17 @@ def test_import_fits_the_fixture_points_exactly(profiles):
     ('{"hardware_label": "x", "prefill_points": [[64, 0.5], [128, 0.5], [256, 0.5]], "decode_points": [[1, 0.1], [2, 0.2]]}',
      "prefill_points", "must grow with the prompt length over the measured lengths 64..256"),
     ("[" * 100_000 + "]" * 100_000, "file", "nests too deeply"),
-    ('{"hardware_label": "' + "h" * 101 + '", "prefill_points": [[64, 0.1], [128, 0.2], [256, 0.3]], "decode_points": [[1, 0.1], [2, 0.2]]}',
+    ('{"hardware_label": "' + "h" * 101 + '", "prefill_points": [[64, 0.1], [128, 0.2], [256, 0.3]], "decode_points": [[1, 0.1], [2, 0.15]]}',
      "hardware_label", "at most 100 characters (it has 101)"),
+    ('{"hardware_label": "x", "prefill_points": [[64, 0.1], [128, 0.2], [256, 0.3]], "decode_points": [[1, 0.1], [2, '
+     '0.15]], "colocated_prefill_points": [[64, 0.2], [128, 0.3]]}',
+     "colocated_prefill_points", "need at least 3 distinct prompt lengths, or none"),
+    ('{"hardware_label": "x", "prefill_points": [[64, 0.1], [128, 0.2], [256, 0.3]], "decode_points": [[1, 0.1], [2, '
+     '0.15]], "colocated_prefill_points": [[64, 0.5], [128, 0.3], [256, 0.1]]}',
+     "colocated_prefill_points", "must grow with the prompt length over the measured lengths 64..256"),
+    ('{"hardware_label": "x", "prefill_points": [[64, 0.1], [128, 0.2], [256, 0.3]], "decode_points": [[1, 0.1], [2, '
+     '0.15]], "colocated_prefill_points": [[64, 0.2], [128, "slow"], [256, 0.4]]}',
+     "colocated_prefill_points", "item 1"),
 ])
 def test_a_malformed_profile_file_is_refused_naming_the_field(two_dcs, text, field, message):
     with pytest.raises(ValidationError) as refused:
@@ -90,7 +113,8 @@ def test_plan_from_the_fixture_profiles_is_exact(two_dcs, profiles):
         bandwidth_gbps=10.0, rtt_s=0.005, max_tokens=2048) == 9
     # Smallest fleet: 1 remote prefill, 1 local prefill (the 0.1% of prompts of <= 9 tokens), 1 decode; the
     # decode pool does local prefill and decode: 2 replicas.
-    assert result.fleet == {"remote_prefill": 1, "local_prefill": 1, "decode": 1, "threshold_tokens": 9}
+    assert result.fleet == {"remote_prefill": 1, "local_prefill": 1, "decode": 1, "threshold_tokens": 9,
+                            "colocated": False}
     assert (result.prefill_replicas, result.decode_replicas) == (1, 2)
     # TPOT of the fluid model by hand: b0 / (1 - b1 * x), x = rate * output / decode replicas = 16 tokens/s.
     assert result.tpot_s == pytest.approx(0.02 / (1 - 0.005 * 16), rel=1e-12)
