@@ -6,14 +6,14 @@ docstring and sources) and :func:`~inference_worker.planning.planner.latency_thr
 cost function. This module only maps Ferry's objects onto the planner's:
 
 - the **prefill pool** is the planner's ``remote_prefill`` (datacenter ``compute``), its profile the prefill pool's;
-- the **decode pool** does the planner's ``decode`` *and* its ``local_prefill`` (a Ferry decode replica prefills
-  the prompts at or under the threshold itself): its recommended replicas are their sum, which over-provisions
-  when one replica could do both (the planner keeps them apart);
+- the **decode pool** is the planner's ``decode`` with ``Fleet.colocated``: a Ferry decode replica prefills the
+  prompts at or under the threshold itself, in the batch of its decodes (the planner's "co-located local
+  prefill", with the decode profile's prefill measured while decoding);
 - a profile fitted to measured points (:class:`FittedReplicaProfile`) stands where the planner reads a roofline
   profile.
 
 The recommendation is the smallest total replica count ``R`` (1, 2, ... up to ``max_replicas``) for which
-:meth:`Planner.size_fleet` finds a split meeting the SLOs (at least ``attainment`` of requests within both the TTFT
+:meth:`Planner.size_fleet` (co-located) finds a split meeting the SLOs (at least ``attainment`` of requests within both the TTFT
 and TPOT objectives, the link under ``max_link_share``) at the given arrival rate: each replica costs 1.
 """
 
@@ -182,7 +182,7 @@ def recommend(scenario: Scenario, threshold: int | None, *, rate_per_s: float, m
     planner = Planner(scenario, GRID_SIZE)
     rate = rate_per_s
     for budget in range(1, max_replicas + 1):
-        found = planner.size_fleet(threshold, rate, budget=float(budget))
+        found = planner.size_fleet(threshold, rate, budget=float(budget), colocated=True)
         if found is None:
             continue
         fleet, prediction = found
@@ -191,7 +191,7 @@ def recommend(scenario: Scenario, threshold: int | None, *, rate_per_s: float, m
             at = planner.predict(fleet, rate * factor)
             curve.append({"rate_per_s": rate * factor, "ttft_p50_s": _finite(at.ttft_p50_s),
                           "ttft_p90_s": _finite(at.ttft_p90_s)})
-        return Recommendation(fleet.remote_prefill, fleet.local_prefill + fleet.decode, fleet, prediction, curve)
+        return Recommendation(fleet.remote_prefill, fleet.decode, fleet, prediction, curve)
     return None
 
 

@@ -329,16 +329,20 @@ class Planner:
 
     # ------------------------------------------------------------------ sizing
     def size_fleet(self, threshold: int | None, rate: float, *, budget: float | None = None,
-                   enforce_link_share: bool = True) -> tuple[Fleet, Prediction] | None:
+                   enforce_link_share: bool = True, colocated: bool = False) -> tuple[Fleet, Prediction] | None:
         """The fleet within ``budget`` (default the scenario's) that best meets the SLOs at ``rate``.
 
         Decode gets the fewest replicas meeting TPOT; the rest of the budget is split between remote
         and local prefill, trying every remote count and keeping the highest predicted attainment.
+        ``colocated``: the decode replicas prefill the local prompts themselves (``Fleet.colocated``), so every
+        split of the budget between remote prefill and decode replicas is tried instead.
         Returns None when no split meets the attainment (or the link share, if enforced).
         """
         sc = self.scenario
         budget = sc.budget if budget is None else budget
         c_cost, b_cost = sc.profiles["compute"].cost, sc.profiles["bandwidth"].cost
+        if colocated:
+            return self._size_colocated(threshold, rate, budget, enforce_link_share)
         decode = 1
         while math.isnan(self._decode(decode, rate)[0]) or self._decode(decode, rate)[0] > sc.tpot_slo_s:
             decode += 1
@@ -354,6 +358,26 @@ class Planner:
         best = None
         for remote, local in options:
             fleet = Fleet(remote, local, decode, threshold)
+            pred = self.predict(fleet, rate, percentiles=False)
+            if enforce_link_share and pred.link_share > sc.max_link_share:
+                return None
+            if best is None or pred.attainment > best[1].attainment:
+                best = (fleet, pred)
+        if best is None or best[1].attainment < sc.slo_attainment:
+            return None
+        return best[0], self.predict(best[0], rate)
+
+    def _size_colocated(self, threshold: int | None, rate: float, budget: float, enforce_link_share: bool
+                        ) -> tuple[Fleet, Prediction] | None:
+        sc = self.scenario
+        c_cost, b_cost = sc.profiles["compute"].cost, sc.profiles["bandwidth"].cost
+        remotes = [0] if threshold is None else range(1 if threshold == 0 else 0, int(budget // c_cost) + 1)
+        best = None
+        for remote in remotes:
+            decode = int((budget - remote * c_cost) // b_cost)
+            if decode < 1:
+                break
+            fleet = Fleet(remote, 0, decode, threshold, colocated=True)
             pred = self.predict(fleet, rate, percentiles=False)
             if enforce_link_share and pred.link_share > sc.max_link_share:
                 return None

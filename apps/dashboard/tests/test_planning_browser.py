@@ -108,7 +108,8 @@ def test_apply_from_the_planning_page_scales_both_pools_to_the_recommendation(
     page.click("#plan-submit", no_wait_after=True)
     page.wait_for_selector("#plan-result:not([hidden])", timeout=60_000)
     assert page.text_content("#rec-prefill-replicas") == "1 (dc-p/prefill)"
-    assert page.text_content("#rec-decode-replicas") == "1 (dc-d/decode: 1 decoding + 0 for local prefill)"
+    assert page.text_content("#rec-decode-replicas") == (
+        "1 (dc-d/decode: each replica decodes and prefills the prompts that stay local)")
     assert page.text_content("#rec-threshold") == "prompts over 0 tokens prefill remotely"
     assert page.evaluate("document.getElementById('chart-ttft').data.length") == 3
     plan = PlanResult.objects.get()

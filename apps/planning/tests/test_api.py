@@ -40,14 +40,14 @@ def test_plan_create_apply_and_measured(two_dcs, profiles, operator_api, viewer_
     assert created.status_code == 201, created.json()
     plan = created.json()
     assert (plan["name"], plan["prefill_replicas"], plan["decode_replicas"], plan["threshold_tokens"]) == (
-        "peak", 1, 2, 9)
+        "peak", 1, 1, 9)
     assert plan["applied"] == [] and plan["applied_at"] is None
     applied = operator_api.post(f"/api/v1/plans/{plan['id']}/apply/")
     assert applied.status_code == 200
     steps = applied.json()["applied"]
     assert [(s["step"], s["pool"], s.get("replicas")) for s in steps] == [
-        ("scale", two_dcs["prefill"].pk, 1), ("scale", two_dcs["decode"].pk, 2), ("set_bounds", two_dcs["decode"].pk, None)]
-    assert sorted(Action.objects.filter(kind="pool.scale").values_list("params__replicas", flat=True)) == [1, 2]
+        ("scale", two_dcs["prefill"].pk, 1), ("scale", two_dcs["decode"].pk, 1), ("set_bounds", two_dcs["decode"].pk, None)]
+    assert sorted(Action.objects.filter(kind="pool.scale").values_list("params__replicas", flat=True)) == [1, 1]
     measured = viewer_api.get(f"/api/v1/plans/{plan['id']}/measured/")
     assert measured.status_code == 200
     assert measured.json() == {

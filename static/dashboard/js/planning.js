@@ -77,8 +77,12 @@
     $("plan-result").hidden = false;
     $("plan-id").textContent = `plan #${data.id}`;
     $("rec-prefill-replicas").textContent = `${data.prefill_replicas} (${poolName[data.prefill_pool]})`;
-    $("rec-decode-replicas").textContent = `${data.decode_replicas} (${poolName[data.decode_pool]}: ` +
-      `${data.fleet.decode} decoding + ${data.fleet.local_prefill} for local prefill)`;
+    // A co-located fleet's decode replicas also prefill the prompts that stay local (plans before co-location
+    // counted separate local prefill replicas).
+    $("rec-decode-replicas").textContent = data.fleet.colocated
+      ? `${data.decode_replicas} (${poolName[data.decode_pool]}: each replica decodes and prefills the prompts that stay local)`
+      : `${data.decode_replicas} (${poolName[data.decode_pool]}: ` +
+        `${data.fleet.decode} decoding + ${data.fleet.local_prefill} for local prefill)`;
     $("rec-threshold").textContent = data.threshold_tokens === null ? "never remote"
       : data.threshold_tokens < 0 ? "every prompt remote" : `prompts over ${data.threshold_tokens} tokens prefill remotely`;
     $("rec-link").textContent = `${Ferry.fmt(data.link_gbps)} Gbit/s (${fmtShare(data.link_share)} of the link)`;
