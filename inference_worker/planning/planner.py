@@ -342,7 +342,11 @@ class Planner:
         budget = sc.budget if budget is None else budget
         c_cost, b_cost = sc.profiles["compute"].cost, sc.profiles["bandwidth"].cost
         if colocated:
-            return self._size_colocated(threshold, rate, budget, enforce_link_share)
+            # every split of the budget between remote prefill and decode replicas (which prefill locally too)
+            remotes = [0] if threshold is None else range(1 if threshold == 0 else 0, int(budget // c_cost) + 1)
+            fleets = [Fleet(r, 0, int((budget - r * c_cost) // b_cost), threshold, colocated=True) for r in remotes
+                      if budget - r * c_cost >= b_cost]
+            return self._best_fleet(fleets, rate, enforce_link_share)
         decode = 1
         while math.isnan(self._decode(decode, rate)[0]) or self._decode(decode, rate)[0] > sc.tpot_slo_s:
             decode += 1
@@ -355,29 +359,17 @@ class Planner:
             options = [(0, int(left // b_cost))]
         else:
             options = [(r, int((left - r * c_cost) // b_cost)) for r in range(int(left // c_cost) + 1)]
-        best = None
-        for remote, local in options:
-            fleet = Fleet(remote, local, decode, threshold)
-            pred = self.predict(fleet, rate, percentiles=False)
-            if enforce_link_share and pred.link_share > sc.max_link_share:
-                return None
-            if best is None or pred.attainment > best[1].attainment:
-                best = (fleet, pred)
-        if best is None or best[1].attainment < sc.slo_attainment:
-            return None
-        return best[0], self.predict(best[0], rate)
+        return self._best_fleet([Fleet(remote, local, decode, threshold) for remote, local in options], rate,
+                                enforce_link_share)
 
-    def _size_colocated(self, threshold: int | None, rate: float, budget: float, enforce_link_share: bool
-                        ) -> tuple[Fleet, Prediction] | None:
+    def _best_fleet(self, fleets: list[Fleet], rate: float, enforce_link_share: bool
+                    ) -> tuple[Fleet, Prediction] | None:
+        """The fleet of ``fleets`` with the highest predicted attainment at ``rate`` if it meets the scenario's, else
+        None (also None when, enforced, the link share is passed: it depends on the rate and the threshold only,
+        the same for every candidate)."""
         sc = self.scenario
-        c_cost, b_cost = sc.profiles["compute"].cost, sc.profiles["bandwidth"].cost
-        remotes = [0] if threshold is None else range(1 if threshold == 0 else 0, int(budget // c_cost) + 1)
         best = None
-        for remote in remotes:
-            decode = int((budget - remote * c_cost) // b_cost)
-            if decode < 1:
-                break
-            fleet = Fleet(remote, 0, decode, threshold, colocated=True)
+        for fleet in fleets:
             pred = self.predict(fleet, rate, percentiles=False)
             if enforce_link_share and pred.link_share > sc.max_link_share:
                 return None
