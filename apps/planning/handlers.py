@@ -54,6 +54,7 @@ def pool_profile_handler(action: Action) -> None:
             colocated_prefill_points=[list(p) for p in found.colocated_prefill_points])
     except ValidationError as exc:
         # Measurement noise (a loaded machine) can flatten the decode curve: measuring again may succeed.
-        raise ActionError(f"the measured points could not be fitted: {'; '.join(exc.messages)}",
-                          retryable=True) from exc
+        named = exc.message_dict.items() if hasattr(exc, "error_dict") else [("points", exc.messages)]
+        reasons = "; ".join(f"{name}: {' '.join(messages)}" for name, messages in named)
+        raise ActionError(f"the measured points could not be fitted: {reasons}", retryable=True) from exc
     action_log_append(action_id=action.pk, message=f"stored profile #{profile.pk}")

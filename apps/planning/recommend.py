@@ -178,21 +178,35 @@ def planned_threshold(scenario: Scenario, prefill: FittedProfile, decode: Fitted
 
 def recommend(scenario: Scenario, threshold: int | None, *, rate_per_s: float, max_replicas: int
               ) -> Recommendation | None:
-    """The smallest fleet (total replicas ``1..max_replicas``) meeting the SLOs at ``rate_per_s``, or None."""
+    """The smallest fleet (total replicas ``1..max_replicas``) meeting the SLOs at ``rate_per_s``, or None.
+
+    Bisection on the total: a replica more never makes a fleet miss the objectives it met (it only adds a server
+    to a queue), so the totals that meet them are an interval ending at ``max_replicas`` (about ``log2(max)``
+    sizings instead of ``max``: 9 instead of 256).
+    """
     planner = Planner(scenario, GRID_SIZE)
     rate = rate_per_s
-    for budget in range(1, max_replicas + 1):
-        found = planner.size_fleet(threshold, rate, budget=float(budget), colocated=True)
-        if found is None:
-            continue
-        fleet, prediction = found
-        curve = []
-        for factor in CURVE_RATE_FACTORS:
-            at = planner.predict(fleet, rate * factor)
-            curve.append({"rate_per_s": rate * factor, "ttft_p50_s": _finite(at.ttft_p50_s),
-                          "ttft_p90_s": _finite(at.ttft_p90_s)})
-        return Recommendation(fleet.remote_prefill, fleet.decode, fleet, prediction, curve)
-    return None
+
+    def size(budget: int) -> tuple[Fleet, Prediction] | None:
+        return planner.size_fleet(threshold, rate, budget=float(budget), colocated=True)
+
+    found = size(max_replicas) if max_replicas >= 1 else None
+    if found is None:
+        return None
+    low, high = 0, max_replicas  # size(low) fails (0 replicas serve nothing), size(high) meets the objectives
+    while high - low > 1:
+        middle = (low + high) // 2
+        if (at_middle := size(middle)) is not None:
+            high, found = middle, at_middle
+        else:
+            low = middle
+    fleet, prediction = found
+    curve = []
+    for factor in CURVE_RATE_FACTORS:
+        at = planner.predict(fleet, rate * factor)
+        curve.append({"rate_per_s": rate * factor, "ttft_p50_s": _finite(at.ttft_p50_s),
+                      "ttft_p90_s": _finite(at.ttft_p90_s)})
+    return Recommendation(fleet.remote_prefill, fleet.decode, fleet, prediction, curve)
 
 
 def plan(*, config: ModelConfig, prefill: FittedProfile, decode: FittedProfile, bandwidth_gbps: float, rtt_s: float,

@@ -64,19 +64,37 @@ def _points(value: Any, name: str, *, integer_x: bool = True) -> list[tuple[int,
     return points
 
 
-def _check_prefill_grows(fitted: FittedProfile, lengths: set[int], name: str = "prefill_points") -> None:
-    """Refuse a fitted prefill time that does not grow from the shortest to the longest measured prompt or is not
-    positive between them (the quadratic's minimum is at an end or at its vertex ``-a1 / (2 a2)``)."""
-    a0, a1, a2 = fitted.prefill_coefficients
-    low, high = min(lengths), max(lengths)
-    ends = [float(fitted.prefill_time_s(low)), float(fitted.prefill_time_s(high))]
+def lowest_prefill_time_s(coefficients: tuple[float, float, float], low: float, high: float) -> float:
+    """The smallest value of ``a0 + a1 N + a2 N^2`` seconds over ``low <= N <= high`` (at an end or at the vertex
+    ``-a1 / (2 a2)``)."""
+    a0, a1, a2 = coefficients
+
+    def t(n: float) -> float:
+        return a0 + a1 * n + a2 * n * n
+
     vertex = -a1 / (2 * a2) if a2 > 0 else None
-    lowest = min(ends + ([float(fitted.prefill_time_s(vertex))] if vertex is not None and low < vertex < high else []))
-    if not (lowest > 0 and ends[1] - ends[0] > GROWTH_RTOL * ends[1]):
+    return min([t(low), t(high)] + ([t(vertex)] if vertex is not None and low < vertex < high else []))
+
+
+def _check_prefill_grows(coefficients: tuple[float, float, float], lengths: set[int],
+                         name: str = "prefill_points") -> None:
+    """Refuse a fitted prefill time that does not grow from the shortest to the longest measured prompt or is not
+    positive from 1 token to the longest (a prompt shorter than those measured still takes time)."""
+    a0, a1, a2 = coefficients
+    low, high = min(lengths), max(lengths)
+    ends = [a0 + a1 * low + a2 * low * low, a0 + a1 * high + a2 * high * high]
+    if not (lowest_prefill_time_s(coefficients, 1, high) > 0 and ends[1] - ends[0] > GROWTH_RTOL * ends[1]):
         raise ValidationError({name: [
             f"the fitted prefill time {a0:.4g} + {a1:.4g} * N + {a2:.4g} * N^2 s must grow with the prompt length "
-            f"over the measured lengths {low}..{high} and stay positive there; measure the prefill again "
-            "(the time must grow with the prompt)"]})
+            f"over the measured lengths {low}..{high} and stay positive from 1 token to {high}; measure the prefill "
+            "again (the time must grow with the prompt)"]})
+
+
+def _colocated_points(value: Any) -> list[tuple[int, float]]:
+    """Co-located prefill points: None or ``[]`` (not measured), else validated like the prefill points."""
+    if value is None or (isinstance(value, list) and not value):
+        return []
+    return _points(value, "colocated_prefill_points")
 
 
 def profile_fit(*, prefill_points: Any, decode_points: Any, kv_capacity_bytes: int | None = None,
@@ -91,7 +109,7 @@ def profile_fit(*, prefill_points: Any, decode_points: Any, kv_capacity_bytes: i
             (optional: None or empty) malformed, fewer than 3 lengths, or not growing with the prompt.
     """
     prefill, decode = _points(prefill_points, "prefill_points"), _points(decode_points, "decode_points")
-    colocated = _points(colocated_prefill_points, "colocated_prefill_points") if colocated_prefill_points else []
+    colocated = _colocated_points(colocated_prefill_points)
     if colocated and len({n for n, _ in colocated}) < 3:
         raise ValidationError({"colocated_prefill_points": ["need at least 3 distinct prompt lengths, or none"]})
     if len({n for n, _ in prefill}) < 3:
@@ -104,10 +122,10 @@ def profile_fit(*, prefill_points: Any, decode_points: Any, kv_capacity_bytes: i
     fitted = FittedProfile.fit(prefill_points=prefill, decode_points=decode,
                                kv_capacity_bytes=math.inf if kv_capacity_bytes is None else kv_capacity_bytes,
                                colocated_prefill_points=colocated)
-    _check_prefill_grows(fitted, {n for n, _ in prefill})
+    _check_prefill_grows(fitted.prefill_coefficients, {n for n, _ in prefill})
     if colocated:
-        _check_prefill_grows(FittedProfile(fitted.colocated_prefill_coefficients, fitted.decode_coefficients, 0.0),
-                             {n for n, _ in colocated}, "colocated_prefill_points")
+        _check_prefill_grows(fitted.colocated_prefill_coefficients, {n for n, _ in colocated},
+                             "colocated_prefill_points")
     b0, b1 = fitted.decode_coefficients
     if not (b0 > 0 and b1 > 0):
         raise ValidationError({"decode_points": [
@@ -129,9 +147,7 @@ def profile_create(*, model_version: ModelVersion, pool_kind: str, hardware_labe
     profile = Profile(model_version=model_version, pool_kind=pool_kind, hardware_label=hardware_label, source=source,
                       pool=pool, prefill_points=[list(p) for p in _points(prefill_points, "prefill_points")],
                       decode_points=[list(p) for p in _points(decode_points, "decode_points")],
-                      colocated_prefill_points=[list(p) for p in _points(colocated_prefill_points,
-                                                                         "colocated_prefill_points")]
-                      if colocated_prefill_points else [],
+                      colocated_prefill_points=[list(p) for p in _colocated_points(colocated_prefill_points)],
                       prefill_coefficients=list(fitted.prefill_coefficients),
                       decode_coefficients=list(fitted.decode_coefficients), kv_capacity_bytes=kv_capacity_bytes)
     profile.full_clean()
@@ -249,6 +265,7 @@ def plan_create(*, prefill_pool: Pool, decode_pool: Pool, link: ClusterLink, wor
     else:
         used = dict(workload)
     fitted = {k: selectors.fitted(p) for k, p in profiles.items()}
+    _check_positive_up_to(fitted, profiles, int(used.get("prompt_cap", 0) or 0))
     try:
         threshold, rec = plan(config=decode_pool.model_version.model_config(), prefill=fitted["prefill_pool"],
                               decode=fitted["decode_pool"], bandwidth_gbps=link.bandwidth_gbps,
@@ -271,6 +288,24 @@ def plan_create(*, prefill_pool: Pool, decode_pool: Pool, link: ClusterLink, wor
             fleet=rec.fleet.to_dict(), threshold_tokens=threshold, link_gbps=p.link_gbps, link_share=p.link_share,
             remote_share=p.remote_share, ttft_p50_s=p.ttft_p50_s, ttft_p90_s=p.ttft_p90_s, tpot_s=p.tpot_s,
             attainment=p.attainment, curve=rec.curve)
+
+
+def _check_positive_up_to(fitted: dict[str, FittedProfile], profiles: dict[str, Profile], cap: int) -> None:
+    """Refuse a plan whose prompts reach lengths where a profile's fitted prefill time (or co-located prefill time)
+    is not positive: a quadratic fitted to short prompts may turn negative beyond them.
+
+    Raises:
+        ValidationError: on the pool's field, naming the profile, the curve and the length.
+    """
+    if cap < 1:
+        return
+    for field, profile in fitted.items():
+        for curve, coefficients in (("prefill", profile.prefill_coefficients),
+                                    ("co-located prefill", profile.colocated_prefill_coefficients)):
+            if coefficients is not None and not lowest_prefill_time_s(coefficients, 1, cap) > 0:
+                raise ValidationError({field: [
+                    f"profile #{profiles[field].pk}: the fitted {curve} time is not positive for some prompt of 1 to "
+                    f"{cap} tokens (the workload's cap); measure prompts up to that length or lower prompt_cap"]})
 
 
 def threshold_bounds(threshold: int | None) -> tuple[int, int] | None:

@@ -72,6 +72,9 @@ from inference_worker.planning.scenario import Scenario
 from inference_worker.router.pd_cost import PDProfile, derived_threshold
 
 MAX_DECODE_UTILISATION = 0.9
+FIXED_POINT_ITERATIONS = 200
+"""Most iterations of the co-located TPOT fixed point (it stops once TPOT moves by under 1e-13 of itself)."""
+COLOCATED_CACHE_SIZE = 4096
 NEVER = None  # threshold meaning "never remote"
 
 
@@ -140,6 +143,10 @@ class Fleet:
     (module docstring, "co-located local prefill")."""
 
     def __post_init__(self) -> None:
+        for name in ("remote_prefill", "local_prefill", "decode"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be a whole number of replicas >= 0, got {value!r}")
         if self.colocated and self.local_prefill:
             raise ValueError(f"a co-located fleet prefills locally on its decode replicas: local_prefill must be 0, "
                              f"got {self.local_prefill}")
@@ -201,6 +208,7 @@ class Planner:
     def __init__(self, scenario: Scenario, grid_size: int = 1000):
         self.scenario = scenario
         self.w = _Workload(scenario, grid_size)
+        self._colocated_cache: dict[tuple, tuple[float, float, np.ndarray, float]] = {}
 
     # ------------------------------------------------------------------ prediction
     def _pool(self, weight: np.ndarray, times: np.ndarray, servers: int, rate: float):
@@ -225,6 +233,8 @@ class Planner:
         the fleet's threshold, else 0). ``percentiles=False`` skips the TTFT percentiles (NaN), for
         searches that need the attainment only.
         """
+        if not 0 <= rate < math.inf:
+            raise ValueError(f"rate must be a finite number of requests/s >= 0, got {rate!r}")
         sc, w = self.scenario, self.w
         if remote_weight is None:
             remote = np.zeros(len(w.n)) if fleet.threshold_tokens is None else (w.n > fleet.threshold_tokens) * 1.0
@@ -299,6 +309,15 @@ class Planner:
         ``(1 - rho_p) * p * t_step(B) / 2`` for decode steps (deterministic, a share ``(1 - rho_p) * p`` of the
         time).
         """
+        key = (replicas, rate, local_weight.tobytes())
+        if key not in self._colocated_cache:
+            if len(self._colocated_cache) >= COLOCATED_CACHE_SIZE:  # sizing searches repeat (replicas, rate) pairs
+                self._colocated_cache.clear()
+            self._colocated_cache[key] = self._solve_colocated(replicas, rate, local_weight)
+        return self._colocated_cache[key]
+
+    def _solve_colocated(self, replicas: int, rate: float, local_weight: np.ndarray
+                         ) -> tuple[float, float, np.ndarray, float]:
         p = self.scenario.profiles["bandwidth"]
         nan = float("nan")
         t_alone, t_shared = self.w.t_local, p.colocated_prefill_time_s(self.w.n)
@@ -311,7 +330,8 @@ class Planner:
         lam_local = rate * local_weight.mean() / replicas
         tpot, batch, service, rho_p, decoding = beta, 0.0, t_alone, 0.0, 0.0
         share = max(float(local_weight.mean()), 1e-300)
-        for _ in range(50):
+        for _ in range(FIXED_POINT_ITERATIONS):
+            previous = tpot
             batch = x * tpot
             decoding = 1 - math.exp(-batch)
             extra = max(batch / decoding - 1, 0.0) if decoding > 0 else 0.0
@@ -320,6 +340,8 @@ class Planner:
             if rho_p >= 1 or x * per_seq >= MAX_DECODE_UTILISATION * (1 - rho_p):
                 return nan, nan, service, nan
             tpot = 1 / ((1 - rho_p) / (beta + gamma * (1 + batch)) + lam_local)
+            if abs(tpot - previous) <= 1e-13 * tpot:
+                break
         batch = x * tpot
         if batch > self.scenario.max_num_seqs or batch * self.w.decode_kv > p.kv_capacity_bytes:
             return nan, nan, service, nan
@@ -340,6 +362,8 @@ class Planner:
         """
         sc = self.scenario
         budget = sc.budget if budget is None else budget
+        if not -math.inf < budget < math.inf:
+            raise ValueError(f"budget must be a finite cost, got {budget!r}")
         c_cost, b_cost = sc.profiles["compute"].cost, sc.profiles["bandwidth"].cost
         if colocated:
             # every split of the budget between remote prefill and decode replicas (which prefill locally too)

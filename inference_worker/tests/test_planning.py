@@ -470,3 +470,23 @@ def test_fitted_profile_colocated_curve_fitted_or_estimated():
     with pytest.raises(ValueError, match="3 co-located ones"):
         FittedProfile.fit(prefill_points=prefill, decode_points=decode, kv_capacity_bytes=1e9,
                           colocated_prefill_points=colocated[:2])
+    # A co-located curve below the idle one (measurement noise) is read as the idle one: never faster.
+    noisy = FittedProfile.fit(prefill_points=prefill, decode_points=decode, kv_capacity_bytes=1e9,
+                              colocated_prefill_points=[(n, 0.5 * t) for n, t in prefill])
+    assert noisy.colocated_prefill_time_s(200) == pytest.approx(0.08 + 0.5, rel=1e-9)
+    for bad, match in (([(1e300, 0.1)] + prefill[1:], "x must be in 1..1e"), ([(64, math.nan)] + prefill[1:], "finite"),
+                       ([(64, 0.1), (64, 0.2), (64, 0.3)], "distinct"), (["ab"] + prefill[1:], "two numbers")):
+        with pytest.raises(ValueError, match=match):
+            FittedProfile.fit(prefill_points=bad, decode_points=decode, kv_capacity_bytes=1e9)
+
+
+def test_planner_refuses_bad_rates_fleets_and_budgets(prfaas):
+    planner = Planner(_tiny(prfaas), grid_size=50)
+    for rate in (-1.0, math.nan, math.inf):
+        with pytest.raises(ValueError, match="rate must be a finite number"):
+            planner.predict(Fleet(0, 1, 1, None), rate)
+    with pytest.raises(ValueError, match="decode must be a whole number of replicas >= 0"):
+        Fleet(0, 0, -1, None, colocated=True)
+    for budget in (math.inf, math.nan):
+        with pytest.raises(ValueError, match="budget must be a finite cost"):
+            planner.size_fleet(None, 0.1, budget=budget, colocated=True)

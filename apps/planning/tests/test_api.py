@@ -102,7 +102,7 @@ def test_same_pool_twice_no_profile_and_unmeetable_objectives_are_400s(two_dcs, 
     ("not an object", "file", "expected a JSON object"),
     ({"hardware_label": "x", "prefill_points": [[64, "fast"]], "decode_points": []}, "prefill_points",
      "expected [x, seconds] (two numbers)"),
-    ({"hardware_label": "x", "prefill_points": [[64, 0.1], [128, 0.2], [256, 0.3]], "decode_points": [[1, 0.1], [2, 0.2]],
+    ({"hardware_label": "x", "prefill_points": [[64, 0.15], [128, 0.25], [256, 0.45]], "decode_points": [[1, 0.1], [2, 0.2]],
       "kv_capacity_bytes": -5}, "kv_capacity_bytes", "a positive whole number of bytes"),
 ])
 def test_a_malformed_profile_is_a_400_naming_the_field(two_dcs, operator_api, profile, field, message):

@@ -37,6 +37,21 @@ def test_import_fits_the_fixture_points_exactly(profiles):
     assert prefill.colocated_prefill_points == [] and selectors.fitted(prefill).colocated_prefill_coefficients is None
 
 
+def test_a_plan_reaching_past_where_a_fit_stays_positive_is_refused_naming_the_pool(two_dcs, profiles):
+    # Concave through 64..512 tokens (0.1, 0.286, 0.3 s): positive there, negative before the workload's cap of
+    # 2048 tokens, where the planner would read a negative prefill time.
+    text = ('{"hardware_label": "cpu-2core", "prefill_points": [[64, 0.1], [256, 0.286], [512, 0.3]], '
+            '"decode_points": [[1, 0.025], [2, 0.03]]}')
+    concave = services.profile_import(pool=two_dcs["decode"], text=text)
+    with pytest.raises(ValidationError) as refused:
+        services.plan_create(prefill_pool=two_dcs["prefill"], decode_pool=two_dcs["decode"], link=two_dcs["link"],
+                             workload=WORKLOAD, max_replicas=16)
+    assert refused.value.message_dict == {"decode_pool": [
+        f"profile #{concave.pk}: the fitted prefill time is not positive for some prompt of 1 to 2048 tokens (the "
+        "workload's cap); measure prompts up to that length or lower prompt_cap"]}
+    assert not PlanResult.objects.exists()
+
+
 def test_import_with_colocated_prefill_points_fits_them(two_dcs):
     # Prefill while decoding: t = 0.1 + 0.001 N (the decode pool's own prefill 0.03 + 0.001 N, plus 70 ms).
     text = ('{"hardware_label": "cpu-2core", "prefill_points": [[64, 0.094], [256, 0.286], [512, 0.542]], '
@@ -55,13 +70,13 @@ def test_import_with_colocated_prefill_points_fits_them(two_dcs):
     ("[1, 2]", "file", "expected a JSON object"),
     ('{"hardware_label": "x", "prefill_points": [[1, 1]], "decode_points": [[1, 1]], "extra": 1}', "file",
      "unknown keys ['extra']"),
-    ('{"prefill_points": [[64, 0.1], [128, 0.2], [256, 0.3]], "decode_points": [[1, 0.1], [2, 0.2]]}',
+    ('{"prefill_points": [[64, 0.15], [128, 0.25], [256, 0.45]], "decode_points": [[1, 0.1], [2, 0.2]]}',
      "hardware_label", "non-empty string"),
     ('{"hardware_label": "x", "prefill_points": [[64, 0.1], [128, 0.2]], "decode_points": [[1, 0.1], [2, 0.2]]}',
      "prefill_points", "at least 3 distinct prompt lengths"),
     ('{"hardware_label": "x", "prefill_points": [[64, 0.1], [128, 0.2], [256, -1]], "decode_points": [[1, 0.1]]}',
      "prefill_points", "item 2: seconds must be a positive finite number"),
-    ('{"hardware_label": "x", "prefill_points": [[64, 0.1], [128, 0.2], [256, 0.3]], "decode_points": [[1, 0.2], [2, 0.1]]}',
+    ('{"hardware_label": "x", "prefill_points": [[64, 0.15], [128, 0.25], [256, 0.45]], "decode_points": [[1, 0.2], [2, 0.1]]}',
      "decode_points", "must have a positive intercept and slope"),
     ('{"hardware_label": "x", "prefill_points": [[64.5, 0.1], [128, 0.2], [256, 0.3]], "decode_points": [[1, 0.1], [2, 0.2]]}',
      "prefill_points", "item 0: x must be a positive whole number"),
@@ -74,7 +89,7 @@ def test_import_with_colocated_prefill_points_fits_them(two_dcs):
      "prefill_points", "item 2: x must be a positive whole number at most 1000000, got inf"),
     ('{"hardware_label": "x", "prefill_points": [[64, 0.1], [128, 0.2], [1e300, 0.3]], "decode_points": [[1, 0.1], [2, 0.2]]}',
      "prefill_points", "item 2: x must be a positive whole number at most 1000000, got 1e+300"),
-    ('{"hardware_label": "x", "prefill_points": [[64, 0.1], [128, 0.2], [256, 0.3]], "decode_points": [[1, 0.1], [1' + "0" * 400
+    ('{"hardware_label": "x", "prefill_points": [[64, 0.15], [128, 0.25], [256, 0.45]], "decode_points": [[1, 0.1], [1' + "0" * 400
      + ', 0.2]]}', "decode_points", "item 1: x must be a positive whole number at most 1000000, got 1000"),
     ('{"hardware_label": "x", "prefill_points": [[64, 0.1], [128, 0.2], [256, 1e308]], "decode_points": [[1, 0.1], [2, 0.2]]}',
      "prefill_points", "item 2: seconds must be a positive finite number at most 3600, got 1e+308"),
@@ -83,16 +98,26 @@ def test_import_with_colocated_prefill_points_fits_them(two_dcs):
      "prefill_points", "must grow with the prompt length over the measured lengths 64..1024"),
     ('{"hardware_label": "x", "prefill_points": [[64, 0.5], [128, 0.5], [256, 0.5]], "decode_points": [[1, 0.1], [2, 0.2]]}',
      "prefill_points", "must grow with the prompt length over the measured lengths 64..256"),
-    ("[" * 100_000 + "]" * 100_000, "file", "nests too deeply"),
-    ('{"hardware_label": "' + "h" * 101 + '", "prefill_points": [[64, 0.1], [128, 0.2], [256, 0.3]], "decode_points": [[1, 0.1], [2, 0.15]]}',
-     "hardware_label", "at most 100 characters (it has 101)"),
+    # Concave through its points, it would prefill prompts of under 15 tokens in negative time.
     ('{"hardware_label": "x", "prefill_points": [[64, 0.1], [128, 0.2], [256, 0.3]], "decode_points": [[1, 0.1], [2, '
+     '0.15]]}', "prefill_points", "stay positive from 1 token to 256"),
+    # Falsy values that are not a list are not "not measured".
+    ('{"hardware_label": "x", "prefill_points": [[64, 0.15], [128, 0.25], [256, 0.45]], "decode_points": [[1, 0.1], '
+     '[2, 0.15]], "colocated_prefill_points": false}', "colocated_prefill_points", "give a list of 1 to 64"),
+    ('{"hardware_label": "x", "prefill_points": [[64, 0.15], [128, 0.25], [256, 0.45]], "decode_points": [[1, 0.1], '
+     '[2, 0.15]], "colocated_prefill_points": {}}', "colocated_prefill_points", "give a list of 1 to 64"),
+    ('{"hardware_label": "x", "prefill_points": [[64, 0.15], [128, 0.25], [256, 0.45]], "decode_points": [[1, 0.1], '
+     '[2, 0.15]], "colocated_prefill_points": 0}', "colocated_prefill_points", "give a list of 1 to 64"),
+    ("[" * 100_000 + "]" * 100_000, "file", "nests too deeply"),
+    ('{"hardware_label": "' + "h" * 101 + '", "prefill_points": [[64, 0.15], [128, 0.25], [256, 0.45]], "decode_points": [[1, 0.1], [2, 0.15]]}',
+     "hardware_label", "at most 100 characters (it has 101)"),
+    ('{"hardware_label": "x", "prefill_points": [[64, 0.15], [128, 0.25], [256, 0.45]], "decode_points": [[1, 0.1], [2, '
      '0.15]], "colocated_prefill_points": [[64, 0.2], [128, 0.3]]}',
      "colocated_prefill_points", "need at least 3 distinct prompt lengths, or none"),
-    ('{"hardware_label": "x", "prefill_points": [[64, 0.1], [128, 0.2], [256, 0.3]], "decode_points": [[1, 0.1], [2, '
+    ('{"hardware_label": "x", "prefill_points": [[64, 0.15], [128, 0.25], [256, 0.45]], "decode_points": [[1, 0.1], [2, '
      '0.15]], "colocated_prefill_points": [[64, 0.5], [128, 0.3], [256, 0.1]]}',
      "colocated_prefill_points", "must grow with the prompt length over the measured lengths 64..256"),
-    ('{"hardware_label": "x", "prefill_points": [[64, 0.1], [128, 0.2], [256, 0.3]], "decode_points": [[1, 0.1], [2, '
+    ('{"hardware_label": "x", "prefill_points": [[64, 0.15], [128, 0.25], [256, 0.45]], "decode_points": [[1, 0.1], [2, '
      '0.15]], "colocated_prefill_points": [[64, 0.2], [128, "slow"], [256, 0.4]]}',
      "colocated_prefill_points", "item 1"),
 ])
