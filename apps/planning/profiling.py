@@ -181,20 +181,23 @@ class WorkerSweep:
 
     def decode_points(self, model: str, batch_sizes: list[int], max_new_tokens: int, repeats: int = 2
                       ) -> list[tuple[int, float]]:
-        """``[(B, smallest over repeats of the median inter-token gap of B concurrent streams, seconds)]``."""
+        """``[(B, smallest over repeats of the median inter-token gap of B concurrent streams, seconds)]``.
+
+        The rounds go through the batch sizes in turn (1, 2, 3, 1, 2, 3, ...), so a burst of other work on the
+        machine slows one round of several sizes rather than every round of one size (which could tilt the fitted
+        line: a loaded CI machine measured B=1 at 282 ms and B=4 at 120 ms, 2026-12-04).
+        """
         self._stream_gaps(model, max_new_tokens)  # warm-up, not measured
-        points = []
-        for batch in batch_sizes:
-            best = float("inf")
-            for _ in range(repeats):
+        best = {batch: float("inf") for batch in batch_sizes}
+        for _ in range(repeats):
+            for batch in batch_sizes:
                 with ThreadPoolExecutor(max_workers=batch) as pool:
                     gaps = [g for found in pool.map(lambda _: self._stream_gaps(model, max_new_tokens),
                                                     range(batch)) for g in found]
                 if not gaps:
                     raise SweepError(f"batch {batch}: the streams carried fewer than 3 tokens each")
-                best = min(best, statistics.median(gaps))
-            points.append((batch, best))
-        return points
+                best[batch] = min(best[batch], statistics.median(gaps))
+        return [(batch, best[batch]) for batch in batch_sizes]
 
     def run(self, *, lengths: list[int], batch_sizes: list[int], max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
             colocated: bool = False) -> SweepResult:
