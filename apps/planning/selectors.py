@@ -10,7 +10,7 @@ from django.db.models import Case, IntegerField, QuerySet, Value, When
 from apps.fleet.models import Pool
 from apps.planning.models import PlanResult, Profile
 from apps.telemetry.selectors import telemetry_histories, telemetry_snapshots
-from inference_worker.planning.profiles import FittedProfile, fit_prefill
+from inference_worker.planning.profiles import FittedProfile, colocated_overhead_s
 
 MEASURED_SIGNALS = ("ttft_p50_s", "ttft_p95_s", "tpot_p50_s", "request_rate_per_s")
 """Telemetry signals shown beside a plan's prediction (``None`` where telemetry has no data). Telemetry has no TTFT p90
@@ -38,13 +38,13 @@ def profile_for_pool(*, pool: Pool) -> Profile | None:
 
 def fitted(profile: Profile) -> FittedProfile:
     """The stored profile as the planner's :class:`FittedProfile` (no KV capacity stored: unlimited; the co-located
-    prefill curve fitted from its points when there are at least 3, else None)."""
+    overhead from its co-located points, None without them)."""
     a0, a1, a2 = profile.prefill_coefficients
     b0, b1 = profile.decode_coefficients
     capacity = math.inf if profile.kv_capacity_bytes is None else float(profile.kv_capacity_bytes)
     colocated = [tuple(p) for p in profile.colocated_prefill_points or []]
     return FittedProfile((a0, a1, a2), (b0, b1), capacity, 1.0, profile.hardware_label,
-                         fit_prefill(colocated) if len({n for n, _ in colocated}) >= 3 else None)
+                         colocated_overhead_s((a0, a1, a2), colocated) if colocated else None)
 
 
 def _mean(records: list[dict], name: str) -> float | None:

@@ -110,8 +110,6 @@ def profile_fit(*, prefill_points: Any, decode_points: Any, kv_capacity_bytes: i
     """
     prefill, decode = _points(prefill_points, "prefill_points"), _points(decode_points, "decode_points")
     colocated = _colocated_points(colocated_prefill_points)
-    if colocated and len({n for n, _ in colocated}) < 3:
-        raise ValidationError({"colocated_prefill_points": ["need at least 3 distinct prompt lengths, or none"]})
     if len({n for n, _ in prefill}) < 3:
         raise ValidationError({"prefill_points": ["need at least 3 distinct prompt lengths"]})
     if len({b for b, _ in decode}) < 2:
@@ -123,9 +121,6 @@ def profile_fit(*, prefill_points: Any, decode_points: Any, kv_capacity_bytes: i
                                kv_capacity_bytes=math.inf if kv_capacity_bytes is None else kv_capacity_bytes,
                                colocated_prefill_points=colocated)
     _check_prefill_grows(fitted.prefill_coefficients, {n for n, _ in prefill})
-    if colocated:
-        _check_prefill_grows(fitted.colocated_prefill_coefficients, {n for n, _ in colocated},
-                             "colocated_prefill_points")
     b0, b1 = fitted.decode_coefficients
     if not (b0 > 0 and b1 > 0):
         raise ValidationError({"decode_points": [
@@ -291,8 +286,8 @@ def plan_create(*, prefill_pool: Pool, decode_pool: Pool, link: ClusterLink, wor
 
 
 def _check_positive_up_to(fitted: dict[str, FittedProfile], profiles: dict[str, Profile], cap: int) -> None:
-    """Refuse a plan whose prompts reach lengths where a profile's fitted prefill time (or co-located prefill time)
-    is not positive: a quadratic fitted to short prompts may turn negative beyond them.
+    """Refuse a plan whose prompts reach lengths where a profile's fitted prefill time is not positive: a quadratic
+    fitted to short prompts may turn negative beyond them (the co-located time adds a non-negative constant).
 
     Raises:
         ValidationError: on the pool's field, naming the profile, the curve and the length.
@@ -300,12 +295,10 @@ def _check_positive_up_to(fitted: dict[str, FittedProfile], profiles: dict[str, 
     if cap < 1:
         return
     for field, profile in fitted.items():
-        for curve, coefficients in (("prefill", profile.prefill_coefficients),
-                                    ("co-located prefill", profile.colocated_prefill_coefficients)):
-            if coefficients is not None and not lowest_prefill_time_s(coefficients, 1, cap) > 0:
-                raise ValidationError({field: [
-                    f"profile #{profiles[field].pk}: the fitted {curve} time is not positive for some prompt of 1 to "
-                    f"{cap} tokens (the workload's cap); measure prompts up to that length or lower prompt_cap"]})
+        if not lowest_prefill_time_s(profile.prefill_coefficients, 1, cap) > 0:
+            raise ValidationError({field: [
+                f"profile #{profiles[field].pk}: the fitted prefill time is not positive for some prompt of 1 to "
+                f"{cap} tokens (the workload's cap); measure prompts up to that length or lower prompt_cap"]})
 
 
 def threshold_bounds(threshold: int | None) -> tuple[int, int] | None:

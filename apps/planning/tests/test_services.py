@@ -34,7 +34,7 @@ def test_import_fits_the_fixture_points_exactly(profiles):
     assert decode.prefill_coefficients == pytest.approx([0.03, 0.001, 0.0], abs=1e-12)
     assert decode.decode_coefficients == pytest.approx([0.02, 0.005], abs=1e-12)
     assert prefill.kv_capacity_bytes is None
-    assert prefill.colocated_prefill_points == [] and selectors.fitted(prefill).colocated_prefill_coefficients is None
+    assert prefill.colocated_prefill_points == [] and selectors.fitted(prefill).colocated_overhead_s is None
 
 
 def test_a_plan_reaching_past_where_a_fit_stays_positive_is_refused_naming_the_pool(two_dcs, profiles):
@@ -61,7 +61,8 @@ def test_import_with_colocated_prefill_points_fits_them(two_dcs):
     profile.refresh_from_db()
     assert profile.colocated_prefill_points == [[64, 0.164], [256, 0.356], [512, 0.612]]
     fitted = selectors.fitted(profile)
-    assert fitted.colocated_prefill_coefficients == pytest.approx((0.1, 0.001, 0.0), abs=1e-12)
+    # The decode pool's own prefill fits 0.03 + 0.001 N: every co-located point is 70 ms above it.
+    assert fitted.colocated_overhead_s == pytest.approx(0.07, abs=1e-9)
     assert fitted.colocated_prefill_time_s(300) == pytest.approx(0.4, rel=1e-9)
 
 
@@ -112,11 +113,8 @@ def test_import_with_colocated_prefill_points_fits_them(two_dcs):
     ('{"hardware_label": "' + "h" * 101 + '", "prefill_points": [[64, 0.15], [128, 0.25], [256, 0.45]], "decode_points": [[1, 0.1], [2, 0.15]]}',
      "hardware_label", "at most 100 characters (it has 101)"),
     ('{"hardware_label": "x", "prefill_points": [[64, 0.15], [128, 0.25], [256, 0.45]], "decode_points": [[1, 0.1], [2, '
-     '0.15]], "colocated_prefill_points": [[64, 0.2], [128, 0.3]]}',
-     "colocated_prefill_points", "need at least 3 distinct prompt lengths, or none"),
-    ('{"hardware_label": "x", "prefill_points": [[64, 0.15], [128, 0.25], [256, 0.45]], "decode_points": [[1, 0.1], [2, '
-     '0.15]], "colocated_prefill_points": [[64, 0.5], [128, 0.3], [256, 0.1]]}',
-     "colocated_prefill_points", "must grow with the prompt length over the measured lengths 64..256"),
+     '0.15]], "colocated_prefill_points": [[64, 0.2], [128, -0.3]]}',
+     "colocated_prefill_points", "item 1: seconds must be a positive finite number"),
     ('{"hardware_label": "x", "prefill_points": [[64, 0.15], [128, 0.25], [256, 0.45]], "decode_points": [[1, 0.1], [2, '
      '0.15]], "colocated_prefill_points": [[64, 0.2], [128, "slow"], [256, 0.4]]}',
      "colocated_prefill_points", "item 1"),
