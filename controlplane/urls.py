@@ -9,12 +9,13 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from apps.core.views import healthz
+from apps.core.views import ApiRootView, healthz
 
 admin.site.site_header = "Ferry control plane"
 admin.site.site_title = "Ferry admin"
 
 API_V1 = [
+    path("", ApiRootView.as_view(), name="api-root"),
     path("", include("apps.fleet.api.urls")),
     path("", include("apps.catalog.api.urls")),
     path("", include("apps.rollouts.api.urls")),

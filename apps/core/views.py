@@ -1,4 +1,4 @@
-"""``GET /healthz``: 200 when the database and Redis answer, 503 naming what is down.
+"""``GET /healthz``: 200 when the database and Redis answer, 503 naming what is down; ``GET /api/v1/``: the API's root.
 
 Unauthenticated on purpose (load balancers and Kubernetes probes call it); it reveals only
 which dependency failed and the error class.
@@ -10,7 +10,12 @@ import redis
 from django.conf import settings
 from django.db import DatabaseError, connection
 from django.http import HttpRequest, JsonResponse
+from django.urls import NoReverseMatch, get_resolver
 from django.views.decorators.http import require_GET
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.reverse import reverse
+from rest_framework.views import APIView
 
 PROBE_TIMEOUT_S = 1.0
 
@@ -45,3 +50,24 @@ def healthz(request: HttpRequest) -> JsonResponse:
     body = {"database": check_database(), "redis": check_redis()}
     healthy = all(value == "ok" for value in body.values())
     return JsonResponse(body, status=200 if healthy else 503)
+
+
+class ApiRootView(APIView):
+    """``GET /api/v1/``: where the API is described (the OpenAPI schema, Swagger UI) and its collections, by name.
+
+    The ready banner of ``make run`` points here. Same authentication and roles as the rest of the API (a viewer
+    may read it).
+    """
+
+    def get(self, request: Request) -> Response:
+        names = sorted(name for name in get_resolver().reverse_dict if isinstance(name, str) and name.endswith("-list"))
+        collections = {}
+        for name in names:
+            try:
+                url = reverse(name, request=request)
+            except NoReverseMatch:  # a list route that needs arguments (nested): not a top-level collection
+                continue
+            if "/api/v1/" in url:
+                collections[name.removesuffix("-list")] = url
+        return Response({"schema": reverse("schema", request=request), "docs": reverse("docs", request=request),
+                         "collections": collections})

@@ -98,4 +98,4 @@ class PlanResult(models.Model):
         ordering = ["-created_at", "-id"]
 
     def __str__(self) -> str:
-        return f"plan result of {self.scenario}"
+        return f"#{self.pk} of {self.scenario}"  # after the verbose name: "plan result #4 of peak"
