@@ -12,6 +12,8 @@ from django.db import DatabaseError, connection
 from django.http import HttpRequest, JsonResponse
 from django.urls import NoReverseMatch, get_resolver
 from django.views.decorators.http import require_GET
+from drf_spectacular.utils import extend_schema, extend_schema_view, inline_serializer
+from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.reverse import reverse
@@ -52,6 +54,9 @@ def healthz(request: HttpRequest) -> JsonResponse:
     return JsonResponse(body, status=200 if healthy else 503)
 
 
+@extend_schema_view(get=extend_schema(responses=inline_serializer(name="ApiRoot", fields={
+    "schema": serializers.URLField(), "docs": serializers.URLField(),
+    "collections": serializers.DictField(child=serializers.URLField(), help_text="Collection name -> its URL.")})))
 class ApiRootView(APIView):
     """``GET /api/v1/``: where the API is described (the OpenAPI schema, Swagger UI) and its collections, by name.
 

@@ -138,15 +138,21 @@ def test_apply_from_the_planning_page_scales_both_pools_to_the_recommendation(
     assert guard.remote == [] and errors == []
 
     # ferry_profile on the decode pool's real worker: a short sweep, stored as a measured profile.
-    out = io.StringIO()
-    try:
-        # Batch sizes 1-3: on this CPU a step of 4 sequences takes a faster matrix path than one of 2 or 3 (about
-        # 110 ms against 135 and 185, one sequence 75), so under the suite's load a slow B=1 round could fit a
-        # decreasing line through 1 and 4 and the fit would be refused (CI, 2026-12-04).
-        call_command("ferry_profile", "dc-d/decode", "--hardware-label", "cpu-test", "--lengths", "16,32,64",
-                     "--batch-sizes", "1,2,3", "--max-new-tokens", "8", stdout=out)
-    except CommandError as exc:
-        raise AssertionError(f"{exc}; log: {Action.objects.get(kind='pool.profile').log}") from exc
+    # Batch sizes 1-3: on this CPU a step of 4 sequences takes a faster matrix path than one of 2 or 3 (about 110 ms
+    # against 135 and 185, one sequence 75), so under the suite's load a slow B=1 round could fit a decreasing line
+    # through 1 and 4 (CI, 2026-12-04). Through 1-3 the intercept is small (about 20 ms), and a loaded round can
+    # still tilt it below 0 (CI: 80, 156, 240 ms): the fit is refused as a retryable Action, and like an operator the
+    # test profiles again, at most 3 times; any other failure fails at once.
+    for attempt in range(3):
+        out = io.StringIO()
+        try:
+            call_command("ferry_profile", "dc-d/decode", "--hardware-label", "cpu-test", "--lengths", "16,32,64",
+                         "--batch-sizes", "1,2,3", "--max-new-tokens", "8", stdout=out)
+            break
+        except CommandError as exc:
+            failed = Action.objects.filter(kind="pool.profile").latest("id")
+            if attempt == 2 or "could not be fitted" not in str(failed.error):
+                raise AssertionError(f"{exc}; log: {failed.log}") from exc
     measured = Profile.objects.get(source="measured")
     assert (measured.pool_id, measured.pool_kind, measured.hardware_label) == (decode.pk, "decode", "cpu-test")
     assert [n for n, _ in measured.prefill_points] == [16, 32, 64]
@@ -155,7 +161,7 @@ def test_apply_from_the_planning_page_scales_both_pools_to_the_recommendation(
     # A decode pool prefills short prompts itself: its prefill is measured again while one stream decodes.
     assert [n for n, _ in measured.colocated_prefill_points] == [16, 32, 64]
     assert all(s > 0 for _, s in measured.colocated_prefill_points)
-    action = Action.objects.get(kind="pool.profile")
+    action = Action.objects.filter(kind="pool.profile").latest("id")
     messages = [line["message"] for line in action.log]
     assert action.status == "succeeded" and messages[-2:] == [f"stored profile #{measured.pk}", "succeeded"]
     assert "; prefill while decoding 16 tok " in messages[-3]
