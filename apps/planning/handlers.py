@@ -38,14 +38,16 @@ def pool_profile_handler(action: Action) -> None:
     action_log_append(action_id=action.pk, message=f"profiling replica {replica.name} at {replica.endpoint}")
     try:
         found = sweep.run(lengths=params["lengths"], batch_sizes=params["batch_sizes"],
-                          max_new_tokens=params["max_new_tokens"], colocated=pool.role in (Pool.Role.DECODE, Pool.Role.COLOCATED))
+                          max_new_tokens=params["max_new_tokens"],
+                          colocated=pool.role in (Pool.Role.DECODE, Pool.Role.COLOCATED))
     except profiling.SweepError as exc:
         raise ActionError(f"replica {replica.name}: {exc}", retryable=True) from exc
-    action_log_append(action_id=action.pk, message=(
-        "prefill " + ", ".join(f"{n} tok {s * 1000:.1f} ms" for n, s in found.prefill_points)
-        + "; decode step " + ", ".join(f"B={b} {s * 1000:.1f} ms" for b, s in found.decode_points)
-        + "".join(f"; prefill while decoding {n} tok {s * 1000:.1f} ms" if i == 0 else f", {n} tok {s * 1000:.1f} ms"
-                  for i, (n, s) in enumerate(found.colocated_prefill_points))))
+    message = ("prefill " + ", ".join(f"{n} tok {s * 1000:.1f} ms" for n, s in found.prefill_points)
+               + "; decode step " + ", ".join(f"B={b} {s * 1000:.1f} ms" for b, s in found.decode_points))
+    if found.colocated_prefill_points:
+        message += "; prefill while decoding " + ", ".join(f"{n} tok {s * 1000:.1f} ms"
+                                                           for n, s in found.colocated_prefill_points)
+    action_log_append(action_id=action.pk, message=message)
     try:
         profile = services.profile_create(
             model_version=pool.model_version, pool_kind=pool.role, hardware_label=params["hardware_label"],

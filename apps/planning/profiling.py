@@ -14,7 +14,7 @@
 - **Prefill on a decoding replica** (co-located: a Ferry decode replica prefills short prompts itself, in the batch
   of its decodes): the prefill requests again, each sent while one background stream decodes on the same worker
   and after a random pause of up to ``COLOCATED_PHASE_S`` (so it lands at a random point of a decode step). The
-  point is the mean of ``colocated_repeats`` requests: here the interference is what is measured, and the
+  point is the mean of ``COLOCATED_REPEATS`` requests: here the interference is what is measured, and the
   planner needs its mean (:mod:`inference_worker.planning.planner`, "co-located local prefill"). The background
   stream's prompt is ``DECODE_PROMPT_TOKENS`` long, so its own prefills, when it restarts, stay short.
 
@@ -42,12 +42,13 @@ DEFAULT_BATCH_SIZES = (1, 2, 4)
 DEFAULT_MAX_NEW_TOKENS = 12
 DECODE_PROMPT_TOKENS = 16
 FIRST_TOKEN_ID = 100
+"""Random prompt ids are drawn from ``[FIRST_TOKEN_ID, vocab_size)`` (low ids are special tokens in most vocabularies)."""
 COLOCATED_REPEATS = 4
+"""Requests per length of the co-located measurement (their mean is the point)."""
 COLOCATED_PHASE_S = 0.25
 """Longest random pause before a co-located prefill request, seconds (about two CPU decode steps of the demo)."""
 COLOCATED_STREAM_TOKENS = 64
 """Tokens per background decode stream of the co-located measurement (it restarts until the measurement ends)."""
-"""Random prompt ids are drawn from ``[FIRST_TOKEN_ID, vocab_size)`` (low ids are special tokens in most vocabularies)."""
 
 
 class SweepError(Exception):

@@ -25,7 +25,7 @@ from apps.operations.services import action_create, action_record_done
 from apps.planning import profiling, selectors
 from apps.planning.models import PlanResult, PlanScenario, Profile
 from apps.planning.recommend import Workload, plan
-from inference_worker.planning.profiles import FittedProfile
+from inference_worker.planning.profiles import FittedProfile, lowest_prefill_time_s
 from inference_worker.router.table import BOUND_FIELDS
 
 POOL_PROFILE = "pool.profile"
@@ -64,27 +64,15 @@ def _points(value: Any, name: str, *, integer_x: bool = True) -> list[tuple[int,
     return points
 
 
-def lowest_prefill_time_s(coefficients: tuple[float, float, float], low: float, high: float) -> float:
-    """The smallest value of ``a0 + a1 N + a2 N^2`` seconds over ``low <= N <= high`` (at an end or at the vertex
-    ``-a1 / (2 a2)``)."""
-    a0, a1, a2 = coefficients
-
-    def t(n: float) -> float:
-        return a0 + a1 * n + a2 * n * n
-
-    vertex = -a1 / (2 * a2) if a2 > 0 else None
-    return min([t(low), t(high)] + ([t(vertex)] if vertex is not None and low < vertex < high else []))
-
-
-def _check_prefill_grows(coefficients: tuple[float, float, float], lengths: set[int],
-                         name: str = "prefill_points") -> None:
+def _check_prefill_grows(fitted: FittedProfile, lengths: set[int]) -> None:
     """Refuse a fitted prefill time that does not grow from the shortest to the longest measured prompt or is not
     positive from 1 token to the longest (a prompt shorter than those measured still takes time)."""
-    a0, a1, a2 = coefficients
+    a0, a1, a2 = fitted.prefill_coefficients
     low, high = min(lengths), max(lengths)
-    ends = [a0 + a1 * low + a2 * low * low, a0 + a1 * high + a2 * high * high]
-    if not (lowest_prefill_time_s(coefficients, 1, high) > 0 and ends[1] - ends[0] > GROWTH_RTOL * ends[1]):
-        raise ValidationError({name: [
+    ends = [float(fitted.prefill_time_s(low)), float(fitted.prefill_time_s(high))]
+    if not (lowest_prefill_time_s(fitted.prefill_coefficients, 1, high) > 0
+            and ends[1] - ends[0] > GROWTH_RTOL * ends[1]):
+        raise ValidationError({"prefill_points": [
             f"the fitted prefill time {a0:.4g} + {a1:.4g} * N + {a2:.4g} * N^2 s must grow with the prompt length "
             f"over the measured lengths {low}..{high} and stay positive from 1 token to {high}; measure the prefill "
             "again (the time must grow with the prompt)"]})
@@ -104,9 +92,9 @@ def profile_fit(*, prefill_points: Any, decode_points: Any, kv_capacity_bytes: i
     Raises:
         ValidationError: malformed points (x outside ``1..MAX_POINT_X``, seconds outside ``(0, MAX_POINT_SECONDS]``),
             fewer than 3 prefill lengths or 2 batch sizes (distinct), a prefill fit that does not grow from the
-            shortest to the longest measured prompt or is not positive between them, or a decode step fit that does
-            not grow with the batch (``b1 <= 0``: the planner's decode model needs it); co-located prefill points
-            (optional: None or empty) malformed, fewer than 3 lengths, or not growing with the prompt.
+            shortest to the longest measured prompt or is not positive from 1 token to the longest, or a decode step
+            fit that does not grow with the batch (``b1 <= 0``: the planner's decode model needs it); co-located
+            prefill points (optional: None or ``[]``) that are malformed.
     """
     prefill, decode = _points(prefill_points, "prefill_points"), _points(decode_points, "decode_points")
     colocated = _colocated_points(colocated_prefill_points)
@@ -120,7 +108,7 @@ def profile_fit(*, prefill_points: Any, decode_points: Any, kv_capacity_bytes: i
     fitted = FittedProfile.fit(prefill_points=prefill, decode_points=decode,
                                kv_capacity_bytes=math.inf if kv_capacity_bytes is None else kv_capacity_bytes,
                                colocated_prefill_points=colocated)
-    _check_prefill_grows(fitted.prefill_coefficients, {n for n, _ in prefill})
+    _check_prefill_grows(fitted, {n for n, _ in prefill})
     b0, b1 = fitted.decode_coefficients
     if not (b0 > 0 and b1 > 0):
         raise ValidationError({"decode_points": [

@@ -285,6 +285,15 @@ def fit_prefill(points: list[tuple[int, float]]) -> tuple[float, float, float]:
     return float(a0), float(a1), float(a2)
 
 
+def lowest_prefill_time_s(coefficients: tuple[float, float, float], low: float, high: float) -> float:
+    """The smallest value of ``a0 + a1 N + a2 N^2`` seconds over ``low <= N <= high`` (at an end or at the vertex
+    ``-a1 / (2 a2)`` of an upward parabola)."""
+    a0, a1, a2 = coefficients
+    vertex = -a1 / (2 * a2) if a2 > 0 else None
+    candidates = [low, high] + ([vertex] if vertex is not None and low < vertex < high else [])
+    return min(float(_quadratic(coefficients, n)) for n in candidates)
+
+
 def _quadratic(coefficients: tuple[float, float, float], num_tokens):
     a0, a1, a2 = coefficients
     n = np.asarray(num_tokens, dtype=float) if np.ndim(num_tokens) else float(num_tokens)
