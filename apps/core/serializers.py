@@ -22,7 +22,8 @@ class StrictFieldsMixin:
     """Refuse a write that carries fields the serializer will not write (HTTP 400, one message per field).
 
     ``how_to_change`` maps a read-only field to where it is changed (e.g. ``"tracks": "... rollouts ..."``);
-    other read-only fields say "read-only", unknown ones "unknown field". Reads are unaffected.
+    other read-only fields say "read-only", unknown ones "unknown field". Reads are unaffected. The answer also
+    carries the other fields' errors, so a client fixes every field in one round.
     """
 
     how_to_change: ClassVar[Mapping[str, str]] = {}
@@ -40,6 +41,12 @@ class StrictFieldsMixin:
                 else:
                     errors[name] = [self.how_to_change.get(name, "This field is read-only.")]
             if errors:
+                # One round: the fields' own errors (a missing required field...) come with these.
+                try:
+                    super().to_internal_value(data)  # type: ignore[misc]
+                except serializers.ValidationError as exc:
+                    if isinstance(exc.detail, Mapping):
+                        errors = {**exc.detail, **errors}
                 raise serializers.ValidationError(errors)
         return super().to_internal_value(data)  # type: ignore[misc]
 

@@ -18,6 +18,7 @@ from django.shortcuts import render
 
 from apps.accounts.roles import ADMIN, OPERATOR, role_at_least, user_role
 from apps.dashboard import selectors
+from apps.planning import selectors as planning_selectors
 from apps.fleet.models import ClusterLink, Pool
 from apps.rollouts.models import RolloutPlan
 from apps.rollouts.selectors import rollout_list
@@ -102,7 +103,8 @@ def link_page(request: HttpRequest, link_id: int) -> HttpResponse:
 @role_required
 def planning_page(request: HttpRequest) -> HttpResponse:
     """Capacity planning: profiles (import, measure), a plan for two pools and a link, apply, predicted vs measured."""
-    return render(request, "dashboard/planning.html", _context(request, choices=selectors.planning_choices()))
+    return render(request, "dashboard/planning.html", _context(request, choices=selectors.planning_choices(),
+                                                               workload=planning_selectors.PAGE_WORKLOAD))
 
 
 @role_required

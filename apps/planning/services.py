@@ -1,7 +1,7 @@
 """Writes for planning: record and import profiles, request a profiling Action, compute a plan, apply it.
 
 Applying a plan writes nothing itself: it requests one ``pool.scale`` Action per pool through
-:func:`apps.operations.pools.pool_scale` (the path of ``POST /api/v1/pools/{id}/scale/``) and sets the prefill
+:func:`apps.operations.pools.pool_scale` (the path of ``POST /api/v1/pools/{id}/scale/``) and sets the decode
 pool's remote-threshold bounds through :func:`apps.operations.pools.pool_update` (the path of
 ``PATCH /api/v1/pools/{id}/``), recorded as a succeeded ``pool.set_threshold_bounds`` Action.
 """
@@ -271,6 +271,13 @@ def plan_create(*, prefill_pool: Pool, decode_pool: Pool, link: ClusterLink, wor
             fleet=rec.fleet.to_dict(), threshold_tokens=threshold, link_gbps=p.link_gbps, link_share=p.link_share,
             remote_share=p.remote_share, ttft_p50_s=p.ttft_p50_s, ttft_p90_s=p.ttft_p90_s, tpot_s=p.tpot_s,
             attainment=p.attainment, curve=rec.curve)
+
+
+def plan_delete(*, result: PlanResult) -> None:
+    """Delete a plan: its result and the scenario it was computed for. The Actions an apply requested stay in the
+    Action log; the profiles it used can be deleted once no other plan uses them."""
+    with transaction.atomic():
+        result.scenario.delete()
 
 
 def _check_positive_up_to(fitted: dict[str, FittedProfile], profiles: dict[str, Profile], cap: int) -> None:

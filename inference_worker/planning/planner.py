@@ -28,8 +28,9 @@ Formulas (``lambda`` the arrival rate, expectations over the prompt distribution
   (the first token comes from the prefill and reaches the client with the KV); its distribution is
   the mixture over prompt lengths, percentiles by bisection on the CDF.
 - Decode, as a fluid model of continuous batching: each replica carries ``x = lambda * E[out] / D``
-  tokens/s; with the step time ``beta + gamma * B`` (``beta`` weights, ``gamma`` one sequence's KV read)
-  and Little's law ``B = x * TPOT``, ``TPOT = beta / (1 - gamma * x)`` while compute allows
+  tokens/s; with the step time ``beta + gamma * (1 + B)`` (``beta`` weights, ``gamma`` one sequence's KV read;
+  a decoding sequence's step carries itself and the ``B`` others it finds, by PASTA) and Little's law
+  ``B = x * TPOT``, ``TPOT = (beta + gamma) / (1 - gamma * x)`` while compute allows
   (``x * (2P + a * kv) / flops < max_decode_utilisation``, ``a * kv`` one sequence's attention FLOPs,
   :mod:`.profiles`). The fluid model has no queueing, hence the utilisation cap.
 - Goodput (DistServe, Zhong et al., OSDI 2024): the highest rate at which at least ``slo_attainment``
@@ -48,8 +49,8 @@ Formulas (``lambda`` the arrival rate, expectations over the prompt distribution
   t_prefill(N)``: ``t_colocated`` was measured with one sequence decoding, and each of the ``B / p - 1``
   more sequences found on a decoding replica adds its share of a step, ``t_seq`` (``gamma``, the step's
   slope), to the prompt's step and half of it to the residual of the step in progress. A decoding
-  sequence sees itself and ``B`` others (PASTA again): ``t_step = beta + gamma * (1 + B)``, which the
-  fluid model's ``beta + gamma * B`` is for large batches. The decoding sequences get one token per step. Prompt
+  sequence sees itself and ``B`` others (PASTA again): ``t_step = beta + gamma * (1 + B)``, as in the fluid
+  model. The decoding sequences get one token per step. Prompt
   steps take ``rho_p`` of the replica's time (``rho_p = lambda_local * E[service] / D``), and
   ``lambda_local / D`` of them come per second. Decode steps fill the rest, ``(1 - rho_p) / t_step(B)``
   per second. So ``TPOT = 1 / ((1 - rho_p) / t_step(B) + lambda_local / D)``, with ``B = x * TPOT``
@@ -291,7 +292,7 @@ class Planner:
         per_seq = p.decode_compute_s_per_seq + p.decode_attention_s(self.w.decode_kv)
         if x * per_seq >= MAX_DECODE_UTILISATION or gamma * x >= 1:
             return float("nan"), float("nan")
-        tpot = beta / (1 - gamma * x)
+        tpot = (beta + gamma) / (1 - gamma * x)
         batch = x * tpot
         if batch > self.scenario.max_num_seqs or batch * self.w.decode_kv > p.kv_capacity_bytes:
             return float("nan"), float("nan")

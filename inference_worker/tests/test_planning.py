@@ -185,9 +185,10 @@ def test_planner_ttft_percentiles_hand_computed(prfaas):
     pred = planner.predict(Fleet(0, 1, 1, None), 0.4)
     assert pred.ttft_p50_s == pytest.approx(s, abs=1e-9)  # P(no wait) = 1 - rho >= 0.5: the median is S
     assert pred.ttft_p90_s == pytest.approx(s + math.log(rho / 0.1) / theta, abs=1e-9)
-    # Fluid decode: x = 0.4 * 3 tokens/s, TPOT = beta / (1 - gamma x), beta = 60e9 / 19.2e12, gamma = KV / 19.2e12.
+    # Fluid decode: x = 0.4 * 3 tokens/s, TPOT = (beta + gamma) / (1 - gamma x), beta = 60e9 / 19.2e12,
+    # gamma = KV / 19.2e12 (a sequence's step reads its own KV too).
     kv = prfaas.geometry.resident_bytes_array(np.array([7893 + 1.5]), 131075)[0]
-    assert pred.tpot_s == pytest.approx(60e9 / 19.2e12 / (1 - kv / 19.2e12 * 1.2), rel=1e-12)
+    assert pred.tpot_s == pytest.approx((60e9 + kv) / 19.2e12 / (1 - kv / 19.2e12 * 1.2), rel=1e-12)
     assert pred.link_share == 0.0 and pred.remote_share == 0.0
 
 

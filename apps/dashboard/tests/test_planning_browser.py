@@ -32,7 +32,7 @@ from apps.fleet.models import Replica
 from apps.fleet.services import cluster_create, cluster_link_create, pool_create
 from apps.operations.models import Action
 from apps.planning.models import PlanResult, Profile
-from apps.planning.tests.conftest import FIXTURES
+from apps.planning.tests.conftest import FIXTURES, WORKLOAD
 from inference_worker.tests.support.agent import AgentProcess, wait_for
 
 pytestmark = [
@@ -104,7 +104,11 @@ def test_apply_from_the_planning_page_scales_both_pools_to_the_recommendation(
     page.select_option("#plan-prefill", str(prefill.pk))
     page.select_option("#plan-decode", str(decode.pk))
     page.select_option("#plan-link", str(link.pk))
-    page.fill("#plan-rate", "1")
+    # The fixture's workload (WORKLOAD, as the service tests plan it), not the page's demo-sized start.
+    for field, key in (("prompt-median", "prompt_median"), ("prompt-p90", "prompt_p90"), ("prompt-cap", "prompt_cap"),
+                       ("output-median", "output_median"), ("rate", "rate_per_s"), ("ttft", "ttft_slo_s"),
+                       ("tpot", "tpot_slo_s"), ("attainment", "attainment")):
+        page.fill(f"#plan-{field}", str(WORKLOAD[key]))
     page.click("#plan-submit", no_wait_after=True)
     page.wait_for_selector("#plan-result:not([hidden])", timeout=60_000)
     assert page.text_content("#rec-prefill-replicas") == "1 (dc-p/prefill)"

@@ -11,6 +11,7 @@ from django.test.utils import CaptureQueriesContext
 
 from apps.dashboard import selectors
 from apps.fleet.services import cluster_link_create
+from apps.planning.selectors import PAGE_WORKLOAD
 
 pytestmark = pytest.mark.django_db
 
@@ -36,5 +37,9 @@ def test_operator_sees_controls_and_viewer_sees_none(make_pool, make_cluster, cl
     assert choices["links"] == [{"id": link.pk, "source": "dc-b", "source_id": prefill.cluster_id,
                                  "destination": "dc-a", "destination_id": cluster.pk, "bandwidth_gbps": 10.0,
                                  "rtt_ms": 5.0}]
+    for field, key in (("plan-prompt-median", "prompt_median"), ("plan-rate", "rate_per_s"),
+                       ("plan-tpot", "tpot_slo_s")):
+        assert f'id="{field}" type="number"' in page
+        assert f'value="{PAGE_WORKLOAD[key]}"' in page.split(f'id="{field}"')[1].split(">")[0]
     embedded = page.split('<script id="planning-data" type="application/json">')[1].split("</script>")[0]
     assert json.loads(embedded) == choices

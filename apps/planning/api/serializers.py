@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from apps.core.serializers import StrictFieldsMixin, StrictFloatField
@@ -43,6 +47,11 @@ class ProfileMeasureSerializer(StrictFieldsMixin, serializers.Serializer):
     max_new_tokens = serializers.IntegerField(min_value=4, max_value=64, default=profiling.DEFAULT_MAX_NEW_TOKENS)
 
 
+GIVEN_FIELDS = ("prompt_median", "prompt_cap", "output_median", "rate_per_s")
+"""The workload fields a plan needs unless telemetry gives them."""
+REQUIRED_GIVEN = "This field is required unless workload_source is telemetry."
+
+
 class WorkloadSerializer(StrictFieldsMixin, serializers.Serializer):
     """Lengths in tokens, the arrival rate (Poisson, req/s) and the objectives. With the telemetry source the
     lengths and rate are read from telemetry and may be left out."""
@@ -58,13 +67,27 @@ class WorkloadSerializer(StrictFieldsMixin, serializers.Serializer):
     attainment = StrictFloatField(min_value=0.01, max_value=0.999, default=0.9)
     max_link_share = StrictFloatField(min_value=0.01, max_value=1.0, default=1.0)
 
+    def to_internal_value(self, data: Any) -> dict:  # noqa: ANN401 - DRF's signature
+        """The fields' errors and the fields the ``given`` source requires, in one answer."""
+        errors, value = {}, None
+        try:
+            value = super().to_internal_value(data)
+        except serializers.ValidationError as exc:
+            if not isinstance(exc.detail, Mapping):
+                raise
+            errors = dict(exc.detail)
+        if isinstance(data, Mapping) and not self._telemetry:
+            errors.update({f: [REQUIRED_GIVEN] for f in GIVEN_FIELDS if f not in data and f not in errors})
+        if errors:
+            raise serializers.ValidationError(errors)
+        return value
+
+    @property
+    def _telemetry(self) -> bool:
+        return self.context.get("workload_source") == PlanScenario.WorkloadSource.TELEMETRY
+
     def validate(self, attrs: dict) -> dict:
-        telemetry = self.context.get("workload_source") == PlanScenario.WorkloadSource.TELEMETRY
-        if not telemetry:
-            missing = [f for f in ("prompt_median", "prompt_cap", "output_median", "rate_per_s") if f not in attrs]
-            if missing:
-                raise serializers.ValidationError({f: ["This field is required unless workload_source is telemetry."]
-                                                   for f in missing})
+        if not self._telemetry:
             median, p90, cap = attrs["prompt_median"], attrs.get("prompt_p90"), attrs["prompt_cap"]
             if p90 is not None and p90 < median:
                 raise serializers.ValidationError({"prompt_p90": ["must be at least prompt_median"]})
@@ -73,6 +96,11 @@ class WorkloadSerializer(StrictFieldsMixin, serializers.Serializer):
         else:
             attrs = {k: attrs[k] for k in ("ttft_slo_s", "tpot_slo_s", "attainment", "max_link_share")}
         return attrs
+
+
+@extend_schema_field(WorkloadSerializer)
+class WorkloadField(serializers.DictField):
+    """The plan's workload: an object validated by :class:`WorkloadSerializer` (documented as it in the schema)."""
 
 
 class PlanCreateSerializer(StrictFieldsMixin, serializers.Serializer):
@@ -84,17 +112,22 @@ class PlanCreateSerializer(StrictFieldsMixin, serializers.Serializer):
     link = serializers.PrimaryKeyRelatedField(queryset=ClusterLink.objects.all())
     workload_source = serializers.ChoiceField(choices=PlanScenario.WorkloadSource.choices,
                                               default=PlanScenario.WorkloadSource.GIVEN)
-    workload = serializers.DictField(help_text="See WorkloadSerializer: lengths, rate_per_s, objectives.")
+    workload = WorkloadField(help_text="Lengths (tokens), rate_per_s and the objectives (s); with workload_source "
+                                       "telemetry only the objectives.")
     max_replicas = serializers.IntegerField(min_value=2, max_value=256, default=16,
                                             help_text="The largest total (prefill + decode) the search tries.")
+
+    def validate_workload(self, value: dict) -> dict:
+        # A field validator, so the workload's errors come in the same answer as the other fields'.
+        source = self.initial_data.get("workload_source") if isinstance(self.initial_data, Mapping) else None
+        workload = WorkloadSerializer(data=value, context={"workload_source": source})
+        if not workload.is_valid():
+            raise serializers.ValidationError(workload.errors)
+        return workload.validated_data
 
     def validate(self, attrs: dict) -> dict:
         if attrs["prefill_pool"].pk == attrs["decode_pool"].pk:
             raise serializers.ValidationError({"decode_pool": ["choose two different pools"]})
-        workload = WorkloadSerializer(data=attrs["workload"], context={"workload_source": attrs["workload_source"]})
-        if not workload.is_valid():
-            raise serializers.ValidationError({"workload": workload.errors})
-        attrs["workload"] = workload.validated_data
         return attrs
 
 

@@ -4,7 +4,8 @@
   sweep of a pool (a ``pool.profile`` Action, 201; 409 if the pool is busy).
 - ``POST plans/`` computes a plan (201; 400 naming the field when no fleet meets the objectives or an input is
   invalid); ``POST plans/{id}/apply/`` scales the pools and sets bounds through Actions (409 if a pool is busy);
-  ``GET plans/{id}/measured/`` gives the prediction beside telemetry's measured TTFT of both pools.
+  ``GET plans/{id}/measured/`` gives the prediction beside telemetry's measured TTFT of both pools;
+  ``DELETE plans/{id}/`` removes a plan (its scenario too), after which its profiles can be deleted.
 
 Views call services and selectors only.
 """
@@ -64,7 +65,7 @@ class ProfileViewSet(mixins.CreateModelMixin, mixins.DestroyModelMixin, viewsets
         return Response(ActionSerializer(act).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
 
-class PlanViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
+class PlanViewSet(mixins.CreateModelMixin, mixins.DestroyModelMixin, viewsets.ReadOnlyModelViewSet):
     serializer_class = PlanResultSerializer
     filterset_class = PlanResultFilterSet
     ordering_fields = ["created_at"]
@@ -82,10 +83,13 @@ class PlanViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
         result = services.plan_create(**serializer.validated_data, requested_by=request.user)
         return Response(PlanResultSerializer(result).data, status=status.HTTP_201_CREATED)
 
+    def perform_destroy(self, instance) -> None:  # noqa: ANN001 - DRF signature
+        services.plan_delete(result=instance)
+
     @extend_schema(request=None, responses=PlanResultSerializer)
     @action(detail=True, methods=["post"])
     def apply(self, request: Request, pk: str | None = None) -> Response:
-        """Scale each pool to its recommended replicas (``pool.scale`` Actions) and set the prefill pool's
+        """Scale each pool to its recommended replicas (``pool.scale`` Actions) and set the decode pool's
         threshold bounds; the result's ``applied`` lists each step with its Action or the reason it was skipped."""
         result = self.get_object()
         services.plan_apply(result=result, requested_by=request.user)

@@ -8,7 +8,7 @@ import pytest
 
 from apps.operations.models import Action
 from apps.operations.pools import pool_scale
-from apps.planning.models import PlanResult, Profile
+from apps.planning.models import PlanResult, PlanScenario, Profile
 from apps.planning.tests.conftest import FIXTURES, WORKLOAD
 
 pytestmark = pytest.mark.django_db
@@ -83,6 +83,54 @@ def test_bad_plan_input_is_a_400_naming_the_field(two_dcs, profiles, operator_ap
     assert refused.status_code == 400, refused.json()
     assert message in json.dumps(refused.json()[field])
     assert not PlanResult.objects.exists()
+
+
+def test_every_wrong_field_is_named_in_one_answer(two_dcs, profiles, operator_api):
+    """A client learns every mistake at once: an unknown field, a missing pool, the workload's missing, unknown and
+    malformed fields (the given source's required ones too), not one round per kind."""
+    body = _plan_body(two_dcs, extra=1, workload={"prompt_median": "many", "typo": 1})
+    del body["prefill_pool"]
+    refused = operator_api.post("/api/v1/plans/", body, format="json")
+    assert refused.status_code == 400
+    errors = refused.json()
+    assert sorted(errors) == ["extra", "prefill_pool", "workload"]
+    assert errors["prefill_pool"] == ["This field is required."]
+    assert errors["workload"] == {
+        "typo": ["Unknown field: it is not part of this resource."],
+        "prompt_median": ["A valid integer is required."],
+        "ttft_slo_s": ["This field is required."], "tpot_slo_s": ["This field is required."],
+        **{f: ["This field is required unless workload_source is telemetry."]
+           for f in ("prompt_cap", "output_median", "rate_per_s")}}
+    telemetry = operator_api.post("/api/v1/plans/", _plan_body(two_dcs, workload_source="telemetry", workload={}),
+                                  format="json")
+    assert telemetry.status_code == 400
+    assert telemetry.json() == {"workload": {"ttft_slo_s": ["This field is required."],
+                                             "tpot_slo_s": ["This field is required."]}}
+    assert not PlanResult.objects.exists()
+
+
+def test_the_schema_documents_the_plan_workload(viewer_api):
+    schema = viewer_api.get("/api/v1/schema/?format=json").json()
+    props = schema["components"]["schemas"]["PlanCreateRequest"]["properties"]
+    assert json.dumps(props["workload"]).count("#/components/schemas/WorkloadRequest") == 1
+    workload = schema["components"]["schemas"]["WorkloadRequest"]
+    assert workload["required"] == ["tpot_slo_s", "ttft_slo_s"]
+    assert set(workload["properties"]) == {
+        "prompt_median", "prompt_p90", "prompt_cap", "output_median", "rate_per_s", "ttft_slo_s", "tpot_slo_s",
+        "attainment", "max_link_share"}
+
+
+def test_deleting_a_plan_frees_its_profiles(two_dcs, profiles, operator_api, viewer_api):
+    plan = operator_api.post("/api/v1/plans/", _plan_body(two_dcs), format="json").json()
+    operator_api.post(f"/api/v1/plans/{plan['id']}/apply/")
+    kept = operator_api.delete(f"/api/v1/profiles/{profiles[0].pk}/")
+    assert kept.status_code == 409 and f"plan result #{plan['id']} of" in kept.json()["detail"]
+    assert viewer_api.delete(f"/api/v1/plans/{plan['id']}/").status_code == 403
+    assert operator_api.delete(f"/api/v1/plans/{plan['id']}/").status_code == 204
+    assert not PlanResult.objects.exists() and not PlanScenario.objects.exists()
+    assert Action.objects.filter(kind="pool.scale").count() == 2
+    assert operator_api.delete(f"/api/v1/profiles/{profiles[0].pk}/").status_code == 204
+    assert operator_api.delete(f"/api/v1/plans/{plan['id']}/").status_code == 404
 
 
 def test_same_pool_twice_no_profile_and_unmeetable_objectives_are_400s(two_dcs, operator_api):

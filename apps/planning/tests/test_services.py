@@ -160,6 +160,24 @@ def test_plan_from_the_fixture_profiles_is_exact(two_dcs, profiles):
     assert result.scenario.workload == WORKLOAD and result.workload == WORKLOAD
 
 
+def test_the_planning_pages_workload_is_met_on_the_demo_fleets_profile(two_dcs):
+    """The page's starting workload gives a recommendation on the profile ``make run``'s CPU workers measured
+    (session 9, quiet host); the workload it replaced (p90 1024, cap 2048 tokens, TPOT 0.1 s) is refused at any
+    size up to 16 replicas."""
+    text = (FIXTURES / "demo_cpu_profile.json").read_text()
+    for pool in (two_dcs["prefill"], two_dcs["decode"]):
+        services.profile_import(pool=pool, text=text)
+    result = services.plan_create(prefill_pool=two_dcs["prefill"], decode_pool=two_dcs["decode"],
+                                  link=two_dcs["link"], workload=dict(selectors.PAGE_WORKLOAD))
+    assert (result.prefill_replicas, result.decode_replicas, result.threshold_tokens) == (0, 2, None)
+    assert result.ttft_p90_s <= selectors.PAGE_WORKLOAD["ttft_slo_s"]
+    assert result.tpot_s <= selectors.PAGE_WORKLOAD["tpot_slo_s"]
+    with pytest.raises(ValidationError, match="no fleet of at most 16 replicas"):
+        services.plan_create(prefill_pool=two_dcs["prefill"], decode_pool=two_dcs["decode"], link=two_dcs["link"],
+                             workload={**selectors.PAGE_WORKLOAD, "prompt_p90": 1024, "prompt_cap": 2048,
+                                       "rate_per_s": 1.0, "tpot_slo_s": 0.1})
+
+
 def test_apply_requests_one_scale_action_per_pool_and_records_why_bounds_were_skipped(two_dcs, profiles, operator_api):
     result = services.plan_create(prefill_pool=two_dcs["prefill"], decode_pool=two_dcs["decode"],
                                   link=two_dcs["link"], workload=WORKLOAD)
