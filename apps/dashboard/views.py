@@ -18,8 +18,8 @@ from django.shortcuts import render
 
 from apps.accounts.roles import ADMIN, OPERATOR, role_at_least, user_role
 from apps.dashboard import selectors
-from apps.planning import selectors as planning_selectors
 from apps.fleet.models import ClusterLink, Pool
+from apps.planning import selectors as planning_selectors
 from apps.rollouts.models import RolloutPlan
 from apps.rollouts.selectors import rollout_list
 from apps.rollouts.transitions import state_label
