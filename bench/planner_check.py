@@ -8,9 +8,7 @@ settings, ``FERRY_CLIENT_API_KEY`` for the router)::
 1. **Profiles, co-located**: ``manage.py ferry_profile`` on the demo's prefill and decode pools while the whole
    fleet runs (the sweep shares the machine with it, as the load will), unless ``--reuse-profiles`` takes each
    pool's newest profile. The decode pool's sweep also measures its prefill while it decodes
-   (:mod:`apps.planning.profiling`). Batch sizes ``--batch-sizes`` (1, 2, 3: the batches this load runs at; on
-   this CPU a step of 4 or more sequences takes a faster matrix path than one of 2 or 3, about 0.11 s against
-   0.13 and 0.18 s, so a line through 1, 2 and 4 would halve the step the load sees).
+   (:mod:`apps.planning.profiling`). Batch sizes ``--batch-sizes`` (1, 2, 3: the batches this load runs at).
 2. **Load**: ``bench/workloads.py``'s multi-turn sessions (:class:`MultiTurnConfig`, its token ids drawn with
    ``--seed``: a new seed per run by default, since a rerun of the same prompts would hit the prefix caches the
    last run filled) through the router, sessions arriving as a Poisson process at ``--session-rate`` per second
@@ -19,13 +17,17 @@ settings, ``FERRY_CLIENT_API_KEY`` for the router)::
 3. **Prediction** for the fleet as it runs: the planner (:class:`inference_worker.planning.planner.Planner`, on the
    measured profiles through :mod:`apps.planning.recommend`) at the run's request rate (requests / wall time), its
    prompt lengths the tokens each request really computed (``prompt_tokens - cached_tokens``, median and p90 as a
-   log-normal), its outputs the requested ``max_tokens``, the router's threshold (``--threshold``, the demo's 256
+   log-normal) after the run's mean cached prefix (``cached_tokens``: a later turn finds its conversation in the
+   prefix cache, and its computed tokens attend to it: ``Workload.cached_prefix_mean``), its outputs the requested
+   ``max_tokens``, the router's threshold (``--threshold``, the demo's 256
    by default), and ``Fleet(remote_prefill=P, local_prefill=0, decode=D, colocated=True)`` with ``P`` and ``D`` the
    pools' ready replicas: a demo decode replica prefills short prompts itself, in the batch of its decodes (the
    planner's "co-located local prefill": its prompts wait for the step in progress and share steps with the
    decoding sequences, and remotely prefilled requests wait for the step in progress before their first token).
 
-Prints predicted vs measured TTFT p50 and p90 and their ratios; writes ``bench/results/planner_check.json``.
+Prints predicted vs measured TTFT p50 and p90 and their ratios, and the ratios of a prediction that prices the
+computed tokens as fresh prompts (the model before session 10); writes ``bench/results/planner_check.json``.
+``--repredict JSON`` predicts again for an earlier run's measurements with the newest profiles.
 Acceptance: the prediction's p50 within 25% of the measured p50. Session arrivals are Poisson but a session's turns
 follow one another, so request arrivals are burstier than the planner's Poisson assumption; without a think time
 (``--think-time-s 0``) turns whose answers ended in the same decode step arrive together.
@@ -114,21 +116,25 @@ def measured_workload(turns: list, wall_s: float) -> dict:
     computed = [max(1, r.num_prompt_tokens - r.num_cached_tokens) for r in ok]
     return {"requests": len(ok), "failed": len(turns) - len(ok), "wall_s": wall_s, "rate_per_s": len(ok) / wall_s,
             "computed_prompt_median": int(percentile(computed, 50)), "computed_prompt_p90": int(percentile(computed, 90)),
-            "computed_prompt_max": max(computed), "output_median": int(percentile([r.max_tokens for r in ok], 50)),
+            "computed_prompt_max": max(computed), "cached_prefix_mean": sum(r.num_cached_tokens for r in ok) / len(ok),
+            "output_median": int(percentile([r.max_tokens for r in ok], 50)),
             "ttft_p50_s": percentile([r.ttft_s for r in ok], 50), "ttft_p90_s": percentile([r.ttft_s for r in ok], 90),
             "tpot_s": percentile([r.tpot_s for r in ok if r.num_output_tokens > 1], 50)}
 
 
 def predict(prefill: Pool, decode: Pool, link: ClusterLink, run: dict, threshold: int | None,
-            prefill_replicas: int, decode_replicas: int) -> dict:
-    """The planner's prediction for the running fleet at the run's rate and lengths."""
+            prefill_replicas: int, decode_replicas: int, *, cached_prefix: bool = True) -> dict:
+    """The planner's prediction for the running fleet at the run's rate and lengths; ``cached_prefix``: the computed
+    tokens attend to the run's mean cached prefix (``Workload.cached_prefix_mean``), else they are priced as fresh
+    prompts (the model before session 10)."""
     p_profile, d_profile = selectors.profile_for_pool(pool=prefill), selectors.profile_for_pool(pool=decode)
     if p_profile is None or d_profile is None:
         raise SystemExit("no profile for a demo pool: run without --reuse-profiles")
     median, p90 = run["computed_prompt_median"], max(run["computed_prompt_p90"], run["computed_prompt_median"])
     workload = Workload(prompt_median=median, prompt_p90=p90 if p90 > median else None,
                         prompt_cap=max(run["computed_prompt_max"], p90), output_median=run["output_median"],
-                        rate_per_s=run["rate_per_s"], ttft_slo_s=math.inf, tpot_slo_s=math.inf)
+                        rate_per_s=run["rate_per_s"], ttft_slo_s=math.inf, tpot_slo_s=math.inf,
+                        cached_prefix_mean=run["cached_prefix_mean"] if cached_prefix else 0.0)
     fitted = selectors.fitted(p_profile), selectors.fitted(d_profile)
     scenario = build_scenario(config=decode.model_version.model_config(), prefill=fitted[0], decode=fitted[1],
                               bandwidth_gbps=link.bandwidth_gbps, rtt_s=link.rtt_ms / 1000, workload=workload,
@@ -156,9 +162,14 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=None,
                         help="token ids and arrivals (default: from the clock, so no run reuses another's prompts)")
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--repredict", type=Path, metavar="JSON",
+                        help="predict again for an earlier run's measurements (its file is rewritten; no load)")
     args = parser.parse_args()
     if args.seed is None:
         args.seed = time.time_ns() % 2**31
+    if args.repredict:
+        repredict(args.repredict)
+        return
 
     prefill, decode, link = demo_pools()
     replicas = ready_replicas(prefill), ready_replicas(decode)
@@ -175,21 +186,39 @@ def main() -> None:
     run = measured_workload(turns, wall_s)
     if run["requests"] == 0:
         raise SystemExit(f"every request failed; first error: {turns[0].result.error if turns else 'no turns'}")
-    predicted = predict(prefill, decode, link, run, args.threshold, *replicas)
+    result = {"started_at": started, "args": {k: str(v) for k, v in vars(args).items()},
+              "replicas": {"prefill": replicas[0], "decode": replicas[1]}, "measured": run,
+              "requests": request_rows(turns), "load_average": os.getloadavg()}
+    report(result, prefill, decode, link, args.threshold, args.out)
+
+
+def report(result: dict, prefill: Pool, decode: Pool, link: ClusterLink, threshold: int | None, out: Path) -> None:
+    """Predict (with the cached prefix, and as fresh prompts for comparison), print, write ``out``."""
+    run, replicas = result["measured"], (result["replicas"]["prefill"], result["replicas"]["decode"])
+    predicted = predict(prefill, decode, link, run, threshold, *replicas)
+    fresh = predict(prefill, decode, link, run, threshold, *replicas, cached_prefix=False)
     ratio = predicted["ttft_p50_s"] / run["ttft_p50_s"]
-    print(f"{'':24}{'measured':>12}{'predicted':>12}{'ratio':>8}")
+    print(f"{'':24}{'measured':>12}{'predicted':>12}{'ratio':>8}{'as fresh prompts':>18}")
     for name in ("ttft_p50_s", "ttft_p90_s", "tpot_s"):
-        print(f"{name:24}{run[name]:12.3f}{predicted[name]:12.3f}{predicted[name] / run[name]:8.2f}")
+        print(f"{name:24}{run[name]:12.3f}{predicted[name]:12.3f}{predicted[name] / run[name]:8.2f}"
+              f"{fresh[name] / run[name]:18.2f}")
     print(f"rate {run['rate_per_s']:.2f} req/s, computed prompt tokens median {run['computed_prompt_median']} p90 "
-          f"{run['computed_prompt_p90']}, fleet {predicted['fleet']}, load average {os.getloadavg()[0]:.1f}")
+          f"{run['computed_prompt_p90']}, cached prefix mean {run['cached_prefix_mean']:.0f}, fleet "
+          f"{predicted['fleet']}, load average {os.getloadavg()[0]:.1f}")
     print(f"acceptance 3 (|predicted p50 / measured p50 - 1| <= 25%): {'met' if abs(ratio - 1) <= 0.25 else 'NOT met'}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"started_at": started, "args": {k: str(v) for k, v in vars(args).items()},
-                                    "replicas": {"prefill": replicas[0], "decode": replicas[1]},
-                                    "measured": run, "predicted": predicted, "p50_ratio": ratio,
-                                    "requests": request_rows(turns),
-                                    "load_average": os.getloadavg()}, indent=2))
-    print(f"wrote {args.out}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({**result, "predicted": predicted, "predicted_as_fresh_prompts": fresh,
+                               "p50_ratio": ratio}, indent=2))
+    print(f"wrote {out}")
+
+
+def repredict(path: Path) -> None:
+    """Predict again for the run in ``path`` with the newest profiles (a run's own, when no sweep came after it)."""
+    result = json.loads(path.read_text())
+    run, rows = result["measured"], [r for r in result["requests"] if r["ok"]]
+    run.setdefault("cached_prefix_mean", sum(r["cached_tokens"] for r in rows) / len(rows))
+    prefill, decode, link = demo_pools()
+    report(result, prefill, decode, link, int(result["args"]["threshold"]), path)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ MEASURED_SIGNALS = ("ttft_p50_s", "ttft_p95_s", "tpot_p50_s", "request_rate_per_
 signal (its quantiles are p50, p95, p99): the page shows measured p95 beside predicted p90, labelled as such."""
 
 PAGE_WORKLOAD = {"prompt_median": 128, "prompt_p90": 384, "prompt_cap": 512, "output_median": 16, "rate_per_s": 0.5,
-                 "ttft_slo_s": 2.0, "tpot_slo_s": 0.2, "attainment": 0.9}
+                 "ttft_slo_s": 2.0, "tpot_slo_s": 0.2, "attainment": 0.9, "cached_prefix_mean": 0}
 """The planning page's starting workload (tokens, req/s, s): one the demo fleet can meet, so a first plan on
 ``make run``'s CPU workers is a recommendation, not a refusal. Their sweep measures prompts up to 512 tokens (a
 512-token prefill takes about 1.4 s there, a decode step of 2 sequences about 0.13 s): a p90 of 1024 tokens and a

@@ -66,6 +66,10 @@ class WorkloadSerializer(StrictFieldsMixin, serializers.Serializer):
     tpot_slo_s = StrictFloatField(min_value=1e-4, max_value=60)
     attainment = StrictFloatField(min_value=0.01, max_value=0.999, default=0.9)
     max_link_share = StrictFloatField(min_value=0.01, max_value=1.0, default=1.0)
+    cached_prefix_mean = StrictFloatField(
+        min_value=0.0, max_value=1_000_000, default=0.0,
+        help_text="Mean prompt tokens per request found in a prefix cache (a conversation's earlier turns): not "
+                  "computed but attended to; the prompt lengths are then the computed tokens.")
 
     def to_internal_value(self, data: Any) -> dict:  # noqa: ANN401 - DRF's signature
         """The fields' errors and the fields the ``given`` source requires, in one answer."""
@@ -94,7 +98,8 @@ class WorkloadSerializer(StrictFieldsMixin, serializers.Serializer):
             if cap < max(median, p90 or 0):
                 raise serializers.ValidationError({"prompt_cap": ["must be at least prompt_median and prompt_p90"]})
         else:
-            attrs = {k: attrs[k] for k in ("ttft_slo_s", "tpot_slo_s", "attainment", "max_link_share")}
+            attrs = {k: attrs[k] for k in ("ttft_slo_s", "tpot_slo_s", "attainment", "max_link_share",
+                                           "cached_prefix_mean")}
         return attrs
 
 

@@ -117,7 +117,7 @@ def test_the_schema_documents_the_plan_workload(viewer_api):
     assert workload["required"] == ["tpot_slo_s", "ttft_slo_s"]
     assert set(workload["properties"]) == {
         "prompt_median", "prompt_p90", "prompt_cap", "output_median", "rate_per_s", "ttft_slo_s", "tpot_slo_s",
-        "attainment", "max_link_share"}
+        "attainment", "max_link_share", "cached_prefix_mean"}
 
 
 def test_deleting_a_plan_frees_its_profiles(two_dcs, profiles, operator_api, viewer_api):

@@ -17,6 +17,7 @@ from apps.operations.models import Action
 from apps.operations.pools import pool_scale
 from apps.planning import selectors, services
 from apps.planning.models import PlanResult, Profile
+from apps.planning.recommend import FittedReplicaProfile, Workload
 from apps.planning.tests.conftest import FIXTURES, WORKLOAD
 from inference_worker.planning.geometry import KVGeometry
 from inference_worker.planning.planner import latency_threshold
@@ -176,6 +177,32 @@ def test_the_planning_pages_workload_is_met_on_the_demo_fleets_profile(two_dcs):
         services.plan_create(prefill_pool=two_dcs["prefill"], decode_pool=two_dcs["decode"], link=two_dcs["link"],
                              workload={**selectors.PAGE_WORKLOAD, "prompt_p90": 1024, "prompt_cap": 2048,
                                        "rate_per_s": 1.0, "tpot_slo_s": 0.1})
+
+
+def test_a_cached_prefix_adds_the_attention_pairs_of_the_computed_tokens():
+    """``t(N) + 2 a2 N C`` is ``t(N + C) - t(C) + a0``: the computed tokens' time after a cached prefix; a concave
+    fit adds nothing, and a negative or infinite prefix is refused."""
+    # The demo decode worker's sweep of session 10; the prefix measurement was on that worker.
+    fitted = services.profile_fit(prefill_points=[[32, 0.1862], [128, 0.4174], [256, 0.7349], [512, 1.5509]],
+                                  decode_points=[[1, 0.0804], [2, 0.1097], [3, 0.1332]])
+    a0, _, a2 = fitted.prefill_coefficients
+    assert a2 > 0
+    cached = FittedReplicaProfile(fitted, 1e6, cached_prefix_tokens=592.0)
+    for n in (1, 190, 512):
+        assert cached.prefill_time_s(n) == pytest.approx(
+            fitted.prefill_time_s(n + 592) - fitted.prefill_time_s(592) + a0, rel=1e-12)
+        assert cached.colocated_prefill_time_s(n) - fitted.colocated_prefill_time_s(n) == pytest.approx(
+            2 * a2 * n * 592, rel=1e-12)
+    # Measured on that worker: 190 tokens after 592 cached took 0.20 s more than fresh. The sweep's a2 is noisy
+    # (4 lengths up to 512): this fit says 0.33 s, session 9's sweep 0.14 s.
+    assert 0.1 < cached.prefill_time_s(190) - fitted.prefill_time_s(190) < 0.4
+    concave = services.profile_fit(prefill_points=[[32, 0.2], [128, 0.5], [256, 0.85], [512, 1.5]],
+                                   decode_points=[[1, 0.08], [2, 0.11]])
+    assert concave.prefill_coefficients[2] < 0
+    assert FittedReplicaProfile(concave, 1e6, 592.0).prefill_time_s(100) == concave.prefill_time_s(100)
+    for bad in (-1.0, math.inf, math.nan):
+        with pytest.raises(ValueError, match="cached_prefix_mean"):
+            Workload(**{**WORKLOAD, "cached_prefix_mean": bad})
 
 
 def test_apply_requests_one_scale_action_per_pool_and_records_why_bounds_were_skipped(two_dcs, profiles, operator_api):

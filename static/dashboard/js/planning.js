@@ -62,7 +62,7 @@
     const workload = {ttft_slo_s: num("plan-ttft"), tpot_slo_s: num("plan-tpot"), attainment: num("plan-attainment")};
     if (source() === "given") Object.assign(workload, {prompt_median: num("plan-prompt-median"),
       prompt_p90: num("plan-prompt-p90"), prompt_cap: num("plan-prompt-cap"), output_median: num("plan-output-median"),
-      rate_per_s: num("plan-rate")});
+      rate_per_s: num("plan-rate"), cached_prefix_mean: num("plan-cached-prefix") ?? 0});
     const body = {prefill_pool: Number($("plan-prefill").value), decode_pool: Number($("plan-decode").value),
       link: Number($("plan-link").value), workload_source: source(), workload, max_replicas: num("plan-max-replicas")};
     $("plan-submit").disabled = true;
