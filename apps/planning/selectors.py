@@ -61,8 +61,12 @@ def _mean(records: list[dict], name: str) -> float | None:
 
 def telemetry_workload(*, pool: Pool) -> dict:
     """The workload of ``pool``'s recent traffic: the mean request rate over the telemetry history (its horizon is
-    15 minutes: "last hour's traffic" reads what telemetry keeps) and constant prompt and output lengths equal to
-    the means ``prompt_tokens_per_s / request_rate_per_s`` and ``generation_tokens_per_s / request_rate_per_s``.
+    15 minutes: "last hour's traffic" reads what telemetry keeps) and constant prompt and output lengths from the
+    means ``prompt_tokens_per_s / request_rate_per_s`` and ``generation_tokens_per_s / request_rate_per_s``.
+
+    A prompt's tokens split by the pool's mean ``prefix_cache_hit_rate`` (tokens found in the prefix cache / tokens
+    looked up): the found share is ``cached_prefix_mean``, the rest the computed prompt length (the planner's
+    prompt lengths are computed tokens). Without that signal nothing is cached.
 
     Raises:
         ValidationError: no request traffic in the window.
@@ -73,9 +77,11 @@ def telemetry_workload(*, pool: Pool) -> dict:
     if not rate or not prompt or not generation:
         raise ValidationError({"workload_source": [
             f"telemetry has no request traffic for pool {pool} in its window; give the workload instead"]})
-    prompt_tokens = max(1, round(prompt / rate))
-    return {"rate_per_s": rate, "prompt_median": prompt_tokens, "prompt_p90": None, "prompt_cap": prompt_tokens,
-            "output_median": max(1, round(generation / rate))}
+    hit = min(max(_mean(records, "prefix_cache_hit_rate") or 0.0, 0.0), 1.0)
+    total = prompt / rate
+    computed = max(1, round(total * (1 - hit)))
+    return {"rate_per_s": rate, "prompt_median": computed, "prompt_p90": None, "prompt_cap": computed,
+            "output_median": max(1, round(generation / rate)), "cached_prefix_mean": total - computed if hit else 0.0}
 
 
 def plan_measured(*, result: PlanResult) -> dict:

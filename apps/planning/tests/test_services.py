@@ -328,7 +328,23 @@ def test_telemetry_workload_is_the_mean_of_the_recent_records(two_dcs, profiles,
     # mean rate 2 req/s, mean prompt 600 tokens/s / 2 = 300 tokens, output 40 / 2 = 20 tokens
     assert result.workload == {"ttft_slo_s": 2.0, "tpot_slo_s": 0.1, "attainment": 0.9, "max_link_share": 1.0,
                                "rate_per_s": 2.0, "prompt_median": 300, "prompt_p90": None, "prompt_cap": 300,
-                               "output_median": 20}
+                               "output_median": 20, "cached_prefix_mean": 0.0}
+
+
+def test_telemetry_workload_splits_prompts_by_the_prefix_cache_hit_rate(two_dcs, profiles, default_history):
+    """A conversation's later turns find most of their prompt cached: the computed length is the rest."""
+    from apps.telemetry.selectors import history_scope
+
+    now = time.time()
+    for i, hit in enumerate((0.7, 0.8)):
+        default_history.append(history_scope(two_dcs["decode"].pk), now - 10 + i, {
+            "at": now - 10 + i, "signals": {"request_rate_per_s": 2.0, "prompt_tokens_per_s": 1600.0,
+                                            "generation_tokens_per_s": 32.0, "prefix_cache_hit_rate": hit}})
+    result = services.plan_create(prefill_pool=two_dcs["prefill"], decode_pool=two_dcs["decode"], link=two_dcs["link"],
+                                  workload={"ttft_slo_s": 2.0, "tpot_slo_s": 0.1}, workload_source="telemetry")
+    # 800 prompt tokens a request, 75% found cached: 200 computed after a 600-token prefix
+    assert (result.workload["prompt_median"], result.workload["prompt_cap"]) == (200, 200)
+    assert result.workload["cached_prefix_mean"] == pytest.approx(600.0)
 
 
 def test_telemetry_workload_without_traffic_is_refused(two_dcs, profiles, default_history):
