@@ -22,6 +22,7 @@ time for 100,000 requests on 1,000 accelerators. Prints tables beside the PrfaaS
 JSON to ``bench/results/planner_prfaas.json``.
 
     .venv/bin/python bench/planner_prfaas.py [--requests 20000] [--sweep-requests 4000] [--big 100000]
+    .venv/bin/python bench/planner_prfaas.py --only prfaas_paper_kv   # one scenario's policy table
 """
 
 from __future__ import annotations
@@ -219,8 +220,18 @@ def main() -> None:
     parser.add_argument("--sweep-requests", type=int, default=4000, help="requests per sweep run")
     parser.add_argument("--big", type=int, default=100000, help="requests of the wall-time run")
     parser.add_argument("--skip-sweep", action="store_true")
+    parser.add_argument("--only", nargs="+", metavar="SCENARIO",
+                        help="compare the policies on these scenarios only (no scale run, sweep or P:D report); "
+                             "JSON to bench/results/planner_prfaas-<names>.json")
     args = parser.parse_args()
     started = time.perf_counter()
+    if args.only:
+        only = {"scenarios": [compare(n, args.requests) for n in args.only], "wall_s": time.perf_counter() - started}
+        out = RESULTS / f"planner_prfaas-{'-'.join(args.only)}.json"
+        RESULTS.mkdir(exist_ok=True)
+        out.write_text(json.dumps(only, indent=1, default=float))
+        print(f"\nwall {only['wall_s']:.0f} s; JSON: {out.relative_to(ROOT)}")
+        return
     results = {"scale": scale(args.big),
                "scenarios": [compare(n, args.requests) for n in ("prfaas", "prfaas_10g", "prfaas_dense")]}
     results["pd_ratio"] = pd_ratio(results["scenarios"][0])

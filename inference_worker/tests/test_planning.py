@@ -64,6 +64,10 @@ def test_prfaas_kv_bytes_come_from_the_one_formula(prfaas):
     assert geo.transfer_bytes(32768) == 4096 * (8 * 32768 + 40 * 1023) == 1_241_350_144
     assert geo.resident_bytes(32768) == 4096 * (8 * 32768 + 40 * 1024) == 1_241_513_984
     assert load_scenario("prfaas_dense").geometry.transfer_bytes(32768) == 4096 * 48 * 32768
+    # The paper-rate variant: 4 KV heads (2048 B/token/layer), 4 full + 44 sliding layers.
+    paper = load_scenario("prfaas_paper_kv")
+    assert paper.geometry.transfer_bytes(32768) == 2048 * (4 * 32768 + 44 * 1023)
+    assert paper.profiles["compute"].flops_per_token == prfaas.profiles["compute"].flops_per_token == 2 * 30e9
     n = np.array([0, 1, 500, 1022, 1023, 1024, 1025, 4096, 131072])
     assert geo.transfer_bytes_array(n, 131072).tolist() == [geo.transfer_bytes(int(x)) for x in n]
     assert geo.resident_bytes_array(n, 131072).tolist() == [geo.resident_bytes(int(x)) for x in n]
