@@ -17,6 +17,9 @@ from django.db import models
 from rest_framework import serializers
 from rest_framework.relations import PKOnlyObject
 
+FORM_ONLY_FIELDS = frozenset({"csrfmiddlewaretoken"})
+"""Keys a browser's form post carries beside the resource's fields (Django's CSRF token): never "unknown"."""
+
 
 class StrictFieldsMixin:
     """Refuse a write that carries fields the serializer will not write (HTTP 400, one message per field).
@@ -33,6 +36,8 @@ class StrictFieldsMixin:
             fields = self.fields  # type: ignore[attr-defined]
             errors = {}
             for name in data:
+                if name in FORM_ONLY_FIELDS:
+                    continue
                 field = fields.get(name)
                 if field is not None and not field.read_only:
                     continue

@@ -232,6 +232,12 @@ def plan_create(*, prefill_pool: Pool, decode_pool: Pool, link: ClusterLink, wor
             profile exists for a pool, telemetry has no traffic, or no fleet of at most ``max_replicas`` replicas
             meets the objectives (the message says which).
     """
+    if prefill_pool.role == Pool.Role.DECODE:
+        raise ValidationError({"prefill_pool": [f"pool {prefill_pool} is a decode pool; choose a prefill (or "
+                                                "colocated) pool"]})
+    if decode_pool.role == Pool.Role.PREFILL:
+        raise ValidationError({"decode_pool": [f"pool {decode_pool} is a prefill pool; choose a decode (or colocated) "
+                                               "pool"]})
     if prefill_pool.model_version_id != decode_pool.model_version_id:
         raise ValidationError({"decode_pool": ["the prefill and decode pools must run the same model version"]})
     if {link.source_id, link.destination_id} != {prefill_pool.cluster_id, decode_pool.cluster_id}:
@@ -257,7 +263,7 @@ def plan_create(*, prefill_pool: Pool, decode_pool: Pool, link: ClusterLink, wor
         raise ValidationError({"workload": [str(exc)]}) from exc
     if rec is None:
         raise ValidationError({"workload": [
-            f"no fleet of at most {max_replicas} replicas meets TTFT p{round(used.get('attainment', 0.9) * 100)} "
+            f"no fleet of at most {max_replicas} replicas meets TTFT p{used.get('attainment', 0.9) * 100:.4g} "
             f"<= {used['ttft_slo_s']} s and TPOT <= {used['tpot_slo_s']} s at {used['rate_per_s']} req/s on these "
             "profiles; lower the rate, relax the objectives or allow more replicas"]})
     p = rec.prediction
@@ -273,11 +279,18 @@ def plan_create(*, prefill_pool: Pool, decode_pool: Pool, link: ClusterLink, wor
             attainment=p.attainment, curve=rec.curve)
 
 
+class PlanGone(Exception):
+    """The plan was deleted (by a concurrent request) before the operation on it ran."""
+
+
 def plan_delete(*, result: PlanResult) -> None:
     """Delete a plan: its result and the scenario it was computed for. The Actions an apply requested stay in the
     Action log; the profiles it used can be deleted once no other plan uses them."""
     with transaction.atomic():
-        result.scenario.delete()
+        # The row lock orders a delete after an apply in flight (plan_apply holds it until its Actions commit).
+        locked = PlanResult.objects.select_for_update().filter(pk=result.pk).select_related("scenario").first()
+        if locked is not None:
+            locked.scenario.delete()
 
 
 def _check_positive_up_to(fitted: dict[str, FittedProfile], profiles: dict[str, Profile], cap: int) -> None:
@@ -317,12 +330,15 @@ def plan_apply(*, result: PlanResult, requested_by: AbstractBaseUser | None = No
     Raises:
         ConflictError: a pool has an active Action, or a key was reused.
         ValidationError: a replica count the pool refuses (e.g. outside its autoscaling min..max).
+        PlanGone: the plan was deleted meanwhile (nothing is scaled).
     """
-    scenario = result.scenario
     steps: list[dict] = []
     with transaction.atomic():
         # The row lock orders concurrent applies of one plan: the second reads the first's steps and returns them.
-        locked = PlanResult.objects.select_for_update().only("applied", "applied_at").get(pk=result.pk)
+        locked = PlanResult.objects.select_for_update().only("applied", "applied_at").filter(pk=result.pk).first()
+        if locked is None:
+            raise PlanGone(f"plan #{result.pk} was deleted before it could be applied; nothing was scaled")
+        scenario = result.scenario  # exists while the row lock holds
         if locked.applied_at is not None:
             result.applied, result.applied_at = locked.applied, locked.applied_at
             return result.applied

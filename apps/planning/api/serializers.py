@@ -98,8 +98,11 @@ class WorkloadSerializer(StrictFieldsMixin, serializers.Serializer):
             if cap < max(median, p90 or 0):
                 raise serializers.ValidationError({"prompt_cap": ["must be at least prompt_median and prompt_p90"]})
         else:
-            attrs = {k: attrs[k] for k in ("ttft_slo_s", "tpot_slo_s", "attainment", "max_link_share",
-                                           "cached_prefix_mean")}
+            given = sorted(set(self.initial_data) & {*GIVEN_FIELDS, "prompt_p90", "cached_prefix_mean"})
+            if given:
+                raise serializers.ValidationError({f: ["telemetry gives this with workload_source telemetry; leave it "
+                                                       "out, or use workload_source given"] for f in given})
+            attrs = {k: attrs[k] for k in ("ttft_slo_s", "tpot_slo_s", "attainment", "max_link_share")}
         return attrs
 
 

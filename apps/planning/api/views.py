@@ -15,6 +15,7 @@ from __future__ import annotations
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
+from rest_framework.exceptions import NotFound
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -92,8 +93,12 @@ class PlanViewSet(mixins.CreateModelMixin, mixins.DestroyModelMixin, viewsets.Re
         """Scale each pool to its recommended replicas (``pool.scale`` Actions) and set the decode pool's
         threshold bounds; the result's ``applied`` lists each step with its Action or the reason it was skipped."""
         result = self.get_object()
-        services.plan_apply(result=result, requested_by=request.user)
-        result.refresh_from_db()
+        try:
+            services.plan_apply(result=result, requested_by=request.user)
+        except services.PlanGone as exc:
+            raise NotFound(str(exc)) from exc
+        # plan_apply set the steps on ``result``: a delete right after the apply commits must not turn the
+        # answer for a change that was made into an error (no read back).
         return Response(PlanResultSerializer(result).data)
 
     @extend_schema(request=None, responses=dict)

@@ -109,6 +109,30 @@ def test_every_wrong_field_is_named_in_one_answer(two_dcs, profiles, operator_ap
     assert not PlanResult.objects.exists()
 
 
+def test_given_fields_with_the_telemetry_source_are_refused_by_name(two_dcs, profiles, operator_api):
+    """Telemetry gives the lengths, the rate and the cached prefix: values sent beside it would be dropped unseen."""
+    refused = operator_api.post("/api/v1/plans/", _plan_body(two_dcs, workload_source="telemetry", workload={
+        "ttft_slo_s": 2, "tpot_slo_s": 0.5, "prompt_median": 100, "rate_per_s": 0.5, "cached_prefix_mean": 50}),
+        format="json")
+    assert refused.status_code == 400
+    assert sorted(refused.json()["workload"]) == ["cached_prefix_mean", "prompt_median", "rate_per_s"]
+    assert "leave it out, or use workload_source given" in refused.json()["workload"]["rate_per_s"][0]
+
+
+def test_a_form_post_with_the_csrf_token_is_not_an_unknown_field(two_dcs, operator_api):
+    made = operator_api.post("/api/v1/profiles/measure/", {"pool": two_dcs["decode"].pk, "hardware_label": "cpu",
+                                                           "csrfmiddlewaretoken": "x"}, format="multipart")
+    assert made.status_code == 201, made.json()
+    assert made.json()["kind"] == "pool.profile"
+
+
+def test_swapped_pool_roles_are_refused(two_dcs, profiles, operator_api):
+    swapped = operator_api.post("/api/v1/plans/", _plan_body(two_dcs, prefill_pool=two_dcs["decode"].pk,
+                                                             decode_pool=two_dcs["prefill"].pk), format="json")
+    assert swapped.status_code == 400
+    assert "is a decode pool" in swapped.json()["prefill_pool"][0]
+
+
 def test_the_schema_documents_the_plan_workload(viewer_api):
     schema = viewer_api.get("/api/v1/schema/?format=json").json()
     props = schema["components"]["schemas"]["PlanCreateRequest"]["properties"]
@@ -131,6 +155,20 @@ def test_deleting_a_plan_frees_its_profiles(two_dcs, profiles, operator_api, vie
     assert Action.objects.filter(kind="pool.scale").count() == 2
     assert operator_api.delete(f"/api/v1/profiles/{profiles[0].pk}/").status_code == 204
     assert operator_api.delete(f"/api/v1/plans/{plan['id']}/").status_code == 404
+    assert operator_api.post(f"/api/v1/plans/{plan['id']}/apply/").status_code == 404
+
+
+def test_applying_a_plan_deleted_meanwhile_scales_nothing(two_dcs, profiles):
+    """The apply's view read the plan, then a concurrent DELETE removed it: the apply refuses, creating nothing."""
+    from apps.planning import services
+
+    plan = services.plan_create(prefill_pool=two_dcs["prefill"], decode_pool=two_dcs["decode"], link=two_dcs["link"],
+                                workload=dict(WORKLOAD))
+    stale = PlanResult.objects.get(pk=plan.pk)
+    services.plan_delete(result=plan)
+    with pytest.raises(services.PlanGone, match=f"plan #{plan.pk} was deleted"):
+        services.plan_apply(result=stale)
+    assert not Action.objects.exists()
 
 
 def test_same_pool_twice_no_profile_and_unmeetable_objectives_are_400s(two_dcs, operator_api):

@@ -278,6 +278,7 @@ def test_threshold_bounds_and_the_always_remote_plan(two_dcs, make_cluster):
 
 @pytest.mark.parametrize(("change", "field", "message"), [
     ({"rate_per_s": 1000.0}, "workload", "no fleet of at most 16 replicas meets TTFT p90 <= 2.0 s"),
+    ({"rate_per_s": 1000.0, "attainment": 0.995}, "workload", "meets TTFT p99.5 <= 2.0 s"),
     ({"prompt_p90": 100}, "workload", "need 1 <= median <= p90"),
 ])
 def test_plan_errors_say_what_to_change(two_dcs, profiles, change, field, message):
