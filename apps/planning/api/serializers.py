@@ -82,9 +82,34 @@ class WorkloadSerializer(StrictFieldsMixin, serializers.Serializer):
             errors = dict(exc.detail)
         if isinstance(data, Mapping) and not self._telemetry:
             errors.update({f: [REQUIRED_GIVEN] for f in GIVEN_FIELDS if f not in data and f not in errors})
+            if errors:  # the lengths' order too, from those that parsed
+                for field, message in self._order_errors(self._parsed(data, ("prompt_median", "prompt_p90",
+                                                                             "prompt_cap"))).items():
+                    errors.setdefault(field, [message])
         if errors:
             raise serializers.ValidationError(errors)
         return value
+
+    def _parsed(self, data: Mapping, names: tuple[str, ...]) -> dict:
+        parsed = {}
+        for name in names:
+            if data.get(name) is not None:
+                try:
+                    parsed[name] = self.fields[name].run_validation(data[name])
+                except serializers.ValidationError:
+                    pass
+        return parsed
+
+    @staticmethod
+    def _order_errors(values: Mapping) -> dict[str, str]:
+        """``prompt_median <= prompt_p90 <= prompt_cap`` on the values given (a missing one is not checked)."""
+        median, p90, cap = (values.get(k) for k in ("prompt_median", "prompt_p90", "prompt_cap"))
+        errors = {}
+        if p90 is not None and median is not None and p90 < median:
+            errors["prompt_p90"] = "must be at least prompt_median"
+        if cap is not None and cap < max(median or 0, p90 or 0):
+            errors["prompt_cap"] = "must be at least prompt_median and prompt_p90"
+        return errors
 
     @property
     def _telemetry(self) -> bool:
@@ -92,11 +117,9 @@ class WorkloadSerializer(StrictFieldsMixin, serializers.Serializer):
 
     def validate(self, attrs: dict) -> dict:
         if not self._telemetry:
-            median, p90, cap = attrs["prompt_median"], attrs.get("prompt_p90"), attrs["prompt_cap"]
-            if p90 is not None and p90 < median:
-                raise serializers.ValidationError({"prompt_p90": ["must be at least prompt_median"]})
-            if cap < max(median, p90 or 0):
-                raise serializers.ValidationError({"prompt_cap": ["must be at least prompt_median and prompt_p90"]})
+            order = self._order_errors(attrs)
+            if order:
+                raise serializers.ValidationError({field: [message] for field, message in order.items()})
         else:
             given = sorted(set(self.initial_data) & {*GIVEN_FIELDS, "prompt_p90", "cached_prefix_mean"})
             if given:
@@ -133,10 +156,11 @@ class PlanCreateSerializer(StrictFieldsMixin, serializers.Serializer):
             raise serializers.ValidationError(workload.errors)
         return workload.validated_data
 
-    def validate(self, attrs: dict) -> dict:
-        if attrs["prefill_pool"].pk == attrs["decode_pool"].pk:
-            raise serializers.ValidationError({"decode_pool": ["choose two different pools"]})
-        return attrs
+    def validate_decode_pool(self, value: Pool) -> Pool:
+        # A field validator, so it answers with the other fields' errors (the prefill pool's raw id is compared).
+        if isinstance(self.initial_data, Mapping) and str(self.initial_data.get("prefill_pool")) == str(value.pk):
+            raise serializers.ValidationError("choose two different pools")
+        return value
 
 
 class PlanResultSerializer(serializers.ModelSerializer):

@@ -101,6 +101,14 @@ def test_every_wrong_field_is_named_in_one_answer(two_dcs, profiles, operator_ap
         "ttft_slo_s": ["This field is required."], "tpot_slo_s": ["This field is required."],
         **{f: ["This field is required unless workload_source is telemetry."]
            for f in ("prompt_cap", "output_median", "rate_per_s")}}
+    both = operator_api.post("/api/v1/plans/", _plan_body(two_dcs, decode_pool=two_dcs["prefill"].pk, bogus=1,
+                                                          workload={**WORKLOAD, "prompt_cap": 50, "zzz": 1}),
+                             format="json")
+    assert both.status_code == 400
+    assert both.json() == {"bogus": ["Unknown field: it is not part of this resource."],
+                           "decode_pool": ["choose two different pools"],
+                           "workload": {"zzz": ["Unknown field: it is not part of this resource."],
+                                        "prompt_cap": ["must be at least prompt_median and prompt_p90"]}}
     telemetry = operator_api.post("/api/v1/plans/", _plan_body(two_dcs, workload_source="telemetry", workload={}),
                                   format="json")
     assert telemetry.status_code == 400
