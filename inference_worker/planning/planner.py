@@ -482,7 +482,7 @@ class Planner:
         """Central threshold ``T``, remote replicas and the rest of the fleet for bandwidth-aware routing.
 
         For each ``T`` of ``thresholds`` (bounds ``low * T`` and ``high * T``, the scenario's) and each remote
-        pool from 0 to :meth:`link_limited_remote_replicas` replicas, the rate is bisected on the
+        pool from 0 to the larger of :meth:`link_limited_remote_replicas` at ``low`` and at ``T`` replicas, the rate is bisected on the
         prediction with :meth:`bandwidth_aware_weights` (attainment met and the link share at most
         ``max_link_share``); decode gets the fewest replicas meeting TPOT, local prefill the rest of the
         budget. Returns the best ``(T, goodput, fleet, prediction)``.
@@ -494,7 +494,11 @@ class Planner:
         best = None
         for t in thresholds:
             low, high = int(sc.threshold_bounds[0] * t), int(sc.threshold_bounds[1] * t)
-            for remote in range(self.link_limited_remote_replicas(low) + 1):
+            # Up to the pool the link feeds at the central threshold as well as at the lower bound: at T the
+            # prompts sent are longer, so a busy replica ships less KV per second and the link feeds more of them
+            # (capped at the lower bound, 8 replicas were tried where a fixed threshold at T used 9).
+            most = max(self.link_limited_remote_replicas(low), self.link_limited_remote_replicas(int(t)))
+            for remote in range(most + 1):
                 lo, hi, found = 0.0, 2 * sc.budget, None
                 for _ in range(20):
                     mid = (lo + hi) / 2
