@@ -12,6 +12,7 @@ import json
 import math
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.exceptions import ValidationError
 from django.db import transaction
@@ -24,8 +25,9 @@ from apps.operations.models import Action
 from apps.operations.services import action_create, action_record_done
 from apps.planning import profiling, selectors
 from apps.planning.models import PlanResult, PlanScenario, Profile
-from apps.planning.recommend import Workload, plan
+from apps.planning.recommend import FittedReplicaProfile, Workload, plan
 from inference_worker.planning.profiles import FittedProfile, lowest_prefill_time_s
+from inference_worker.planning.workload import LengthDistribution
 from inference_worker.router.table import BOUND_FIELDS
 
 POOL_PROFILE = "pool.profile"
@@ -240,9 +242,12 @@ def plan_create(*, prefill_pool: Pool, decode_pool: Pool, link: ClusterLink, wor
                                                "pool"]})
     if prefill_pool.model_version_id != decode_pool.model_version_id:
         raise ValidationError({"decode_pool": ["the prefill and decode pools must run the same model version"]})
-    if {link.source_id, link.destination_id} != {prefill_pool.cluster_id, decode_pool.cluster_id}:
-        raise ValidationError({"link": [f"link {link} does not join the pools' clusters "
-                                        f"({prefill_pool.cluster} and {decode_pool.cluster})"]})
+    if (link.source_id, link.destination_id) != (prefill_pool.cluster_id, decode_pool.cluster_id):
+        joins = {link.source_id, link.destination_id} == {prefill_pool.cluster_id, decode_pool.cluster_id}
+        raise ValidationError({"link": [
+            f"link {link} runs from the decode pool's cluster to the prefill pool's: the KV cache flows the other "
+            f"way; choose the link {prefill_pool.cluster} -> {decode_pool.cluster}" if joins else
+            f"link {link} does not join the pools' clusters ({prefill_pool.cluster} -> {decode_pool.cluster})"]})
     profiles = {}
     for field, pool in (("prefill_pool", prefill_pool), ("decode_pool", decode_pool)):
         profiles[field] = selectors.profile_for_pool(pool=pool)
@@ -262,6 +267,7 @@ def plan_create(*, prefill_pool: Pool, decode_pool: Pool, link: ClusterLink, wor
     except ValueError as exc:
         raise ValidationError({"workload": [str(exc)]}) from exc
     if rec is None:
+        _check_one_prompt_fits(fitted, used)
         raise ValidationError({"workload": [
             f"no fleet of at most {max_replicas} replicas meets TTFT p{used.get('attainment', 0.9) * 100:.4g} "
             f"<= {used['ttft_slo_s']} s and TPOT <= {used['tpot_slo_s']} s at {used['rate_per_s']} req/s on these "
@@ -291,6 +297,26 @@ def plan_delete(*, result: PlanResult) -> None:
         locked = PlanResult.objects.select_for_update().filter(pk=result.pk).select_related("scenario").first()
         if locked is not None:
             locked.scenario.delete()
+
+
+def _check_one_prompt_fits(fitted: dict[str, FittedProfile], used: dict[str, Any]) -> None:
+    """Refuse, saying so, a workload whose prompt at the attainment's percentile takes longer than the TTFT objective
+    to prefill alone on the faster pool: no number of replicas shortens one prompt's prefill.
+
+    Raises:
+        ValidationError: on ``workload``, with the prompt, its prefill time and what to change.
+    """
+    workload = _workload(used)
+    dist = LengthDistribution(workload.prompt_median, workload.prompt_p90, workload.prompt_cap)
+    n = dist.quantile(workload.attainment)
+    cached = workload.cached_prefix_mean
+    fastest = min(float(FittedReplicaProfile(f, 1.0, cached).prefill_time_s(n)) for f in fitted.values())
+    if fastest > workload.ttft_slo_s:
+        after = f" after {cached:g} cached" if cached else ""
+        raise ValidationError({"workload": [
+            f"a prompt of {n} tokens{after} (the p{workload.attainment * 100:.4g} prompt) takes {fastest:.3g} s to "
+            f"prefill on the faster pool's profile, alone: over the TTFT objective of {workload.ttft_slo_s} s at any "
+            "number of replicas; relax the TTFT objective, shorten the prompts or profile faster hardware"]})
 
 
 def _check_positive_up_to(fitted: dict[str, FittedProfile], profiles: dict[str, Profile], cap: int) -> None:
@@ -354,6 +380,16 @@ def plan_apply(*, result: PlanResult, requested_by: AbstractBaseUser | None = No
         if bounds is None:
             step["reason"] = ("the plan never prefills remotely" if result.threshold_tokens is None
                               else "the plan prefills every prompt remotely")
+            if any(getattr(pool, f) is not None for f in BOUND_FIELDS):
+                # An earlier plan's bounds would keep steering the router against this plan: clear them.
+                cleared = dict.fromkeys(BOUND_FIELDS)
+                pools.pool_update(pool=pool, requested_by=requested_by, **cleared)
+                done = action_record_done(
+                    kind=POOL_SET_THRESHOLD_BOUNDS, target_type="pool", target_id=str(pool.pk), target_repr=str(pool),
+                    params=cleared, requested_by=requested_by,
+                    message=f"plan #{result.pk}: {step['reason']}; cleared the bounds an earlier setting left")
+                step.update(status="done", action=done.pk, bounds=[None, None],
+                            reason=step["reason"] + "; cleared the earlier bounds")
         else:
             pools.pool_update(pool=pool, requested_by=requested_by, **dict(zip(BOUND_FIELDS, bounds, strict=True)))
             done = action_record_done(
@@ -361,6 +397,11 @@ def plan_apply(*, result: PlanResult, requested_by: AbstractBaseUser | None = No
                 params=dict(zip(BOUND_FIELDS, bounds, strict=True)), requested_by=requested_by,
                 message=f"plan #{result.pk}: threshold {result.threshold_tokens} tokens, bounds {bounds[0]}..{bounds[1]}")
             step.update(status="done", action=done.pk, bounds=list(bounds))
+        fixed = settings.FERRY_REMOTE_PREFILL_THRESHOLD_TOKENS
+        if fixed is not None:
+            step["warning"] = (f"the routing table carries the fixed threshold FERRY_REMOTE_PREFILL_THRESHOLD_TOKENS="
+                               f"{fixed} (make run's demo sets it), which overrides the bounds: unset it for the "
+                               "router to follow this plan's threshold")
         steps.append(step)
         result.applied, result.applied_at = steps, timezone.now()
         result.save(update_fields=["applied", "applied_at"])

@@ -45,6 +45,10 @@ class LengthDistribution:
         """``size`` lengths drawn with ``rng`` (int64)."""
         return self._from_normal(rng.standard_normal(size))
 
+    def quantile(self, q: float) -> int:
+        """The length at quantile ``q`` (0 < q < 1), clipped to ``[1, cap]``."""
+        return int(self._from_normal(np.array([NormalDist().inv_cdf(q)]))[0])
+
     def quantile_grid(self, size: int = 2000) -> np.ndarray:
         """Lengths at the quantiles ``(i + 0.5) / size``: equal-weight points for expectations (int64)."""
         dist = NormalDist()

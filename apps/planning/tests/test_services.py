@@ -163,8 +163,8 @@ def test_plan_from_the_fixture_profiles_is_exact(two_dcs, profiles):
 
 def test_the_planning_pages_workload_is_met_on_the_demo_fleets_profile(two_dcs):
     """The page's starting workload gives a recommendation on the profile ``make run``'s CPU workers measured
-    (session 9, quiet host); the workload it replaced (p90 1024, cap 2048 tokens, TPOT 0.1 s) is refused at any
-    size up to 16 replicas."""
+    (session 9, quiet host); the workload it replaced (p90 1024, cap 2048 tokens, TPOT 0.1 s) is refused: its p90
+    prompt alone takes longer than the TTFT objective."""
     text = (FIXTURES / "demo_cpu_profile.json").read_text()
     for pool in (two_dcs["prefill"], two_dcs["decode"]):
         services.profile_import(pool=pool, text=text)
@@ -173,10 +173,16 @@ def test_the_planning_pages_workload_is_met_on_the_demo_fleets_profile(two_dcs):
     assert (result.prefill_replicas, result.decode_replicas, result.threshold_tokens) == (0, 2, None)
     assert result.ttft_p90_s <= selectors.PAGE_WORKLOAD["ttft_slo_s"]
     assert result.tpot_s <= selectors.PAGE_WORKLOAD["tpot_slo_s"]
-    with pytest.raises(ValidationError, match="no fleet of at most 16 replicas"):
+    # The old default: its p90 prompt alone takes longer than the TTFT objective to prefill.
+    with pytest.raises(ValidationError, match=r"a prompt of 1024 tokens \(the p90 prompt\) takes 3.05 s"):
         services.plan_create(prefill_pool=two_dcs["prefill"], decode_pool=two_dcs["decode"], link=two_dcs["link"],
                              workload={**selectors.PAGE_WORKLOAD, "prompt_p90": 1024, "prompt_cap": 2048,
                                        "rate_per_s": 1.0, "tpot_slo_s": 0.1})
+    # A cached prefix is attended to: 1.06 s for the p90 prompt alone, 1.34 s after 600 cached tokens, 2.1 s
+    # after 2200 (2 a2 N C with a2 = 6.03e-7 s).
+    with pytest.raises(ValidationError, match=r"a prompt of 384 tokens after 2200 cached \(the p90 prompt\) takes 2.08 s"):
+        services.plan_create(prefill_pool=two_dcs["prefill"], decode_pool=two_dcs["decode"], link=two_dcs["link"],
+                             workload={**selectors.PAGE_WORKLOAD, "cached_prefix_mean": 2200})
 
 
 def test_a_cached_prefix_adds_the_attention_pairs_of_the_computed_tokens():
@@ -276,9 +282,52 @@ def test_threshold_bounds_and_the_always_remote_plan(two_dcs, make_cluster):
                         "reason": "the plan prefills every prompt remotely"}
 
 
+def test_an_always_remote_plan_clears_bounds_an_earlier_plan_left(two_dcs, profiles):
+    """Bounds left by an earlier plan would steer the router against this one: applying it clears them."""
+    from apps.fleet.services import pool_update
+
+    pool_update(pool=two_dcs["decode"], remote_threshold_min_tokens=4, remote_threshold_max_tokens=18)
+    services.profile_import(pool=two_dcs["decode"], text=(FIXTURES / "decode_profile_slow_prefill.json").read_text())
+    two_dcs["link"].rtt_ms = 1.0
+    two_dcs["link"].save()
+    result = services.plan_create(prefill_pool=two_dcs["prefill"], decode_pool=two_dcs["decode"],
+                                  link=two_dcs["link"], workload=WORKLOAD)
+    assert result.threshold_tokens == 0
+    step = services.plan_apply(result=result)[2]
+    assert (step["status"], step["bounds"], step["reason"]) == (
+        "done", [None, None], "the plan prefills every prompt remotely; cleared the earlier bounds")
+    two_dcs["decode"].refresh_from_db()
+    assert (two_dcs["decode"].remote_threshold_min_tokens, two_dcs["decode"].remote_threshold_max_tokens) == (None, None)
+    assert Action.objects.get(pk=step["action"]).params == {"remote_threshold_min_tokens": None,
+                                                           "remote_threshold_max_tokens": None}
+
+
+def test_apply_says_when_a_fixed_threshold_overrides_the_bounds(two_dcs, profiles, settings):
+    settings.FERRY_REMOTE_PREFILL_THRESHOLD_TOKENS = 256
+    result = services.plan_create(prefill_pool=two_dcs["prefill"], decode_pool=two_dcs["decode"],
+                                  link=two_dcs["link"], workload=WORKLOAD)
+    step = services.plan_apply(result=result)[2]
+    assert step["status"] == "done" and step["warning"].startswith(
+        "the routing table carries the fixed threshold FERRY_REMOTE_PREFILL_THRESHOLD_TOKENS=256 (make run's demo "
+        "sets it), which overrides the bounds")
+
+
+def test_a_link_against_the_kv_flow_is_refused(two_dcs, profiles):
+    from apps.fleet.services import cluster_link_create
+
+    back = cluster_link_create(source=two_dcs["decode"].cluster, destination=two_dcs["prefill"].cluster,
+                               bandwidth_gbps=10.0, rtt_ms=5.0)
+    with pytest.raises(ValidationError, match="the KV cache flows the other way; choose the link dc-p -> dc-d"):
+        services.plan_create(prefill_pool=two_dcs["prefill"], decode_pool=two_dcs["decode"], link=back,
+                             workload=WORKLOAD)
+
+
 @pytest.mark.parametrize(("change", "field", "message"), [
     ({"rate_per_s": 1000.0}, "workload", "no fleet of at most 16 replicas meets TTFT p90 <= 2.0 s"),
     ({"rate_per_s": 1000.0, "attainment": 0.995}, "workload", "meets TTFT p99.5 <= 2.0 s"),
+    ({"prompt_median": 1500, "prompt_p90": None, "prompt_cap": 2048, "rate_per_s": 0.01, "ttft_slo_s": 0.5},
+     "workload", "a prompt of 1500 tokens (the p90 prompt) takes 0.77 s to prefill on the faster pool's profile, "
+                 "alone: over the TTFT objective of 0.5 s at any number of replicas"),
     ({"prompt_p90": 100}, "workload", "need 1 <= median <= p90"),
 ])
 def test_plan_errors_say_what_to_change(two_dcs, profiles, change, field, message):

@@ -30,7 +30,12 @@ const Ferry = {
   errorText(result) {
     if (!result.data) return `HTTP ${result.status}`;
     if (typeof result.data.detail === "string") return result.data.detail;
-    return Object.entries(result.data).map(([k, v]) => `${k}: ${Array.isArray(v) ? v.join(" ") : JSON.stringify(v)}`).join("; ");
+    // Nested serializers answer {field: {inner: [...]}}: name each leaf "field.inner".
+    const flat = (prefix, value) => Array.isArray(value) ? [`${prefix}: ${value.join(" ")}`]
+      : value && typeof value === "object"
+        ? Object.entries(value).flatMap(([k, v]) => flat(prefix ? `${prefix}.${k}` : k, v))
+        : [`${prefix}: ${value}`];
+    return flat("", result.data).join("; ");
   },
 
   el(tag, attrs = {}, ...children) {

@@ -59,6 +59,10 @@
   $("plan-form").addEventListener("submit", async (event) => {
     event.preventDefault();
     $("plan-error").textContent = "";
+    // A recommendation stays only while it answers the inputs on the form: hide it until the new one comes.
+    $("plan-result").hidden = true;
+    plan = null;
+    if (measuredTimer) { clearInterval(measuredTimer); measuredTimer = null; }
     const workload = {ttft_slo_s: num("plan-ttft"), tpot_slo_s: num("plan-tpot"), attainment: num("plan-attainment")};
     if (source() === "given") Object.assign(workload, {prompt_median: num("plan-prompt-median"),
       prompt_p90: num("plan-prompt-p90"), prompt_cap: num("plan-prompt-cap"), output_median: num("plan-output-median"),
@@ -107,7 +111,7 @@
     $("apply-steps").replaceChildren(...steps.map(s => Ferry.el("li", {"data-step": s.step, "data-pool": s.pool},
       s.step === "scale" ? `scale ${poolName[s.pool]} to ${s.replicas}: action #${s.action} ${s.status}`
         : `set bounds on ${poolName[s.pool]}: ${s.status}` + (s.action ? ` (action #${s.action})` : "") +
-          (s.reason ? ` — ${s.reason}` : ""))));
+          (s.reason ? ` — ${s.reason}` : "") + (s.warning ? `. Note: ${s.warning}` : ""))));
   }
 
   const applyButton = $("plan-apply");
