@@ -142,10 +142,8 @@ def test_apply_from_the_planning_page_scales_both_pools_to_the_recommendation(
     assert guard.remote == [] and errors == []
 
     # ferry_profile on the decode pool's real worker: a short sweep, stored as a measured profile.
-    # Batch sizes 1-3: on this CPU a step of 4 sequences takes a faster matrix path than one of 2 or 3 (about 110 ms
-    # against 135 and 185, one sequence 75), so under the suite's load a slow B=1 round could fit a decreasing line
-    # through 1 and 4 (CI, 2026-12-04). Through 1-3 the intercept is small (about 20 ms), and a loaded round can
-    # still tilt it below 0 (CI: 80, 156, 240 ms): the fit is refused as a retryable Action, and like an operator the
+    # Batch sizes 1-3, the batches the demo runs at. Under the suite's load a slow round can tilt the step's line
+    # below 0 at B = 0 (CI: 80, 156, 240 ms): the fit is refused as a retryable Action, and like an operator the
     # test profiles again, at most 3 times; any other failure fails at once.
     for attempt in range(3):
         out = io.StringIO()

@@ -45,9 +45,32 @@
     $("measure-result").textContent = "Requesting…";
     const result = await Ferry.api("POST", "/api/v1/profiles/measure/",
       {pool: Number($("measure-pool").value), hardware_label: $("measure-hardware").value.trim()});
-    $("measure-result").textContent = result.ok
-      ? `Action #${result.data.id} ${result.data.kind} requested (see the pool's actions).` : Ferry.errorText(result);
+    if (!result.ok) { $("measure-result").textContent = Ferry.errorText(result); return; }
+    followMeasure(result.data.id);
   });
+
+  // Follow a profiling Action until it ends (a sweep takes tens of seconds): its status, then the new profile
+  // in the table, or the reason it failed.
+  async function followMeasure(id) {
+    for (;;) {
+      const result = await Ferry.api("GET", `/api/v1/actions/${id}/`);
+      if (!result.ok) { $("measure-result").textContent = `Action #${id}: ${Ferry.errorText(result)}`; return; }
+      const a = result.data;
+      if (a.status === "succeeded") {
+        const stored = (a.log || []).map(line => line.message).find(m => m.startsWith("stored profile")) || "";
+        $("measure-result").textContent = `Action #${id} succeeded${stored ? `: ${stored}` : ""}.`;
+        loadProfiles();
+        return;
+      }
+      if (a.status === "failed" || a.status === "cancelled") {
+        $("measure-result").textContent = `Action #${id} ${a.status}: ${a.error || "see the pool's actions"}` +
+          (a.retryable ? " (retryable)" : "");
+        return;
+      }
+      $("measure-result").textContent = `Action #${id} ${a.kind}: ${a.status}…`;
+      await new Promise(resolve => setTimeout(resolve, 2000));
+    }
+  }
 
   function source() { return document.querySelector("input[name=plan-source]:checked").value; }
   document.querySelectorAll("input[name=plan-source]").forEach(r => r.addEventListener("change", () => {
