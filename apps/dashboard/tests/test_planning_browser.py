@@ -139,6 +139,16 @@ def test_apply_from_the_planning_page_scales_both_pools_to_the_recommendation(
     page.wait_for_function("document.querySelectorAll('#measured tbody tr').length === 2", timeout=30_000,
                            polling=500)
     page.screenshot(path=str(ARTIFACTS / "planning-applied.png"), full_page=True, timeout=120_000)
+    # After a reload the plan is listed: Open shows it again, its steps and predicted vs measured.
+    page.reload()
+    page.wait_for_selector(f"#plans tbody tr[data-plan='{plan.pk}']", timeout=30_000)
+    assert page.text_content(f"#plans tbody tr[data-plan='{plan.pk}'] td:nth-child(5)") == "1 + 1"
+    page.click(f"#plans button[data-open='{plan.pk}']")
+    page.wait_for_selector("#plan-result:not([hidden])", timeout=30_000)
+    assert page.text_content("#plan-id") == f"plan #{plan.pk}"
+    assert page.eval_on_selector_all("#apply-steps li", "ls => ls.length") == 3
+    page.wait_for_function("document.querySelectorAll('#measured tbody tr').length === 2", timeout=30_000,
+                           polling=500)
     assert guard.remote == [] and errors == []
 
     # ferry_profile on the decode pool's real worker: a short sweep, stored as a measured profile.
@@ -168,4 +178,9 @@ def test_apply_from_the_planning_page_scales_both_pools_to_the_recommendation(
     assert action.status == "succeeded" and messages[-2:] == [f"stored profile #{measured.pk}", "succeeded"]
     assert "; prefill while decoding 16 tok " in messages[-3]
     print("measured profile:", measured.prefill_points, measured.decode_points, messages[-3])
+    # Delete the plan from the page (after the browser's confirmation): the listing and the open plan go.
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.click(f"#plans button[data-delete='{plan.pk}']")
+    page.wait_for_selector(f"#plans tbody tr[data-plan='{plan.pk}']", state="detached", timeout=30_000)
+    assert not PlanResult.objects.exists() and page.is_hidden("#plan-result") and errors == []
     context.close()

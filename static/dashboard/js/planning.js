@@ -1,6 +1,7 @@
-/* Planning page: profiles (list, import a file, request a profiling Action), a plan for a prefill and a decode pool
-   joined by a link (POST /api/v1/plans/), its predicted TTFT curve (plotly), Apply (POST /api/v1/plans/{id}/apply/:
-   pool.scale Actions and the bounds step), then predicted vs measured every 5 s (GET /api/v1/plans/{id}/measured/). */
+/* Planning page: profiles (list, import a file, request a profiling Action and follow it), a plan for a prefill and
+   a decode pool joined by a link (POST /api/v1/plans/), its predicted TTFT curve (plotly), Apply (POST
+   /api/v1/plans/{id}/apply/: pool.scale Actions and the bounds step), then predicted vs measured every 5 s (GET
+   /api/v1/plans/{id}/measured/); earlier plans (GET /api/v1/plans/) to reopen or delete. */
 "use strict";
 (function () {
   const choices = JSON.parse(document.getElementById("planning-data").textContent);
@@ -22,6 +23,42 @@
       Ferry.el("td", {title: "b0 + b1 B"}, poly(p.decode_coefficients)), Ferry.el("td", {}, Ferry.fmtTime(p.created_at))));
     if (!rows.length) rows.push(Ferry.el("tr", {}, Ferry.el("td", {colspan: 8, class: "muted"}, "No profiles yet: import one or profile a pool.")));
     document.querySelector("#profiles tbody").replaceChildren(...rows);
+  }
+
+  const canOperate = document.body.dataset.canOperate === "1";
+
+  function thresholdText(t) {
+    return t === null ? "never remote" : t < 0 ? "every prompt remote" : `prompts over ${t} tokens prefill remotely`;
+  }
+
+  // Earlier plans: reopen one (its recommendation, Apply, predicted vs measured) or delete it (operators).
+  async function loadPlans() {
+    const result = await Ferry.api("GET", "/api/v1/plans/?page_size=20");
+    if (!result.ok) return;
+    const rows = (result.data.results || result.data).map(p => Ferry.el("tr", {"data-plan": p.id},
+      Ferry.el("td", {}, String(p.id)), Ferry.el("td", {}, Ferry.fmtTime(p.created_at)),
+      Ferry.el("td", {}, poolName[p.prefill_pool] || String(p.prefill_pool)),
+      Ferry.el("td", {}, poolName[p.decode_pool] || String(p.decode_pool)),
+      Ferry.el("td", {}, `${p.prefill_replicas} + ${p.decode_replicas}`), Ferry.el("td", {}, thresholdText(p.threshold_tokens)),
+      Ferry.el("td", {}, fmtS(p.ttft_p50_s)), Ferry.el("td", {}, p.applied_at ? Ferry.fmtTime(p.applied_at) : "no"),
+      Ferry.el("td", {},
+        Ferry.el("button", {type: "button", "data-open": p.id, onclick: () => showPlan(p)}, "Open"),
+        ...(canOperate ? [" ", Ferry.el("button", {type: "button", "data-delete": p.id, onclick: () => deletePlan(p.id)},
+          "Delete")] : []))));
+    if (!rows.length) rows.push(Ferry.el("tr", {}, Ferry.el("td", {colspan: 9, class: "muted"}, "No plans yet.")));
+    document.querySelector("#plans tbody").replaceChildren(...rows);
+  }
+
+  async function deletePlan(id) {
+    if (!window.confirm(`Delete plan #${id}? Its Actions stay in the log; its profiles can then be deleted.`)) return;
+    const result = await Ferry.api("DELETE", `/api/v1/plans/${id}/`);
+    if (!result.ok) { $("plan-error").textContent = Ferry.errorText(result); return; }
+    if (plan && plan.id === id) {
+      $("plan-result").hidden = true;
+      plan = null;
+      if (measuredTimer) { clearInterval(measuredTimer); measuredTimer = null; }
+    }
+    loadPlans();
   }
 
   const importForm = $("profile-import");
@@ -97,6 +134,7 @@
     $("plan-submit").disabled = false;
     if (!result.ok) { $("plan-error").textContent = Ferry.errorText(result); return; }
     showPlan(result.data);
+    loadPlans();
   });
 
   function showPlan(data) {
@@ -110,8 +148,7 @@
       ? `${data.decode_replicas} (${poolName[data.decode_pool]}: each replica decodes and prefills the prompts that stay local)`
       : `${data.decode_replicas} (${poolName[data.decode_pool]}: ` +
         `${data.fleet.decode} decoding + ${data.fleet.local_prefill} for local prefill)`;
-    $("rec-threshold").textContent = data.threshold_tokens === null ? "never remote"
-      : data.threshold_tokens < 0 ? "every prompt remote" : `prompts over ${data.threshold_tokens} tokens prefill remotely`;
+    $("rec-threshold").textContent = thresholdText(data.threshold_tokens);
     $("rec-link").textContent = `${Ferry.fmt(data.link_gbps)} Gbit/s (${fmtShare(data.link_share)} of the link)`;
     $("rec-remote-share").textContent = fmtShare(data.remote_share);
     $("rec-ttft").textContent = `${fmtS(data.ttft_p50_s)} / ${fmtS(data.ttft_p90_s)}`;
@@ -127,6 +164,8 @@
         xaxis: {title: {text: "requests/s"}}, yaxis: {title: {text: "seconds"}, rangemode: "tozero"}},
       {displaylogo: false});
     showSteps(data.applied || []);
+    if (measuredTimer) { clearInterval(measuredTimer); measuredTimer = null; }
+    document.querySelector("#measured tbody").replaceChildren();
     if (data.applied_at) startMeasured();
   }
 
@@ -145,6 +184,7 @@
     applyButton.disabled = false;
     if (!result.ok) { $("plan-error").textContent = Ferry.errorText(result); return; }
     showPlan(result.data);
+    loadPlans();
   });
 
   async function refreshMeasured() {
@@ -165,4 +205,5 @@
   }
 
   loadProfiles();
+  loadPlans();
 })();
