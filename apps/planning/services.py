@@ -258,6 +258,7 @@ def plan_create(*, prefill_pool: Pool, decode_pool: Pool, link: ClusterLink, wor
         used = {**workload, **selectors.telemetry_workload(pool=decode_pool)}
     else:
         used = dict(workload)
+    _check_fits_context(decode_pool, used)
     fitted = {k: selectors.fitted(p) for k, p in profiles.items()}
     _check_positive_up_to(fitted, profiles, int(used.get("prompt_cap", 0) or 0))
     try:
@@ -297,6 +298,22 @@ def plan_delete(*, result: PlanResult) -> None:
         locked = PlanResult.objects.select_for_update().filter(pk=result.pk).select_related("scenario").first()
         if locked is not None:
             locked.scenario.delete()
+
+
+def _check_fits_context(pool: Pool, used: dict[str, Any]) -> None:
+    """Refuse prompts that, after the mean cached prefix, do not fit the model's context (its
+    ``max_position_embeddings``): no worker would take them.
+
+    Raises:
+        ValidationError: on ``workload``, naming the lengths and the context.
+    """
+    context = pool.model_version.model_config().max_position_embeddings
+    cap, cached = int(used.get("prompt_cap") or 0), float(used.get("cached_prefix_mean") or 0.0)
+    if cap + cached > context:
+        after = f" after {cached:g} cached" if cached else ""
+        raise ValidationError({"workload": [
+            f"prompts of up to {cap} tokens{after} ({cap + cached:.0f} in all) exceed the model's context of {context} "
+            f"tokens ({pool.model_version}); lower prompt_cap or cached_prefix_mean"]})
 
 
 def _check_one_prompt_fits(fitted: dict[str, FittedProfile], used: dict[str, Any]) -> None:

@@ -329,6 +329,10 @@ def test_a_link_against_the_kv_flow_is_refused(two_dcs, profiles):
      "workload", "a prompt of 1500 tokens (the p90 prompt) takes 0.77 s to prefill on the faster pool's profile, "
                  "alone: over the TTFT objective of 0.5 s at any number of replicas"),
     ({"prompt_p90": 100}, "workload", "need 1 <= median <= p90"),
+    ({"cached_prefix_mean": 40000.0}, "workload", "prompts of up to 2048 tokens after 40000 cached (42048 in all) "
+                                                  "exceed the model's context of 32768 tokens"),
+    ({"prompt_cap": 1_000_000}, "workload", "prompts of up to 1000000 tokens (1000000 in all) exceed the model's "
+                                            "context of 32768 tokens"),
 ])
 def test_plan_errors_say_what_to_change(two_dcs, profiles, change, field, message):
     with pytest.raises(ValidationError) as refused:
