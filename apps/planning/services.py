@@ -300,6 +300,10 @@ def plan_delete(*, result: PlanResult) -> None:
             locked.scenario.delete()
 
 
+def _after_cached(cached: float) -> str:
+    return f" after {cached:g} cached" if cached else ""
+
+
 def _check_fits_context(pool: Pool, used: dict[str, Any]) -> None:
     """Refuse prompts that, after the mean cached prefix, do not fit the model's context (its
     ``max_position_embeddings``): no worker would take them.
@@ -310,9 +314,8 @@ def _check_fits_context(pool: Pool, used: dict[str, Any]) -> None:
     context = pool.model_version.model_config().max_position_embeddings
     cap, cached = int(used.get("prompt_cap") or 0), float(used.get("cached_prefix_mean") or 0.0)
     if cap + cached > context:
-        after = f" after {cached:g} cached" if cached else ""
         raise ValidationError({"workload": [
-            f"prompts of up to {cap} tokens{after} ({cap + cached:.0f} in all) exceed the model's context of {context} "
+            f"prompts of up to {cap} tokens{_after_cached(cached)} ({cap + cached:.0f} in all) exceed the model's context of {context} "
             f"tokens ({pool.model_version}); lower prompt_cap or cached_prefix_mean"]})
 
 
@@ -329,9 +332,8 @@ def _check_one_prompt_fits(fitted: dict[str, FittedProfile], used: dict[str, Any
     cached = workload.cached_prefix_mean
     fastest = min(float(FittedReplicaProfile(f, 1.0, cached).prefill_time_s(n)) for f in fitted.values())
     if fastest > workload.ttft_slo_s:
-        after = f" after {cached:g} cached" if cached else ""
         raise ValidationError({"workload": [
-            f"a prompt of {n} tokens{after} (the p{workload.attainment * 100:.4g} prompt) takes {fastest:.3g} s to "
+            f"a prompt of {n} tokens{_after_cached(cached)} (the p{workload.attainment * 100:.4g} prompt) takes {fastest:.3g} s to "
             f"prefill on the faster pool's profile, alone: over the TTFT objective of {workload.ttft_slo_s} s at any "
             "number of replicas; relax the TTFT objective, shorten the prompts or profile faster hardware"]})
 
@@ -358,6 +360,15 @@ def threshold_bounds(threshold: int | None) -> tuple[int, int] | None:
         return None
     low, high = THRESHOLD_BOUND_FACTORS
     return math.floor(low * threshold), math.ceil(high * threshold)
+
+
+def _set_bounds(pool: Pool, bounds: tuple[int | None, int | None], requested_by: AbstractBaseUser | None,
+                message: str) -> Action:
+    """Set (or, with ``None``, clear) the pool's remote-threshold bounds and record it as a succeeded Action."""
+    values = dict(zip(BOUND_FIELDS, bounds, strict=True))
+    pools.pool_update(pool=pool, requested_by=requested_by, **values)
+    return action_record_done(kind=POOL_SET_THRESHOLD_BOUNDS, target_type="pool", target_id=str(pool.pk),
+                              target_repr=str(pool), params=values, requested_by=requested_by, message=message)
 
 
 def plan_apply(*, result: PlanResult, requested_by: AbstractBaseUser | None = None) -> list[dict]:
@@ -399,20 +410,13 @@ def plan_apply(*, result: PlanResult, requested_by: AbstractBaseUser | None = No
                               else "the plan prefills every prompt remotely")
             if any(getattr(pool, f) is not None for f in BOUND_FIELDS):
                 # An earlier plan's bounds would keep steering the router against this plan: clear them.
-                cleared = dict.fromkeys(BOUND_FIELDS)
-                pools.pool_update(pool=pool, requested_by=requested_by, **cleared)
-                done = action_record_done(
-                    kind=POOL_SET_THRESHOLD_BOUNDS, target_type="pool", target_id=str(pool.pk), target_repr=str(pool),
-                    params=cleared, requested_by=requested_by,
-                    message=f"plan #{result.pk}: {step['reason']}; cleared the bounds an earlier setting left")
+                done = _set_bounds(pool, (None, None), requested_by,
+                                   f"plan #{result.pk}: {step['reason']}; cleared the bounds an earlier setting left")
                 step.update(status="done", action=done.pk, bounds=[None, None],
                             reason=step["reason"] + "; cleared the earlier bounds")
         else:
-            pools.pool_update(pool=pool, requested_by=requested_by, **dict(zip(BOUND_FIELDS, bounds, strict=True)))
-            done = action_record_done(
-                kind=POOL_SET_THRESHOLD_BOUNDS, target_type="pool", target_id=str(pool.pk), target_repr=str(pool),
-                params=dict(zip(BOUND_FIELDS, bounds, strict=True)), requested_by=requested_by,
-                message=f"plan #{result.pk}: threshold {result.threshold_tokens} tokens, bounds {bounds[0]}..{bounds[1]}")
+            done = _set_bounds(pool, bounds, requested_by, f"plan #{result.pk}: threshold {result.threshold_tokens} "
+                                                           f"tokens, bounds {bounds[0]}..{bounds[1]}")
             step.update(status="done", action=done.pk, bounds=list(bounds))
         fixed = settings.FERRY_REMOTE_PREFILL_THRESHOLD_TOKENS
         if fixed is not None:

@@ -53,12 +53,18 @@
     if (!window.confirm(`Delete plan #${id}? Its Actions stay in the log; its profiles can then be deleted.`)) return;
     const result = await Ferry.api("DELETE", `/api/v1/plans/${id}/`);
     if (!result.ok) { $("plan-error").textContent = Ferry.errorText(result); return; }
-    if (plan && plan.id === id) {
-      $("plan-result").hidden = true;
-      plan = null;
-      if (measuredTimer) { clearInterval(measuredTimer); measuredTimer = null; }
-    }
+    if (plan && plan.id === id) hidePlan();
     loadPlans();
+  }
+
+  function stopMeasured() {
+    if (measuredTimer) { clearInterval(measuredTimer); measuredTimer = null; }
+  }
+
+  function hidePlan() {
+    $("plan-result").hidden = true;
+    plan = null;
+    stopMeasured();
   }
 
   const importForm = $("profile-import");
@@ -120,9 +126,7 @@
     event.preventDefault();
     $("plan-error").textContent = "";
     // A recommendation stays only while it answers the inputs on the form: hide it until the new one comes.
-    $("plan-result").hidden = true;
-    plan = null;
-    if (measuredTimer) { clearInterval(measuredTimer); measuredTimer = null; }
+    hidePlan();
     const workload = {ttft_slo_s: num("plan-ttft"), tpot_slo_s: num("plan-tpot"), attainment: num("plan-attainment")};
     if (source() === "given") Object.assign(workload, {prompt_median: num("plan-prompt-median"),
       prompt_p90: num("plan-prompt-p90"), prompt_cap: num("plan-prompt-cap"), output_median: num("plan-output-median"),
@@ -164,7 +168,7 @@
         xaxis: {title: {text: "requests/s"}}, yaxis: {title: {text: "seconds"}, rangemode: "tozero"}},
       {displaylogo: false});
     showSteps(data.applied || []);
-    if (measuredTimer) { clearInterval(measuredTimer); measuredTimer = null; }
+    stopMeasured();
     document.querySelector("#measured tbody").replaceChildren();
     if (data.applied_at) startMeasured();
   }
@@ -199,7 +203,7 @@
   }
 
   function startMeasured() {
-    if (measuredTimer) clearInterval(measuredTimer);
+    stopMeasured();
     refreshMeasured();
     measuredTimer = setInterval(refreshMeasured, 5000);
   }
