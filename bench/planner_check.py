@@ -25,6 +25,10 @@ settings, ``FERRY_CLIENT_API_KEY`` for the router)::
    planner's "co-located local prefill": its prompts wait for the step in progress and share steps with the
    decoding sequences, and remotely prefilled requests wait for the step in progress before their first token).
 
+4. **Telemetry's view** of the same load: the workload the planning page's "recent traffic" source reads over the
+   load's span (:func:`apps.planning.selectors.telemetry_workload`: the decode workers' request-length histograms
+   through the telemetry poller), printed beside the client's lengths and stored as ``telemetry_workload``.
+
 Prints predicted vs measured TTFT p50 and p90 and their ratios, and the ratios of a prediction that prices the
 computed tokens as fresh prompts (the model before session 10); writes ``bench/results/planner_check.json``.
 ``--repredict JSON`` predicts again for an earlier run's measurements with the newest profiles.
@@ -53,6 +57,7 @@ import django  # noqa: E402
 
 django.setup()
 
+from django.core.exceptions import ValidationError  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 
 from apps.fleet.models import ClusterLink, Pool, Replica  # noqa: E402
@@ -122,6 +127,19 @@ def measured_workload(turns: list, wall_s: float) -> dict:
             "tpot_s": percentile([r.tpot_s for r in ok if r.num_output_tokens > 1], 50)}
 
 
+def telemetry_workload(prefill: Pool, decode: Pool, load_started: float) -> dict | None:
+    """The workload the planner's "recent traffic" source reads for the load's span
+    (:func:`apps.planning.selectors.telemetry_workload`, from the decode workers' request-length histograms), once
+    the poller (a record a second, each over a trailing 30 s window) has recorded the load's last requests; None
+    without telemetry."""
+    time.sleep(5)
+    try:
+        return selectors.telemetry_workload(pool=decode, prefill_pool=prefill, since_s=load_started)
+    except ValidationError as exc:
+        print(f"telemetry workload: {exc.messages[0]}")
+        return None
+
+
 def predict(prefill: Pool, decode: Pool, link: ClusterLink, run: dict, threshold: int | None,
             prefill_replicas: int, decode_replicas: int, *, cached_prefix: bool = True) -> dict:
     """The planner's prediction for the running fleet at the run's rate and lengths; ``cached_prefix``: the computed
@@ -188,7 +206,8 @@ def main() -> None:
         raise SystemExit(f"every request failed; first error: {turns[0].result.error if turns else 'no turns'}")
     result = {"started_at": started, "args": {k: str(v) for k, v in vars(args).items()},
               "replicas": {"prefill": replicas[0], "decode": replicas[1]}, "measured": run,
-              "requests": request_rows(turns), "load_average": os.getloadavg()}
+              "requests": request_rows(turns), "load_average": os.getloadavg(),
+              "telemetry_workload": telemetry_workload(prefill, decode, time.time() - wall_s)}
     report(result, prefill, decode, link, args.threshold, args.out)
 
 
@@ -205,11 +224,22 @@ def report(result: dict, prefill: Pool, decode: Pool, link: ClusterLink, thresho
     print(f"rate {run['rate_per_s']:.2f} req/s, computed prompt tokens median {run['computed_prompt_median']} p90 "
           f"{run['computed_prompt_p90']}, cached prefix mean {run['cached_prefix_mean']:.0f}, fleet "
           f"{predicted['fleet']}, load average {os.getloadavg()[0]:.1f}")
+    seen = result.get("telemetry_workload")
+    if seen:
+        print("the load's lengths (tokens) as the planner's telemetry source reads them, beside the client's:")
+        for name, theirs in (("prompt_median", "computed_prompt_median"), ("prompt_p90", "computed_prompt_p90"),
+                             ("prompt_cap", "computed_prompt_max"), ("cached_prefix_mean", "cached_prefix_mean"),
+                             ("output_median", "output_median"), ("rate_per_s", "rate_per_s")):
+            print(f"  {name:20} telemetry {_fmt(seen[name]):>10}   client {_fmt(run[theirs]):>10}")
     print(f"acceptance 3 (|predicted p50 / measured p50 - 1| <= 25%): {'met' if abs(ratio - 1) <= 0.25 else 'NOT met'}")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({**result, "predicted": predicted, "predicted_as_fresh_prompts": fresh,
                                "p50_ratio": ratio}, indent=2))
     print(f"wrote {out}")
+
+
+def _fmt(value) -> str:
+    return "-" if value is None else f"{value:.2f}" if isinstance(value, float) else str(value)
 
 
 def repredict(path: Path) -> None:

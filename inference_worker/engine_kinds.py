@@ -37,6 +37,10 @@ What does not translate, and so reads as "no data" (``None``) rather than a made
   series maps to at most one Ferry series so the relabel rules stay equivalent).
 * SGLang's TPOT signal is its inter-token latency (per token gap), not a per-request mean: the quantiles of
   ``tpot_*`` on an SGLang pool are per-token quantiles.
+* Request lengths: vLLM's ``vllm:request_prompt_tokens`` and ``vllm:request_generation_tokens`` histograms give
+  ``request_prompt_tokens_mean`` and ``request_generation_tokens_mean``; neither engine exports a request's computed
+  (not cached) prompt tokens, so the ``request_computed_prompt_tokens_*`` signals are no data there, and on SGLang
+  all request-length signals are.
 * The KV transfer, router and prefix-block series are Ferry's own (PD disaggregation across Ferry workers).
 
 Container commands (:func:`engine_container`) follow each engine's documented CLI (``vllm serve``;
@@ -103,6 +107,8 @@ METRIC_MAPS: dict[str, tuple[MetricMap, ...]] = {
         MetricMap("histogram", "vllm:time_to_first_token_seconds", "ferry_time_to_first_token_seconds"),
         MetricMap("histogram", "vllm:request_time_per_output_token_seconds", "ferry_time_per_output_token_seconds"),
         MetricMap("histogram", "vllm:e2e_request_latency_seconds", "ferry_e2e_request_latency_seconds"),
+        MetricMap("histogram", "vllm:request_prompt_tokens", "ferry_request_prompt_tokens"),
+        MetricMap("histogram", "vllm:request_generation_tokens", "ferry_request_generation_tokens"),
     ),
     SGLANG: (
         MetricMap("gauge", "sglang:num_queue_reqs", "ferry_num_requests_waiting"),
@@ -119,10 +125,13 @@ METRIC_MAPS: dict[str, tuple[MetricMap, ...]] = {
 }
 """Engine -> its metric maps (Ferry's own worker needs none)."""
 
+_COMPUTED_PROMPT_SIGNALS = ("request_computed_prompt_tokens_mean", "request_computed_prompt_tokens_p50",
+                            "request_computed_prompt_tokens_p90", "request_computed_prompt_tokens_p99")
 UNSUPPORTED_SIGNALS: dict[str, tuple[str, ...]] = {
     FERRY: (),
-    VLLM: ("error_rate",),
-    SGLANG: ("error_rate", "prefix_cache_hit_rate"),
+    VLLM: ("error_rate", *_COMPUTED_PROMPT_SIGNALS),
+    SGLANG: ("error_rate", "prefix_cache_hit_rate", "request_prompt_tokens_mean", "request_generation_tokens_mean",
+             *_COMPUTED_PROMPT_SIGNALS),
 }
 """Telemetry signals an engine's metrics cannot give: always "no data" on its pools (a gate on them fails closed).
 

@@ -23,6 +23,14 @@ disaggregation work (sender/receiver) only increments them:
   also counted on ``ferry_kv_transfer_total`` as a receive failure.
 - ``ferry_kv_recompute_total{reason}``: decode-side prefills recomputed locally after a failed KV
   hand-off, by the failure reason.
+
+Request lengths, histograms in tokens, observed once per finished choice where the request is answered (the
+decode or co-located worker, whether its prompt was prefilled here or on a prefill worker), so one pool's series
+describe all of its traffic: ``ferry_request_prompt_tokens`` (the whole prompt),
+``ferry_request_computed_prompt_tokens`` (the prompt tokens no prefix cache held: computed here or by the prefill
+worker) and ``ferry_request_generation_tokens``. The capacity planner reads their quantiles as "last hour's
+traffic" (``apps.planning.selectors.telemetry_workload``); vLLM exports the first and last under
+``vllm:request_prompt_tokens`` / ``vllm:request_generation_tokens``.
 """
 
 from __future__ import annotations
@@ -48,6 +56,9 @@ KV_TRANSFER_REASONS = ("none", "timeout", "connection", "checksum", "truncated",
 # Latency buckets, seconds: cover fast GPU decode (ms) up to slow CPU prefill (tens of seconds).
 LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75,
                      1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+# Token-count buckets: 1 to 256K in steps of 2 and 1.5 (1, 2, 3, 4, 6, 8, 12, ...), so an interpolated quantile is
+# within a third of a bucket of the truth from one-token replies to long-context prompts.
+TOKEN_BUCKETS = (1, *sorted(m << e for e in range(18) for m in (2, 3) if m << e <= 262144))
 E2E_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0, 120.0,
                  300.0)
 
@@ -130,6 +141,19 @@ class WorkerMetrics:
             "ferry_e2e_request_latency_seconds", "Time from request arrival to its last token.",
             labels, buckets=E2E_BUCKETS_S, registry=r,
         )
+        self._prompt_lengths = Histogram(
+            "ferry_request_prompt_tokens", "Prompt tokens of a finished request (per choice), cached ones included.",
+            labels, buckets=TOKEN_BUCKETS, registry=r,
+        )
+        self._computed_lengths = Histogram(
+            "ferry_request_computed_prompt_tokens",
+            "Prompt tokens of a finished request (per choice) that no prefix cache held: computed here or by the "
+            "prefill worker.", labels, buckets=TOKEN_BUCKETS, registry=r,
+        )
+        self._generation_lengths = Histogram(
+            "ferry_request_generation_tokens", "Tokens generated for a finished request (per choice).",
+            labels, buckets=TOKEN_BUCKETS, registry=r,
+        )
         self._kv_usage = Gauge(
             "ferry_kv_cache_usage_ratio", "Fraction of KV cache blocks in use (0..1).", labels, registry=r,
         )
@@ -196,7 +220,8 @@ class WorkerMetrics:
         for outcome in REQUEST_OUTCOMES:
             self._requests.labels(**self.identity, outcome=outcome)
         for metric in (self._waiting, self._running, self._prompt_tokens, self._generation_tokens, self._kv_usage,
-                       self._busy, self._ready, self._ttft, self._tpot, self._e2e, self._prefix_queries,
+                       self._busy, self._ready, self._ttft, self._tpot, self._e2e, self._prompt_lengths,
+                       self._computed_lengths, self._generation_lengths, self._prefix_queries,
                        self._prefix_hits, self._kv_events, self._kv_events_sent, self._kv_events_bytes):
             metric.labels(**self.identity)
 
@@ -218,6 +243,20 @@ class WorkerMetrics:
             self._prompt_tokens.labels(**self.identity).inc(num_prompt_tokens)
         if num_generation_tokens:
             self._generation_tokens.labels(**self.identity).inc(num_generation_tokens)
+
+    def observe_lengths(self, *, num_prompt_tokens: int, num_cached_tokens: int, num_output_tokens: int) -> None:
+        """Record one finished choice's lengths in tokens: its prompt, the prompt minus the ``num_cached_tokens`` a
+        prefix cache held (the computed tokens), and its output.
+
+        Raises:
+            ValueError: a negative count, or more cached tokens than the prompt has.
+        """
+        if min(num_prompt_tokens, num_cached_tokens, num_output_tokens) < 0 or num_cached_tokens > num_prompt_tokens:
+            raise ValueError(f"need 0 <= cached ({num_cached_tokens}) <= prompt ({num_prompt_tokens}) tokens and "
+                             f"output >= 0 ({num_output_tokens})")
+        self._prompt_lengths.labels(**self.identity).observe(num_prompt_tokens)
+        self._computed_lengths.labels(**self.identity).observe(num_prompt_tokens - num_cached_tokens)
+        self._generation_lengths.labels(**self.identity).observe(num_output_tokens)
 
     def observe_latency(self, *, ttft_s: float | None, e2e_s: float, num_output_tokens: int) -> None:
         """Record one finished request's TTFT, TPOT and end-to-end latency (seconds)."""

@@ -226,8 +226,9 @@ def plan_create(*, prefill_pool: Pool, decode_pool: Pool, link: ClusterLink, wor
 
     ``workload`` (units in the keys): ``prompt_median``, ``prompt_p90`` (or None), ``prompt_cap``,
     ``output_median`` tokens; ``rate_per_s``; ``ttft_slo_s``, ``tpot_slo_s``; ``attainment``, ``max_link_share``
-    (0..1). With ``workload_source="telemetry"`` the lengths and rate come from the decode pool's telemetry
-    (:func:`apps.planning.selectors.telemetry_workload`) and only the objectives from ``workload``.
+    (0..1). With ``workload_source="telemetry"`` the lengths and rate come from the decode pool's telemetry (and
+    the prefill pool's, for prompt tokens prefilled there: :func:`apps.planning.selectors.telemetry_workload`) and
+    only the objectives from ``workload``.
 
     Raises:
         ValidationError: the pools do not run one model version, the link does not join their clusters, no
@@ -255,7 +256,7 @@ def plan_create(*, prefill_pool: Pool, decode_pool: Pool, link: ClusterLink, wor
             raise ValidationError({field: [f"no profile for pool {pool} ({pool.model_version}, {pool.role}): "
                                            "profile it (ferry_profile or the page) or import one"]})
     if workload_source == PlanScenario.WorkloadSource.TELEMETRY:
-        used = {**workload, **selectors.telemetry_workload(pool=decode_pool)}
+        used = {**workload, **selectors.telemetry_workload(pool=decode_pool, prefill_pool=prefill_pool)}
     else:
         used = dict(workload)
     _check_fits_context(decode_pool, used)

@@ -53,6 +53,11 @@ PREFIX_CACHE_FULL_GROUP = "full_attention"
 TTFT = "ferry_time_to_first_token_seconds"
 TPOT = "ferry_time_per_output_token_seconds"
 E2E = "ferry_e2e_request_latency_seconds"
+# Request lengths in tokens, observed where a request is answered (its decode or co-located pool): the whole prompt,
+# the prompt tokens no prefix cache held (computed), the output.
+REQUEST_PROMPT_TOKENS = "ferry_request_prompt_tokens"
+REQUEST_COMPUTED_PROMPT_TOKENS = "ferry_request_computed_prompt_tokens"
+REQUEST_GENERATION_TOKENS = "ferry_request_generation_tokens"
 
 # Router counter: requests routed, labels ``pool`` (the decode pool's name), ``decision`` (values:
 # inference_worker.router.decisions.DECISIONS) and ``track``; pool signals sum over the other labels.

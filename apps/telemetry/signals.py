@@ -165,6 +165,24 @@ class HistogramQuantile:
 
 
 @dataclass(frozen=True)
+class HistogramMean:
+    """``sum(rate(base_sum[window])) / sum(rate(base_count[window]))``: the mean observation in the window, in the
+    histogram's units; ``None`` when nothing was observed (idle or unreadable, as :class:`HistogramQuantile`)."""
+
+    base: str
+
+    def promql(self, scope: Sequence[Matcher], window_s: float, by: Sequence[str] = ()) -> str:
+        total = CounterRate(f"{self.base}_sum").promql(scope, window_s, by)
+        count = CounterRate(f"{self.base}_count").promql(scope, window_s, by)
+        return f"{total} / {count}"
+
+    def evaluate(self, view: SeriesView, start_s: float, end_s: float) -> float | None:
+        total = _sum_rates(view, f"{self.base}_sum", (), start_s, end_s)
+        count = _sum_rates(view, f"{self.base}_count", (), start_s, end_s)
+        return safe_ratio(total, count)
+
+
+@dataclass(frozen=True)
 class Gauge:
     """``<agg>(metric{matchers})``: the latest value of a gauge aggregated over up replicas."""
 
@@ -242,6 +260,14 @@ SIGNAL_SPECS: dict[str, object] = {
     "tpot_p95_s": HistogramQuantile(0.95, m.TPOT),
     "tpot_p99_s": HistogramQuantile(0.99, m.TPOT),
     "prompt_tokens_per_s": CounterRate(m.PROMPT_TOKENS),
+    # Request lengths (tokens) of the requests this pool answered, wherever their prompt was prefilled: the
+    # capacity planner's "last hour's traffic" (apps.planning.selectors.telemetry_workload).
+    "request_prompt_tokens_mean": HistogramMean(m.REQUEST_PROMPT_TOKENS),
+    "request_computed_prompt_tokens_mean": HistogramMean(m.REQUEST_COMPUTED_PROMPT_TOKENS),
+    "request_computed_prompt_tokens_p50": HistogramQuantile(0.5, m.REQUEST_COMPUTED_PROMPT_TOKENS),
+    "request_computed_prompt_tokens_p90": HistogramQuantile(0.9, m.REQUEST_COMPUTED_PROMPT_TOKENS),
+    "request_computed_prompt_tokens_p99": HistogramQuantile(0.99, m.REQUEST_COMPUTED_PROMPT_TOKENS),
+    "request_generation_tokens_mean": HistogramMean(m.REQUEST_GENERATION_TOKENS),
     "generation_tokens_per_s": CounterRate(m.GENERATION_TOKENS),
     "kv_transfer_failure_rate": RateRatio(
         CounterRate(m.KV_TRANSFERS, ((m.KV_TRANSFER_OUTCOME_LABEL, "=", m.KV_TRANSFER_FAILURE_OUTCOME),)),

@@ -88,7 +88,7 @@ class Generation:
         prompts: token ids per prompt.
         n: choices per prompt.
         make_params: ``choice_index -> engine SamplingParams`` (seeds differ per choice).
-        metrics: the worker's metrics (TTFT, TPOT, e2e and token counters per sequence).
+        metrics: the worker's metrics (TTFT, TPOT, e2e, token counters and request lengths per sequence).
         remote_prefill: decode role with a prefill endpoint: ``async (engine_loop, request_id, prompt,
             params, sampling, updates)`` that obtains the prefill from the prefill worker and submits
             the sequence (see :mod:`.pd`); None submits to the engine directly.
@@ -241,6 +241,9 @@ class Generation:
         if self.metrics is not None and choice.finish_reason != "abort":
             ttft = None if choice.first_token_at is None else choice.first_token_at - self.arrival
             self.metrics.observe_latency(ttft_s=ttft, e2e_s=now - self.arrival,
+                                         num_output_tokens=choice.num_output_tokens)
+            self.metrics.observe_lengths(num_prompt_tokens=choice.num_prompt_tokens,
+                                         num_cached_tokens=min(choice.num_cached_tokens or 0, choice.num_prompt_tokens),
                                          num_output_tokens=choice.num_output_tokens)
         return self._event(choice, update.new_text, choice.finish_reason)
 

@@ -229,6 +229,13 @@ def test_remote_prefill_reports_the_prefill_workers_cache_hit(prefill, decode, t
     for key in (PREFIX_HITS, ("ferry_prefix_cache_queries_total", frozenset()),
                 ("ferry_prompt_tokens_total", frozenset())):
         assert decode_after.get(key, 0.0) == decode_before.get(key, 0.0), key
+    # ...but it answered both requests: its request-length histograms hold both whole prompts, and as computed
+    # the 462 tokens of the first and the 14 the prefill worker's cache did not hold of the second
+    for name, value in (("ferry_request_prompt_tokens_sum", 2 * 462), ("ferry_request_prompt_tokens_count", 2),
+                        ("ferry_request_computed_prompt_tokens_sum", 462 + 14),
+                        ("ferry_request_generation_tokens_sum", 4)):
+        key = (name, frozenset())
+        assert decode_after.get(key, 0.0) - decode_before.get(key, 0.0) == value, name
     wait_kv_free(prefill, decode)
 
 

@@ -59,6 +59,8 @@ def test_metrics_follow_the_contract(api):
         # KV transfer series are defined (HELP/TYPE) before the disaggregation work increments them
         "ferry_kv_transfer": "counter", "ferry_kv_transfer_raw_bytes": "counter",
         "ferry_kv_transfer_wire_bytes": "counter", "ferry_kv_transfer_seconds": "histogram",
+        "ferry_request_prompt_tokens": "histogram", "ferry_request_computed_prompt_tokens": "histogram",
+        "ferry_request_generation_tokens": "histogram",
     }
     assert {name: families.get(name) for name in expected} == expected
     assert all(name.startswith("ferry_") for name in families)
@@ -91,6 +93,29 @@ def test_counters_move_with_requests(api):
     assert delta("ferry_time_to_first_token_seconds_count") == 1
     assert delta("ferry_time_per_output_token_seconds_count") == 1
     assert delta("ferry_e2e_request_latency_seconds_count") == 1
+    assert delta("ferry_request_prompt_tokens_count") == delta("ferry_request_generation_tokens_count") == 1
+    assert delta("ferry_request_prompt_tokens_sum") == num_prompt
+    assert delta("ferry_request_generation_tokens_sum") == 5
+    # the histogram's buckets hold the observation: 5 generated tokens are in le=6 but not le=4
+    assert delta("ferry_request_generation_tokens_bucket", ("le", "6.0")) == 1
+    assert delta("ferry_request_generation_tokens_bucket", ("le", "4.0")) == 0
+
+
+def test_request_lengths_count_the_prefix_cache_hit_as_not_computed(api):
+    """A repeated prompt finds its full blocks cached: the computed-prompt histogram records the prompt minus the
+    ``cached_tokens`` the answer reports, the prompt histogram the whole prompt."""
+    body = {"model": MODEL, "prompt": "The planner reads request lengths from histograms. " * 8, "max_tokens": 2,
+            "temperature": 0.0, "ignore_eos": True}
+    first = api.post("/v1/completions", json=body).json()["usage"]
+    before = scrape(api)
+    second = api.post("/v1/completions", json=body).json()["usage"]
+    after = scrape(api)
+    cached = second["prompt_tokens_details"]["cached_tokens"]
+    assert second["prompt_tokens"] == first["prompt_tokens"] and 0 < cached < second["prompt_tokens"]
+    assert after[("ferry_request_prompt_tokens_sum", ())] - before[("ferry_request_prompt_tokens_sum", ())] \
+        == second["prompt_tokens"]
+    assert after[("ferry_request_computed_prompt_tokens_sum", ())] \
+        - before[("ferry_request_computed_prompt_tokens_sum", ())] == second["prompt_tokens"] - cached
 
 
 def test_queue_depth_is_non_zero_while_more_requests_wait_than_the_batch_admits(api, worker):

@@ -104,5 +104,6 @@ class PlanViewSet(mixins.CreateModelMixin, mixins.DestroyModelMixin, viewsets.Re
     @extend_schema(request=None, responses=dict)
     @action(detail=True, methods=["get"])
     def measured(self, request: Request, pk: str | None = None) -> Response:
-        """Predicted TTFT/TPOT beside telemetry's newest measured values of both pools."""
+        """Predicted TTFT/TPOT beside both pools' measured values since the plan was applied
+        (:func:`apps.planning.selectors.plan_measured`)."""
         return Response(selectors.plan_measured(result=self.get_object()))

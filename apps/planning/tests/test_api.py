@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import time
+from datetime import UTC, datetime
 
 import pytest
 
@@ -52,8 +54,9 @@ def test_plan_create_apply_and_measured(two_dcs, profiles, operator_api, viewer_
     assert measured.status_code == 200
     assert measured.json() == {
         "predicted": {"ttft_p50_s": plan["ttft_p50_s"], "ttft_p90_s": plan["ttft_p90_s"], "tpot_s": plan["tpot_s"]},
-        "measured": {str(pid): {"at": None, "ttft_p50_s": None, "ttft_p95_s": None, "tpot_p50_s": None,
-                                "request_rate_per_s": None} for pid in (two_dcs["prefill"].pk, two_dcs["decode"].pk)}}
+        "measured": {str(pid): {"at": None, "since": None, "records": 0, "ttft_p50_s": None, "ttft_p95_s": None,
+                                "tpot_p50_s": None, "request_rate_per_s": None}
+                     for pid in (two_dcs["prefill"].pk, two_dcs["decode"].pk)}}
 
 
 def test_apply_on_a_busy_pool_is_409(two_dcs, profiles, operator_api):
@@ -248,19 +251,30 @@ def test_plan_pool_filter_finds_plans_of_either_pool(two_dcs, profiles, operator
         assert [p["id"] for p in found.json()["results"]] == expected
 
 
-def test_measured_shows_each_pools_newest_telemetry_beside_the_prediction(two_dcs, profiles, operator_api,
-                                                                          default_history):
+def test_measured_is_each_pools_telemetry_since_the_apply_weighted_by_request_rate(two_dcs, profiles, operator_api,
+                                                                                   default_history):
+    """Before the apply the last 5 minutes count; after it only the records since. Latencies weigh by the request
+    rate of their window (an idle window's empty quantile counts for nothing), the rate is the plain mean."""
     from apps.telemetry.selectors import history_scope
 
     plan = operator_api.post("/api/v1/plans/", _plan_body(two_dcs), format="json").json()
-    for at, ttft in ((1000.0, 0.5), (1001.0, 0.25)):  # the newer record wins
-        default_history.append(history_scope(two_dcs["decode"].pk), at, {
-            "at": at, "signals": {"ttft_p50_s": ttft, "ttft_p95_s": 0.75, "tpot_p50_s": 0.03,
-                                  "request_rate_per_s": 1.5, "error_rate": 0.0}})
+    now = time.time()
+    for age, rate, ttft in ((400, 9.0, 9.0), (200, 1.0, 0.5), (100, 3.0, 0.25), (50, 0.0, None)):
+        default_history.append(history_scope(two_dcs["decode"].pk), now - age, {
+            "at": now - age, "signals": {"ttft_p50_s": ttft, "ttft_p95_s": ttft and 3 * ttft, "tpot_p50_s": 0.03,
+                                         "request_rate_per_s": rate, "error_rate": 0.0}})
     measured = operator_api.get(f"/api/v1/plans/{plan['id']}/measured/").json()["measured"]
-    assert measured[str(two_dcs["decode"].pk)] == {"at": 1001.0, "ttft_p50_s": 0.25, "ttft_p95_s": 0.75,
-                                                   "tpot_p50_s": 0.03, "request_rate_per_s": 1.5}
-    assert measured[str(two_dcs["prefill"].pk)]["ttft_p50_s"] is None
+    # the record 400 s old is outside the 5 minutes; p50 (1 x 0.5 + 3 x 0.25) / 4, rate (1 + 3 + 0) / 3
+    assert measured[str(two_dcs["decode"].pk)] == {
+        "at": pytest.approx(now - 50), "since": pytest.approx(now - 200), "records": 3,
+        "ttft_p50_s": pytest.approx(0.3125), "ttft_p95_s": pytest.approx(0.9375), "tpot_p50_s": pytest.approx(0.03),
+        "request_rate_per_s": pytest.approx(4 / 3)}
+    assert measured[str(two_dcs["prefill"].pk)] == {"at": None, "since": None, "records": 0, "ttft_p50_s": None,
+                                                    "ttft_p95_s": None, "tpot_p50_s": None, "request_rate_per_s": None}
+    PlanResult.objects.filter(pk=plan["id"]).update(applied_at=datetime.fromtimestamp(now - 150, tz=UTC))
+    measured = operator_api.get(f"/api/v1/plans/{plan['id']}/measured/").json()["measured"]
+    assert (measured[str(two_dcs["decode"].pk)]["records"], measured[str(two_dcs["decode"].pk)]["ttft_p50_s"]) == (
+        2, pytest.approx(0.25))
 
 
 @pytest.mark.parametrize(("points", "message"), [

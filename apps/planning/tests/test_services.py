@@ -401,6 +401,49 @@ def test_telemetry_workload_splits_prompts_by_the_prefix_cache_hit_rate(two_dcs,
     assert result.workload["cached_prefix_mean"] == pytest.approx(600.0)
 
 
+def test_telemetry_workload_adds_the_prompt_tokens_the_prefill_pool_prefilled(two_dcs, profiles, default_history):
+    """Regression: a decode pool counts only the prompt tokens prefilled on it; the long prompts the router sent
+    to the prefill pool were missing, and the planner saw short prompts."""
+    from apps.telemetry.selectors import history_scope
+
+    now = time.time()
+    default_history.append(history_scope(two_dcs["decode"].pk), now - 5, {"at": now - 5, "signals": {
+        "request_rate_per_s": 2.0, "prompt_tokens_per_s": 200.0, "generation_tokens_per_s": 40.0,
+        "prefix_cache_hit_rate": 0.0}})
+    default_history.append(history_scope(two_dcs["prefill"].pk), now - 5, {"at": now - 5, "signals": {
+        "request_rate_per_s": 1.0, "prompt_tokens_per_s": 1000.0, "prefix_cache_hit_rate": 0.4}})
+    result = services.plan_create(prefill_pool=two_dcs["prefill"], decode_pool=two_dcs["decode"], link=two_dcs["link"],
+                                  workload={"ttft_slo_s": 2.0, "tpot_slo_s": 0.1}, workload_source="telemetry")
+    # (200 + 1000) / 2 = 600 prompt tokens a request; hit rate (0 x 200 + 0.4 x 1000) / 1200 = 1/3: 400 computed
+    assert {k: result.workload[k] for k in ("rate_per_s", "prompt_median", "prompt_p90", "prompt_cap",
+                                            "output_median")} == {
+        "rate_per_s": 2.0, "prompt_median": 400, "prompt_p90": None, "prompt_cap": 400, "output_median": 20}
+    assert result.workload["cached_prefix_mean"] == pytest.approx(200.0)
+
+
+def test_telemetry_workload_reads_the_request_length_histograms(two_dcs, profiles, default_history):
+    """Ferry workers' request-length histograms give the distribution: computed p50/p90 as median/p90, p99 as the
+    cap, the mean output, and mean prompt - mean computed as the cached prefix; windows weigh by their request rate."""
+    from apps.telemetry.selectors import history_scope
+
+    now = time.time()
+    for i, (rate, p50, p90, p99, prompt_mean, computed_mean, output) in enumerate((
+            (1.0, 100.0, 300.0, 700.0, 500.0, 150.0, 16.0), (3.0, 140.0, 420.0, 900.0, 700.0, 190.0, 20.0))):
+        default_history.append(history_scope(two_dcs["decode"].pk), now - 10 + i, {"at": now - 10 + i, "signals": {
+            "request_rate_per_s": rate, "prompt_tokens_per_s": 1.0, "generation_tokens_per_s": 1.0,
+            "request_computed_prompt_tokens_p50": p50, "request_computed_prompt_tokens_p90": p90,
+            "request_computed_prompt_tokens_p99": p99, "request_prompt_tokens_mean": prompt_mean,
+            "request_computed_prompt_tokens_mean": computed_mean, "request_generation_tokens_mean": output}})
+    result = services.plan_create(prefill_pool=two_dcs["prefill"], decode_pool=two_dcs["decode"], link=two_dcs["link"],
+                                  workload={"ttft_slo_s": 2.0, "tpot_slo_s": 0.1}, workload_source="telemetry")
+    # weights 1 and 3: p50 (100 + 420) / 4 = 130, p90 (300 + 1260) / 4 = 390, p99 (700 + 2700) / 4 = 850,
+    # output (16 + 60) / 4 = 19, cached (500 + 2100) / 4 - (150 + 570) / 4 = 650 - 180 = 470
+    assert {k: result.workload[k] for k in ("rate_per_s", "prompt_median", "prompt_p90", "prompt_cap",
+                                            "output_median", "cached_prefix_mean")} == {
+        "rate_per_s": 2.0, "prompt_median": 130, "prompt_p90": 390, "prompt_cap": 850, "output_median": 19,
+        "cached_prefix_mean": 470.0}
+
+
 def test_telemetry_workload_without_traffic_is_refused(two_dcs, profiles, default_history):
     with pytest.raises(ValidationError) as refused:
         services.plan_create(prefill_pool=two_dcs["prefill"], decode_pool=two_dcs["decode"], link=two_dcs["link"],

@@ -27,6 +27,8 @@ VLLM_TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.
                      40.0, 80.0)
 VLLM_E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
                     480.0, 960.0, 1920.0, 7680.0)
+# vLLM's request-length buckets: build_1_2_5_buckets(max_model_len), here for a 32K context.
+VLLM_TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000)
 SGLANG_TTFT_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400)
 SGLANG_ITL_BUCKETS = (0.002, 0.004, 0.006, 0.008, 0.010, 0.015, 0.020, 0.025, 0.030, 0.035, 0.040, 0.060, 0.080,
                       0.100, 0.200, 0.400, 0.600, 0.800, 1.000, 2.000, 4.000, 6.000, 8.000)
@@ -61,6 +63,10 @@ class VllmExporter:
                              registry=r).labels(*values)
         self.e2e = Histogram("vllm:e2e_request_latency_seconds", "E2E.", labels, buckets=VLLM_E2E_BUCKETS,
                              registry=r).labels(*values)
+        self.prompt_lengths = Histogram("vllm:request_prompt_tokens", "Prefill tokens per request.", labels,
+                                        buckets=VLLM_TOKEN_BUCKETS, registry=r).labels(*values)
+        self.generation_lengths = Histogram("vllm:request_generation_tokens", "Generation tokens per request.",
+                                            labels, buckets=VLLM_TOKEN_BUCKETS, registry=r).labels(*values)
 
 
 class SglangExporter:

@@ -45,6 +45,9 @@ def vllm_load(e: VllmExporter) -> None:
     e.itl.observe(5.0)  # per-token latency: not Ferry's TPOT, must not count
     for _ in range(8):
         e.e2e.observe(0.9)
+    for prompt, generation in ((100, 30), (100, 30), (300, 40), (500, 200)):
+        e.prompt_lengths.observe(prompt)
+        e.generation_lengths.observe(generation)
 
 
 # Per load (5 s): 9 finished requests, 1000 prompt tokens, 300 generated; 400 of 1000 looked-up tokens cached.
@@ -66,6 +69,12 @@ VLLM_EXPECTED = {
     "ready_replicas": 1.0,  # answers its /metrics and has no readiness gauge
     "kv_transfer_failure_rate": None,  # Ferry's own KV transfer: not in a vLLM pool
     "engine_busy_ratio": None,
+    # Request lengths: 4 requests of 1000 prompt tokens and 300 generated. vLLM has no computed-prompt (not cached)
+    # histogram: no data.
+    "request_prompt_tokens_mean": 250.0,
+    "request_generation_tokens_mean": 75.0,
+    "request_computed_prompt_tokens_mean": None,
+    "request_computed_prompt_tokens_p90": None,
 }
 
 
@@ -102,6 +111,8 @@ SGLANG_EXPECTED = {
     "generation_tokens_per_s": 100.0,
     "prefix_cache_hit_rate": None,  # cached tokens are exported, lookups are not (module docstring)
     "ready_replicas": 1.0,
+    "request_prompt_tokens_mean": None,  # no request-length histograms
+    "request_generation_tokens_mean": None,
 }
 
 
@@ -163,7 +174,8 @@ def test_prometheus_with_the_generated_relabel_rules_reads_a_vllm_pool_like_dire
         server.server_close()
     # Ratios and quantiles cancel Prometheus' extrapolation to the window edges: exact as by hand.
     for name in ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "prefix_cache_hit_rate", "num_requests_waiting",
-                 "num_requests_running", "kv_cache_usage"):
+                 "num_requests_running", "kv_cache_usage", "request_prompt_tokens_mean",
+                 "request_generation_tokens_mean"):
         assert got[name] == pytest.approx(VLLM_EXPECTED[name], rel=1e-9), name
     assert got["error_rate"] is None
     assert got["request_rate_per_s"] > 0  # 9 requests over the window (its length depends on scrape timing)

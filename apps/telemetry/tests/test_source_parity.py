@@ -48,11 +48,16 @@ TOLERANCE = {
     "router_local_prefill_fallback_per_s": REL_10,
     "router_ejections_per_s": REL_10, "router_ejected_replicas": EXACT,
     "prefix_cache_hit_rate": ("abs", 0.01), "prefix_cache_device_blocks": EXACT, "router_index_accuracy": ("abs", 0.01),
+    # Histogram means and quantiles: ratios of rates, the extrapolation cancels.
+    "request_prompt_tokens_mean": REL_2, "request_computed_prompt_tokens_mean": REL_2,
+    "request_computed_prompt_tokens_p50": REL_2, "request_computed_prompt_tokens_p90": REL_2,
+    "request_computed_prompt_tokens_p99": REL_2, "request_generation_tokens_mean": REL_2,
 }
 # Signals that must have data after the load (so the comparison cannot pass on two Nones).
 MUST_HAVE_DATA = ("request_rate_per_s", "error_rate", "prompt_tokens_per_s", "generation_tokens_per_s",
                   "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "num_requests_waiting",
-                  "kv_cache_usage", "engine_busy_ratio", "ready_replicas")
+                  "kv_cache_usage", "engine_busy_ratio", "ready_replicas", "request_prompt_tokens_mean",
+                  "request_computed_prompt_tokens_p50", "request_generation_tokens_mean")
 
 
 @pytest.fixture(scope="module")
@@ -183,6 +188,9 @@ def test_prometheus_and_direct_scrape_agree_on_a_synthetic_exporter(synthetic):
             metrics.tokens(num_prompt_tokens=rng.randint(5, 50), num_generation_tokens=16)
             ttft = rng.uniform(0.02, 0.4)
             metrics.observe_latency(ttft_s=ttft, e2e_s=ttft + 15 * rng.uniform(0.01, 0.05), num_output_tokens=16)
+            prompt = rng.randint(5, 3000)
+            metrics.observe_lengths(num_prompt_tokens=prompt, num_cached_tokens=rng.randint(0, prompt - 1),
+                                    num_output_tokens=16)
             outcome = "failure" if rng.random() < 0.2 else "success"
             metrics.kv_transfer.transfers.labels(**metrics.identity, direction="send", outcome=outcome,
                                                  reason="timeout" if outcome == "failure" else "none").inc()
