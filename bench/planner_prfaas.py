@@ -14,6 +14,9 @@ accelerator equivalents, compute:bandwidth cost 2.5:1), each fleet sized by the 
   at most the replicas whose KV fills ``max_link_share`` of the link, by predicted goodput); the router
   moves within ``[low, high] x`` that threshold, its link budget refilled at ``max_link_share``.
 
+Beside each table, the fluid bound (:func:`link_bound`): the most requests/s any split of the prefill between the
+datacenters could serve at the link share, without queueing or SLOs, so no policy's goodput exceeds it.
+
 Goodput (DistServe): the highest Poisson rate with >= 90% of requests meeting TTFT <= 5 s and
 TPOT <= 80 ms, by bisection in the simulator. Then, on ``prfaas``: the fixed-threshold sweep in
 1K-token steps (each threshold on the planner's fleet for it, whole link: the optimum is interior)
@@ -32,6 +35,8 @@ import json
 import sys
 import time
 from pathlib import Path
+
+import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -58,6 +63,39 @@ PAPER = ("PrfaaS paper (issue 24's summary): +54% over homogeneous PD, +32% over
 def kv_rate_gbps(sc, num_tokens: int = 32768) -> float:
     """KV a busy ``compute`` replica ships while prefilling ``num_tokens``-token prompts, Gbit/s."""
     return sc.geometry.transfer_bytes(num_tokens) * 8e-9 / sc.profiles["compute"].prefill_time_s(num_tokens)
+
+
+def link_bound(sc, decode_cost: float, share: float, grid: int = 4000) -> dict:
+    """The most requests/s any split of prefill between the two datacenters can serve at a link share, serving
+    every request: a fluid bound (no queueing, no SLO), so every policy's goodput is at or below it.
+
+    Per request of ``N`` prompt tokens (the prompt distribution's quantile grid): prefill cost-seconds
+    ``w_b(N) = c_b t_b(N)`` on a "bandwidth" replica, ``w_c(N) = c_c t_c(N)`` on a "compute" one (replica cost
+    ``c``, roofline prefill time ``t``), and KV to ship ``k(N)`` Gbit (the catalog's transfer formula). Sending the
+    set ``S`` remote serves ``lambda(S) = min(B_p / W(S), share x L / K(S))`` requests/s, with
+    ``W(S) = E[w_c 1_S + w_b 1_not S]``, ``K(S) = E[k 1_S]``, ``L`` the link's Gbit/s and ``B_p`` the budget less
+    ``decode_cost``. For a given rate, the least ``W`` under the link's ``K`` is a fractional knapsack: requests
+    in order of saved cost per KV bit ``(w_b - w_c) / k``, so the maximum over the prefixes of that order is the
+    bound (to one grid point). ``share`` 0: homogeneous on the "bandwidth" type.
+
+    Returns:
+        ``{"share", "rate_per_s", "homogeneous_rate_per_s", "gain", "remote_share", "shortest_remote_tokens"}``.
+    """
+    lengths = sc.prompt.quantile_grid(grid)
+    local, remote = sc.profiles["bandwidth"], sc.profiles["compute"]
+    w_b = np.array([local.cost * local.prefill_time_s(int(n)) for n in lengths])
+    w_c = np.array([remote.cost * remote.prefill_time_s(int(n)) for n in lengths])
+    kv = np.array([sc.geometry.transfer_bytes(int(n)) * 8e-9 for n in lengths])
+    order = [i for i in np.argsort(-(w_b - w_c) / kv, kind="stable") if w_b[i] > w_c[i]]
+    budget = sc.budget - decode_cost
+    work = np.concatenate([[w_b.sum()], w_b.sum() - np.cumsum((w_b - w_c)[order])]) / grid
+    link = np.concatenate([[0.0], np.cumsum(kv[order])]) / grid
+    with np.errstate(divide="ignore"):
+        rates = np.minimum(budget / work, np.where(link > 0, share * sc.bandwidth_gbps / link, np.inf))
+    k = int(np.argmax(rates))
+    return {"share": share, "rate_per_s": float(rates[k]), "homogeneous_rate_per_s": float(rates[0]),
+            "gain": float(rates[k] / rates[0] - 1), "remote_share": k / grid,
+            "shortest_remote_tokens": int(min(lengths[order[:k]])) if k else None}
 
 
 def policy_rows(sc):
@@ -125,6 +163,15 @@ def compare(name: str, requests: int) -> dict:
         gains[other] = base["bandwidth_aware"] / base[other] - 1 if base[other] else float("inf")
         print(f"bandwidth_aware vs {other}: {gains[other]:+.1%}" + ("  (best homogeneous)" if other == homo else ""))
     out["gains"] = gains
+    # The fluid bound: no split serves more than this, whatever the router does (decode as in the H20 fleet).
+    h20 = next(p for p in out["policies"] if p["policy"] == "homogeneous_pd_h20")
+    decode_cost = h20["fleet"]["decode"] * sc.profiles["bandwidth"].cost if h20["fleet"] else 0.0
+    out["link_bound"] = [link_bound(sc, decode_cost, s) for s in (sc.max_link_share, 1.0)]
+    for b in out["link_bound"]:
+        print(f"fluid bound, link share <= {b['share']:.0%}: {b['rate_per_s']:.1f} req/s, {b['gain']:+.1%} over the "
+              f"H20 fleet's {b['homogeneous_rate_per_s']:.1f} (same bound, share 0) and "
+              f"{b['rate_per_s'] / base['homogeneous_pd_h20'] - 1:+.1%} over its simulated goodput; remote "
+              f"{b['remote_share']:.1%} of requests (from {b['shortest_remote_tokens']} tokens)")
     print(PAPER)
     out["planner_curve"] = curve
     return out
