@@ -104,6 +104,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # First: sees every response, so a client error under /api/ that DRF did not render becomes JSON, not HTML.
+    "apps.core.middleware.ApiJsonErrorsMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",

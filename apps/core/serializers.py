@@ -3,6 +3,7 @@
 DRF drops a request field that a serializer does not write (read-only or unknown) without a word, so a client
 that sends ``PATCH /api/v1/pools/{id}/ {"tracks": [...]}`` got 200 and nothing changed.
 :class:`StrictFieldsMixin` answers 400 instead, naming each such field and, where one exists, how to change it.
+:class:`EmptyBodySerializer` (:func:`empty_body_check`) does the same for a verb that takes no body.
 :class:`StrictFloatField` refuses a boolean where a number belongs (DRF's FloatField reads ``true`` as 1.0).
 :class:`ValuesRepresentation` gives a serializer's output from ``QuerySet.values()`` rows (hot list endpoints).
 """
@@ -24,12 +25,16 @@ FORM_ONLY_FIELDS = frozenset({"csrfmiddlewaretoken"})
 class StrictFieldsMixin:
     """Refuse a write that carries fields the serializer will not write (HTTP 400, one message per field).
 
-    ``how_to_change`` maps a read-only field to where it is changed (e.g. ``"tracks": "... rollouts ..."``);
-    other read-only fields say "read-only", unknown ones "unknown field". Reads are unaffected. The answer also
-    carries the other fields' errors, so a client fixes every field in one round.
+    ``how_to_change`` maps a read-only or unknown field to where it is changed (e.g. ``"tracks": "... rollouts
+    ..."``); other read-only fields say "read-only", unknown ones :attr:`unknown_field_message`. Reads are
+    unaffected. The answer also carries the other fields' errors, so a client fixes every field in one round.
+
+    Raises (from ``is_valid(raise_exception=True)``):
+        ValidationError: HTTP 400 ``{field: [message], ...}``, naming every refused field.
     """
 
     how_to_change: ClassVar[Mapping[str, str]] = {}
+    unknown_field_message: ClassVar[str] = "Unknown field: it is not part of this resource."
 
     def to_internal_value(self, data: Any) -> Any:  # noqa: ANN401 - DRF's signature
         if isinstance(data, Mapping):
@@ -41,10 +46,8 @@ class StrictFieldsMixin:
                 field = fields.get(name)
                 if field is not None and not field.read_only:
                     continue
-                if field is None:
-                    errors[name] = ["Unknown field: it is not part of this resource."]
-                else:
-                    errors[name] = [self.how_to_change.get(name, "This field is read-only.")]
+                default = self.unknown_field_message if field is None else "This field is read-only."
+                errors[name] = [self.how_to_change.get(name, default)]
             if errors:
                 # One round: the fields' own errors (a missing required field...) come with these.
                 try:
@@ -54,6 +57,24 @@ class StrictFieldsMixin:
                         errors = {**exc.detail, **errors}
                 raise serializers.ValidationError(errors)
         return super().to_internal_value(data)  # type: ignore[misc]
+
+
+class EmptyBodySerializer(StrictFieldsMixin, serializers.Serializer):
+    """The body of a verb that takes no options (``POST .../start/``, ``.../cancel/``...): none, ``{}`` or a browser
+    form's CSRF token. Any field is refused rather than ignored: a client that sends ``{"force": true}`` to a verb
+    without a ``force`` option learns so instead of getting the plain verb."""
+
+    unknown_field_message = "Unknown field: this request takes no fields (send no body or {})."
+
+
+def empty_body_check(data: Any) -> None:  # noqa: ANN401 - whatever the parser gave (request.data)
+    """Check that a body-less verb got no fields: ``data`` is ``request.data``.
+
+    Raises:
+        ValidationError: HTTP 400 naming each field of ``data`` (:class:`EmptyBodySerializer`), or DRF's
+            "Invalid data. Expected a dictionary" when the body is JSON but not an object.
+    """
+    EmptyBodySerializer(data=data).is_valid(raise_exception=True)
 
 
 class StrictFloatField(serializers.FloatField):

@@ -8,6 +8,8 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from apps.catalog.models import KV_REPORT_TOKENS, ModelVersion
+from apps.catalog.services import UPDATABLE_FIELDS
+from apps.core.serializers import StrictFieldsMixin
 from inference_worker.config import FULL_ATTENTION, SLIDING_ATTENTION
 from inference_worker.registry import BUILTIN_MODELS
 
@@ -55,7 +57,26 @@ class ModelVersionSerializer(serializers.ModelSerializer):
         }
 
 
-class ModelVersionRegisterSerializer(serializers.Serializer):
+ARCHITECTURE_FIELDS = ("architecture_source", "model_type", "num_hidden_layers", "num_full_layers",
+                       "num_sliding_layers", "layer_types", "sliding_window", "num_attention_heads",
+                       "num_key_value_heads", "head_dim", "dtype", "max_position_embeddings")
+""":class:`ModelVersionSerializer` fields that registration reads from the architecture source."""
+
+
+class ModelVersionRegisterSerializer(StrictFieldsMixin, serializers.Serializer):
+    """The body of ``POST /api/v1/model-versions/``: names, weights and exactly one architecture source.
+
+    Raises (from ``is_valid(raise_exception=True)``):
+        ValidationError: HTTP 400 naming each invalid, unknown or read-only field (an architecture field such as
+            ``num_hidden_layers`` is read from the source, never sent), or none or several sources.
+    """
+
+    # consulted only for the fields refused (those not declared below): what a read of the resource shows
+    how_to_change = {
+        **{name: "This field is read-only." for name in ModelVersionSerializer.Meta.fields},
+        **{name: "Read from the architecture source (config, gguf_path or builtin_model), never sent."
+           for name in ARCHITECTURE_FIELDS},
+    }
     name = serializers.CharField(max_length=100)
     version = serializers.CharField(max_length=100)
     description = serializers.CharField(required=False, allow_blank=True, default="")
@@ -78,7 +99,23 @@ class ModelVersionRegisterSerializer(serializers.Serializer):
         return attrs
 
 
-class ModelVersionUpdateSerializer(serializers.ModelSerializer):
+IMMUTABLE_MESSAGE = "Immutable after registration; register a new version instead (POST /api/v1/model-versions/)."
+
+
+class ModelVersionUpdateSerializer(StrictFieldsMixin, serializers.ModelSerializer):
+    """The body of ``PUT``/``PATCH /api/v1/model-versions/{id}/``: the metadata a version may change.
+
+    Raises (from ``is_valid(raise_exception=True)``):
+        ValidationError: HTTP 400 naming each invalid or unknown field; a field fixed at registration (name,
+            version, weights, architecture source) says to register a new version.
+    """
+
+    how_to_change = {
+        **{name: "This field is read-only." for name in ModelVersionSerializer.Meta.fields},
+        **{name: IMMUTABLE_MESSAGE for name in (*ModelVersionRegisterSerializer._declared_fields, *ARCHITECTURE_FIELDS)
+           if name not in UPDATABLE_FIELDS},
+    }
+
     class Meta:
         model = ModelVersion
-        fields = ["description", "container_image"]
+        fields = list(UPDATABLE_FIELDS)

@@ -103,10 +103,36 @@ def test_name_version_unique(admin_api, model_version):
 
 
 def test_update_changes_metadata_only(admin_api, model_version):
-    r = admin_api.patch(f"/api/v1/model-versions/{model_version.pk}/",
-                        {"container_image": "ghcr.io/ferry/worker:2", "sha256": "b" * 64}, format="json")
+    r = admin_api.patch(f"/api/v1/model-versions/{model_version.pk}/", {"container_image": "ghcr.io/ferry/worker:2"},
+                        format="json")
     assert r.status_code == 200
     assert (r.json()["container_image"], r.json()["sha256"]) == ("ghcr.io/ferry/worker:2", SHA_A)
+
+
+IMMUTABLE = ["Immutable after registration; register a new version instead (POST /api/v1/model-versions/)."]
+
+
+def test_update_of_an_immutable_field_is_a_400_naming_it_and_changes_nothing(admin_api, model_version):
+    """A new digest was dropped without a word (200, the old sha256 kept, the container image changed)."""
+    r = admin_api.patch(f"/api/v1/model-versions/{model_version.pk}/",
+                        {"container_image": "ghcr.io/ferry/worker:2", "sha256": "b" * 64, "num_hidden_layers": 2,
+                         "id": 7, "colour": "red"}, format="json")
+    assert (r.status_code, r.json()) == (400, {
+        "sha256": IMMUTABLE, "num_hidden_layers": IMMUTABLE, "id": ["This field is read-only."],
+        "colour": ["Unknown field: it is not part of this resource."]})
+    model_version.refresh_from_db()
+    assert (model_version.container_image, model_version.sha256) == ("", SHA_A)
+
+
+def test_register_refuses_architecture_fields_and_unknown_ones(admin_api):
+    r = admin_api.post("/api/v1/model-versions/", {"name": "m", "version": "v1", "config": GEMMA_LIKE_CONFIG,
+                                                   "weights_uri": "s3://m/v1", "sha256": SHA_A,
+                                                   "sliding_window": 4096, "weights_url": "s3://m/v1"},
+                       format="json")
+    assert (r.status_code, r.json()) == (400, {
+        "sliding_window": ["Read from the architecture source (config, gguf_path or builtin_model), never sent."],
+        "weights_url": ["Unknown field: it is not part of this resource."]})
+    assert admin_api.get("/api/v1/model-versions/").json()["count"] == 0
 
 
 def test_version_in_use_cannot_be_deleted_409(admin_api, pool, model_version, make_model_version):

@@ -136,7 +136,13 @@ def pool_list_representation(pool_rows: Iterable[Mapping[str, Any]],
     return out
 
 
-class PoolScaleSerializer(serializers.Serializer):
+class PoolScaleSerializer(StrictFieldsMixin, serializers.Serializer):
+    """The body of ``POST /api/v1/pools/{id}/scale/``.
+
+    Raises (from ``is_valid(raise_exception=True)``):
+        ValidationError: HTTP 400 naming a missing or out-of-range ``replicas`` and each unknown field.
+    """
+
     replicas = serializers.IntegerField(min_value=0, max_value=MAX_REPLICAS, help_text="New total desired replicas.")
 
 

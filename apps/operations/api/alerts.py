@@ -2,7 +2,8 @@
 ``unsilence`` (:mod:`apps.operations.alerts`), each recorded in the audit log (``/api/v1/actions/``).
 
 Routed here rather than in telemetry because each verb writes an Action (operations' layer). Viewers read;
-the verbs need the operator role (403 otherwise). Every verb answers with the alert as it is now.
+the verbs need the operator role (403 otherwise). Every verb answers with the alert as it is now, or 400 naming a
+field it does not take (``acknowledge`` and ``unsilence`` take none), doing nothing then.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from apps.accounts.roles import OPERATOR
+from apps.core.serializers import empty_body_check
 from apps.operations import alerts
 from apps.telemetry.api.serializers import AlertSerializer, AlertSilenceRequestSerializer
 from apps.telemetry.api.views import AlertViewSet as TelemetryAlertViewSet
@@ -29,7 +31,9 @@ class AlertViewSet(TelemetryAlertViewSet):
     @extend_schema(request=None, responses=AlertSerializer)
     @action(detail=True, methods=["post"])
     def acknowledge(self, request: Request, pk: str | None = None) -> Response:
-        """Acknowledge a firing alert (409 once it has resolved; repeating it changes nothing)."""
+        """Acknowledge a firing alert (409 once it has resolved; repeating it changes nothing; 400 when the body
+        carries a field)."""
+        empty_body_check(request.data)
         alerts.alert_acknowledge(alert=self.get_object(), user=request.user)
         return self._current(pk)
 
@@ -48,6 +52,8 @@ class AlertViewSet(TelemetryAlertViewSet):
     @extend_schema(request=None, responses=AlertSerializer)
     @action(detail=True, methods=["post"])
     def unsilence(self, request: Request, pk: str | None = None) -> Response:
-        """End the silences in effect for the alert's rule on its pool (nothing to end: unchanged, 200)."""
+        """End the silences in effect for the alert's rule on its pool (nothing to end: unchanged, 200; 400 when the
+        body carries a field)."""
+        empty_body_check(request.data)
         alerts.alert_unsilence(alert=self.get_object(), user=request.user)
         return self._current(pk)

@@ -19,7 +19,7 @@ from apps.accounts.models import ClientApiKey
 from apps.accounts.roles import ADMIN
 from apps.accounts.selectors import client_key_list
 from apps.core.filters import FilterSet
-from apps.core.serializers import StrictFieldsMixin, StrictFloatField
+from apps.core.serializers import StrictFieldsMixin, StrictFloatField, empty_body_check
 from apps.operations import client_keys
 from apps.operations.client_keys import MAX_GRACE_S
 
@@ -114,6 +114,8 @@ class ClientApiKeyViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixi
     @extend_schema(request=None, responses={200: ClientApiKeySerializer})
     @action(detail=True, methods=["post"])
     def revoke(self, request: Request, pk: str | None = None) -> Response:
-        """Revoke the key: routers refuse it from their next routing-table poll (409 when already revoked)."""
+        """Revoke the key: routers refuse it from their next routing-table poll (409 when already revoked; 400 when
+        the body carries a field)."""
+        empty_body_check(request.data)
         revoked = client_keys.client_key_revoke(client_key=self.get_object(), requested_by=request.user)
         return Response(ClientApiKeySerializer(revoked).data)

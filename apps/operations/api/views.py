@@ -4,6 +4,9 @@
 Pools live here rather than in fleet because deleting and scaling one records an Action and reading a
 replica's logs calls its backend; creating and updating a pool go through fleet's services. Writes need
 the admin role except ``scale`` and ``flush-kv-cache`` (operator). Views call services and selectors only.
+
+Every verb answers 400 naming a field it does not take (``retry``, ``cancel`` and ``flush-kv-cache`` take none), and
+does nothing then.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from rest_framework.response import Response
 from apps.accounts.roles import ADMIN, OPERATOR
 from apps.core.filters import FilterBackend, query_int
 from apps.core.idempotency import HEADER, idempotency_key_from_request
+from apps.core.serializers import empty_body_check
 from apps.fleet import selectors as fleet_selectors
 from apps.fleet import services as fleet_services
 from apps.fleet.api.filtersets import PoolFilterSet, ReplicaFilterSet
@@ -59,7 +63,9 @@ class ActionViewSet(viewsets.ReadOnlyModelViewSet):
                    parameters=[OpenApiParameter(HEADER, str, OpenApiParameter.HEADER, required=False)])
     @action(detail=True, methods=["post"])
     def retry(self, request: Request, pk: str | None = None) -> Response:
-        """Create a new pending Action repeating a failed or cancelled one (409 otherwise)."""
+        """Create a new pending Action repeating a failed or cancelled one (409 otherwise; 400 when the body carries a
+        field)."""
+        empty_body_check(request.data)
         new, created = services.action_retry(action=self.get_object(), requested_by=request.user,
                                              idempotency_key=idempotency_key_from_request(request))
         return Response(ActionSerializer(new).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
@@ -67,7 +73,8 @@ class ActionViewSet(viewsets.ReadOnlyModelViewSet):
     @extend_schema(request=None, responses=ActionSerializer)
     @action(detail=True, methods=["post"])
     def cancel(self, request: Request, pk: str | None = None) -> Response:
-        """Cancel a pending Action (409 once it is running or finished)."""
+        """Cancel a pending Action (409 once it is running or finished; 400 when the body carries a field)."""
+        empty_body_check(request.data)
         cancelled = services.action_cancel(action=self.get_object(), cancelled_by=request.user)
         return Response(ActionSerializer(cancelled).data)
 
@@ -137,7 +144,8 @@ class PoolViewSet(viewsets.ModelViewSet):
                    parameters=[IDEMPOTENCY_PARAMETER])
     @action(detail=True, methods=["post"])
     def scale(self, request: Request, pk: str | None = None) -> Response:
-        """Request a new total replica count: creates a pending ``pool.scale`` Action (409 if the pool is busy)."""
+        """Request a new total replica count: creates a pending ``pool.scale`` Action (409 if the pool is busy; 400
+        naming a missing or invalid ``replicas`` or an unknown field)."""
         pool = self.get_object()
         serializer = PoolScaleSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
@@ -153,7 +161,8 @@ class PoolViewSet(viewsets.ModelViewSet):
     def flush_kv_cache(self, request: Request, pk: str | None = None) -> Response:
         """Flush every running replica's prefix cache: creates a pending ``pool.flush_kv_cache`` Action that calls
         each worker's signed ``POST /admin/kv-cache/reset`` (409 if the pool is busy; a failure is recorded on the
-        Action with each replica's reason and can be retried)."""
+        Action with each replica's reason and can be retried; 400 when the body carries a field)."""
+        empty_body_check(request.data)
         act, created = pools.pool_flush_kv_cache(pool=self.get_object(), requested_by=request.user,
                                                  idempotency_key=idempotency_key_from_request(request))
         return Response(ActionSerializer(act).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)

@@ -24,6 +24,13 @@ def test_scale_creates_pending_action_and_enqueues_after_commit(operator_api, po
     assert pool.replicas == 2  # desired state changes when the Action runs
 
 
+def test_scale_with_a_field_it_does_not_take_is_a_400_and_scales_nothing(operator_api, pool):
+    """``{"replicas": 3, "track": "canary"}`` scaled the whole pool to 3, the track dropped without a word."""
+    r = operator_api.post(f"/api/v1/pools/{pool.pk}/scale/", {"replicas": 3, "track": "canary"}, format="json")
+    assert (r.status_code, r.json()) == (400, {"track": ["Unknown field: it is not part of this resource."]})
+    assert Action.objects.count() == 0
+
+
 def test_second_scale_while_action_pending_is_409(operator_api, pool):
     first = operator_api.post(f"/api/v1/pools/{pool.pk}/scale/", {"replicas": 5}, format="json")
     r = operator_api.post(f"/api/v1/pools/{pool.pk}/scale/", {"replicas": 6}, format="json")

@@ -21,6 +21,7 @@ from rest_framework.response import Response
 
 from apps.accounts.roles import OPERATOR
 from apps.core.idempotency import idempotency_key_from_request
+from apps.core.serializers import empty_body_check
 from apps.operations.api.serializers import ActionSerializer
 from apps.planning import selectors, services
 from apps.planning.api.filtersets import PlanResultFilterSet, ProfileFilterSet
@@ -91,7 +92,9 @@ class PlanViewSet(mixins.CreateModelMixin, mixins.DestroyModelMixin, viewsets.Re
     @action(detail=True, methods=["post"])
     def apply(self, request: Request, pk: str | None = None) -> Response:
         """Scale each pool to its recommended replicas (``pool.scale`` Actions) and set the decode pool's
-        threshold bounds; the result's ``applied`` lists each step with its Action or the reason it was skipped."""
+        threshold bounds; the result's ``applied`` lists each step with its Action or the reason it was skipped.
+        400 when the body carries a field (apply takes none), 404 when the plan is gone, 409 when a pool is busy."""
+        empty_body_check(request.data)
         result = self.get_object()
         try:
             services.plan_apply(result=result, requested_by=request.user)

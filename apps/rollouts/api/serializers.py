@@ -8,8 +8,24 @@ from apps.fleet.models import Pool
 from apps.rollouts.models import GateMeasurement, RolloutPlan
 from apps.rollouts.transitions import allowed_verbs, state_label
 
+ROUTER_URL_REFUSED = ("router_url is no longer accepted (the control plane fetches only registered routers): register "
+                      "the router in /api/v1/routers/ (admin) and send its id as router.")
 
-class RolloutPlanSerializer(serializers.ModelSerializer):
+
+class RolloutPlanSerializer(StrictFieldsMixin, serializers.ModelSerializer):
+    """A rollout plan as read, and the body of its create, update (pending only), validate and preview.
+
+    Raises (from ``is_valid(raise_exception=True)``):
+        ValidationError: HTTP 400 naming each invalid, unknown or read-only field (``router_url`` says to register
+            the router and send its id; ``state`` and the other progress fields say how they change).
+    """
+
+    how_to_change = {
+        "router_url": ROUTER_URL_REFUSED,
+        **{name: f"Read-only: {name} is the controller's; drive the rollout with POST /api/v1/rollouts/{{id}}/"
+                 "start|pause|resume|promote|abort|rollback/."
+           for name in ("state", "phase", "current_step_index", "next_step_at", "progress", "message")},
+    }
     pools = serializers.PrimaryKeyRelatedField(many=True, queryset=Pool.objects.all())
     created_by = serializers.CharField(source="created_by.username", read_only=True, default=None)
     allowed_verbs = serializers.SerializerMethodField(help_text="Verbs the current state allows.")
@@ -30,13 +46,6 @@ class RolloutPlanSerializer(serializers.ModelSerializer):
                   "allowed_verbs", "state_label", "message", "created_by", "created_at", "updated_at"]
         read_only_fields = ["state", "phase", "current_step_index", "next_step_at", "stable_model_version",
                             "rollback_of", "progress", "message", "created_by", "created_at", "updated_at"]
-
-    def to_internal_value(self, data):  # noqa: ANN001, ANN201 - DRF signature
-        if hasattr(data, "get") and data.get("router_url") not in (None, ""):
-            raise serializers.ValidationError({"router_url": [
-                "router_url is no longer accepted (the control plane fetches only registered routers): register "
-                "the router in /api/v1/routers/ (admin) and send its id as router."]})
-        return super().to_internal_value(data)
 
     def get_allowed_verbs(self, plan: RolloutPlan) -> list[str]:
         return allowed_verbs(plan.state)

@@ -6,7 +6,8 @@ else create's 400/409); ``POST /api/v1/rollouts/preview/`` checks it the same wa
 will do (replicas per track per pool, weight; :func:`apps.rollouts.preview.rollout_preview`).
 
 A verb that the rollout's state does not allow answers 409 with a message naming the state and the
-verbs that are allowed (:mod:`apps.rollouts.transitions`).
+verbs that are allowed (:mod:`apps.rollouts.transitions`). The verbs take no body (``abort``: optional ``force``); a
+field they do not take answers 400 naming it (:func:`apps.core.serializers.empty_body_check`), the verb not done.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from rest_framework.response import Response
 
 from apps.accounts.roles import OPERATOR
 from apps.core.exceptions import Conflict
+from apps.core.serializers import empty_body_check
 from apps.rollouts import selectors, services
 from apps.rollouts.api.filtersets import GateMeasurementFilterSet, RolloutPlanFilterSet
 from apps.rollouts.api.serializers import (
@@ -90,6 +92,8 @@ class RolloutPlanViewSet(viewsets.ModelViewSet):
         return Response(preview)
 
     def _verb(self, request: Request, verb: str) -> Response:
+        """Run ``verb`` on the rollout; 400 when the body carries a field, 404/409 as the service raises."""
+        empty_body_check(request.data)
         plan = VERB_SERVICES[verb](plan=self.get_object(), requested_by=request.user)
         return Response(self.get_serializer(selectors.rollout_list().get(pk=plan.pk)).data)
 
@@ -127,6 +131,7 @@ class RolloutPlanViewSet(viewsets.ModelViewSet):
                    summary="After promotion: start a new rollout back to the previous version")
     @action(detail=True, methods=["post"])
     def rollback(self, request: Request, pk: str | None = None) -> Response:
+        empty_body_check(request.data)
         back = services.rollout_rollback(plan=self.get_object(), requested_by=request.user)
         data = self.get_serializer(selectors.rollout_list().get(pk=back.pk)).data
         return Response(data, status=status.HTTP_201_CREATED)

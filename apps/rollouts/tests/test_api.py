@@ -115,6 +115,37 @@ def test_viewer_cannot_create_rollouts(viewer_api, pd_pools, v2):
     assert viewer_api.post("/api/v1/rollouts/", _body(pd_pools, v2), format="json").status_code == 403
 
 
+STATE_READ_ONLY = ("Read-only: state is the controller's; drive the rollout with POST /api/v1/rollouts/{id}/"
+                   "start|pause|resume|promote|abort|rollback/.")
+
+
+def test_rollout_writes_refuse_unknown_and_read_only_fields_and_change_nothing(operator_api, pd_pools, v2):
+    """A misspelt or read-only field was dropped: the plan was created without it (or changed without it)."""
+    r = operator_api.post("/api/v1/rollouts/", _body(pd_pools, v2, state="progressing", auto_promote=True),
+                          format="json")
+    assert (r.status_code, r.json()) == (400, {"state": [STATE_READ_ONLY],
+                                               "auto_promote": ["Unknown field: it is not part of this resource."]})
+    r = operator_api.post("/api/v1/rollouts/validate/", _body(pd_pools, v2, router_url=None), format="json")
+    assert (r.status_code, list(r.json())) == (400, ["router_url"])
+    assert RolloutPlan.objects.count() == 0
+    pk = operator_api.post("/api/v1/rollouts/", _body(pd_pools, v2), format="json").json()["id"]
+    r = operator_api.patch(f"/api/v1/rollouts/{pk}/", {"steps": [{"set_weight": 25}], "stratgy": "blue_green"},
+                           format="json")
+    assert (r.status_code, list(r.json())) == (400, ["stratgy"])
+    assert RolloutPlan.objects.get().steps == STEPS
+
+
+def test_a_verb_without_options_refuses_a_body_field_and_does_nothing(operator_api, pd_pools, v2):
+    """``POST .../start/ {"dry_run": true}`` started the rollout for real."""
+    pk = operator_api.post("/api/v1/rollouts/", _body(pd_pools, v2), format="json").json()["id"]
+    r = operator_api.post(f"/api/v1/rollouts/{pk}/start/", {"dry_run": True}, format="json")
+    assert (r.status_code, r.json()) == (400, {"dry_run": [
+        "Unknown field: this request takes no fields (send no body or {})."]})
+    assert RolloutPlan.objects.get().state == "pending"
+    assert operator_api.post(f"/api/v1/rollouts/{pk}/start/", {}, format="json").status_code == 200
+    assert RolloutPlan.objects.get().state != "pending"
+
+
 def test_rollouts_pick_a_registered_router_and_refuse_a_free_text_router_url(operator_api, admin_api, pd_pools, v2,
                                                                             make_cluster):
     """SSRF (issue 19): a rollout names a router of the admin's registry; router_url is refused, not fetched."""

@@ -9,7 +9,13 @@ from apps.telemetry.models import Alert, AlertRule
 from apps.telemetry.services import MAX_SILENCE_S, MIN_SILENCE_S
 
 
-class AlertRuleSerializer(serializers.ModelSerializer):
+class AlertRuleSerializer(StrictFieldsMixin, serializers.ModelSerializer):
+    """An alert rule as read, and the body of its create and update (admin).
+
+    Raises (from ``is_valid(raise_exception=True)``):
+        ValidationError: HTTP 400 naming each invalid, unknown or read-only field.
+    """
+
     class Meta:
         model = AlertRule
         fields = ["id", "name", "pool", "signal", "comparison", "threshold", "for_seconds", "severity", "enabled",

@@ -31,6 +31,21 @@ def test_admin_sets_a_pool_threshold_and_viewer_cannot(admin_api, viewer_api, po
     assert "This pool already has a rule with this name." in str(again.json())
 
 
+def test_rule_writes_refuse_a_misspelt_field_instead_of_keeping_the_default(admin_api, pool):
+    """``for_secs`` was dropped: the rule fired at once (for_seconds 0) instead of after 30 s."""
+    body = {"name": "ttft-p99-high", "pool": pool.pk, "signal": "ttft_p99_s", "comparison": ">", "threshold": 1.5,
+            "for_secs": 30, "created_at": "2020-01-01T00:00:00Z"}
+    response = admin_api.post("/api/v1/alert-rules/", body, format="json")
+    assert (response.status_code, response.json()) == (400, {
+        "for_secs": ["Unknown field: it is not part of this resource."], "created_at": ["This field is read-only."]})
+    assert not AlertRule.objects.filter(pool=pool).exists()
+    rule = AlertRule.objects.get(name="kv-cache-usage-critical", pool=None)
+    response = admin_api.patch(f"/api/v1/alert-rules/{rule.pk}/", {"threshold": 0.5, "for_secs": 30}, format="json")
+    assert (response.status_code, list(response.json())) == (400, ["for_secs"])
+    rule.refresh_from_db()
+    assert rule.threshold != 0.5
+
+
 def test_rule_with_unknown_signal_is_rejected_with_the_choices(admin_api):
     body = {"name": "x", "signal": "gpu_temp", "comparison": ">", "threshold": 1}
     response = admin_api.post("/api/v1/alert-rules/", body, format="json")
