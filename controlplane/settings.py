@@ -332,6 +332,13 @@ LOGGING = {
     # httpx logs every request at INFO and Celery beat every task it sends (the rollouts tick each second): the
     # telemetry poller, reconcile and beat would print several lines a second and bury what matters (the ready
     # banner, Actions). LOG_LEVEL=DEBUG shows them again.
-    "loggers": {name: {"level": "DEBUG" if os.environ.get("LOG_LEVEL") == "DEBUG" else "WARNING"}
-                for name in ("httpx", "celery.beat")},
+    "loggers": {
+        **{name: {"level": "DEBUG" if os.environ.get("LOG_LEVEL") == "DEBUG" else "WARNING"}
+           for name in ("httpx", "celery.beat")},
+        # A worker's "Task ... received" / "succeeded" lines of the periodic ticks (each 1-2 s); other tasks' lines,
+        # and any failure, still show (apps.core.log_filters).
+        **{name: {"filters": [] if os.environ.get("LOG_LEVEL") == "DEBUG" else ["periodic_ticks"]}
+           for name in ("celery.worker.strategy", "celery.app.trace")},
+    },
+    "filters": {"periodic_ticks": {"()": "apps.core.log_filters.PeriodicTaskInfoFilter"}},
 }
