@@ -333,6 +333,9 @@ LOGGING = {
     # telemetry poller, reconcile and beat would print several lines a second and bury what matters (the ready
     # banner, Actions). LOG_LEVEL=DEBUG shows them again.
     "loggers": {
+        # Django's default config gives "django" a console handler of its own (with DEBUG) and lets it propagate to
+        # the root's: each "Bad Request: /api/..." was printed twice. One handler, the root's format.
+        "django": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO"), "propagate": False},
         **{name: {"level": "DEBUG" if os.environ.get("LOG_LEVEL") == "DEBUG" else "WARNING"}
            for name in ("httpx", "celery.beat")},
         # A worker's "Task ... received" / "succeeded" lines of the periodic ticks (each 1-2 s); other tasks' lines,

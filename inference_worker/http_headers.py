@@ -9,6 +9,7 @@ Router -> decode worker (request): :data:`TRACK`, :data:`MODEL_VERSION`, :data:`
 router chose remote prefill, :data:`PREFILL_ENDPOINT` (the prefill replica's URL).
 Router -> client (response): :data:`REPLICA`, :data:`TRACK`, :data:`DECISION`, :data:`DECISION_REASON`; worker -> client: :data:`CACHED_TOKENS`.
 Client -> router (request): :data:`STICKY_KEY` (the key hashed to pick a track; default the request id).
+Control plane's profiler -> worker (request): :data:`PROFILING`.
 Decode worker -> prefill worker (``POST /internal/prefill``): :data:`KV_SIGNATURE` (hex HMAC-SHA256 of
 the body under the per-link secret) and, only in test runs, :data:`FAULT_KV` (see
 :mod:`inference_worker.server.pd_faults`).
@@ -35,9 +36,13 @@ KV_SIGNATURE = "x-ferry-kv-signature"
 """Decode -> prefill worker: hex HMAC-SHA256 of the ``/internal/prefill`` body under the link secret."""
 CACHED_TOKENS = "x-ferry-cached-tokens"
 """Worker -> router -> client (response): prompt tokens served from the prefix cache (known at the first byte)."""
+PROFILING = "x-ferry-profiling"
+"""Profiler -> worker (request, any value): a profiling sweep's request (:mod:`apps.planning.profiling`), served like
+any other but left out of the request-length histograms, which describe the pool's traffic to the planner."""
 FAULT_KV = "x-ferry-fault-kv"
 """TEST ONLY, decode -> prefill worker: a KV hand-off fault for this request (honoured only when the
 workers run with the test hook enabled, see :mod:`inference_worker.server.pd_faults`)."""
 
-ALL = (STICKY_KEY, TRACK, MODEL_VERSION, DECISION, DECISION_REASON, REPLICA, PREFILL_ENDPOINT, KV_SIGNATURE, CACHED_TOKENS, FAULT_KV)
+ALL = (STICKY_KEY, TRACK, MODEL_VERSION, DECISION, DECISION_REASON, REPLICA, PREFILL_ENDPOINT, KV_SIGNATURE, CACHED_TOKENS,
+       PROFILING, FAULT_KV)
 """Every header name above."""

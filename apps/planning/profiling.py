@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 import httpx
 import numpy as np
 
+from inference_worker import http_headers
+
 MAX_LENGTHS = 8
 MAX_BATCH_SIZES = 6
 DEFAULT_LENGTHS = (32, 128, 256, 512)
@@ -98,7 +100,8 @@ class WorkerSweep:
     def __init__(self, endpoint: str, token: str, *, vocab_size: int, timeout_s: float = 120.0,
                  seed: int | None = None, transport: httpx.BaseTransport | None = None):
         self.endpoint = endpoint.rstrip("/")
-        self.headers = {"Authorization": f"Bearer {token}"}
+        # Marked as profiling: the worker leaves the sweep out of the request lengths the planner reads as traffic.
+        self.headers = {"Authorization": f"Bearer {token}", http_headers.PROFILING: "1"}
         self.vocab_size = vocab_size
         self.timeout_s = timeout_s
         self.rng = np.random.default_rng(seed)

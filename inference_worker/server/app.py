@@ -358,7 +358,8 @@ def _prepare(state: ServerState, model: ServedModel, sampling: SamplingRequest, 
     forwarded = {"temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k,
                  "seed": sampling.seed}
     generation = Generation(model.engine_loop, f"{prefix}-{uuid.uuid4().hex}", prompts, sampling.n, make_params,
-                            state.metrics, remote_prefill=remote_prefill, sampling=forwarded, timeline=timeline)
+                            state.metrics, remote_prefill=remote_prefill, sampling=forwarded, timeline=timeline,
+                            traffic=http_headers.PROFILING not in (headers or {}))
     state.generations.add(generation)
     try:
         generation.start()

@@ -9,6 +9,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from inference_worker import http_headers
 from inference_worker.tests.support.worker import WorkerProcess, gemma_tokenizer_dir
 from inference_worker.tokenization import load_tokenizer
 
@@ -99,6 +100,21 @@ def test_counters_move_with_requests(api):
     # the histogram's buckets hold the observation: 5 generated tokens are in le=6 but not le=4
     assert delta("ferry_request_generation_tokens_bucket", ("le", "6.0")) == 1
     assert delta("ferry_request_generation_tokens_bucket", ("le", "4.0")) == 0
+
+
+def test_a_profiling_request_is_served_but_left_out_of_the_request_lengths(api):
+    """The planner reads the request-length histograms as the pool's traffic: a profiling sweep's requests (header
+    ``x-ferry-profiling``) are counted as requests but not as traffic lengths."""
+    body = {"model": MODEL, "prompt": "A sweep measures the prefill", "max_tokens": 1, "temperature": 0.0}
+    before = scrape(api)
+    answer = api.post("/v1/completions", json=body, headers={http_headers.PROFILING: "1"})
+    after = scrape(api)
+    assert answer.status_code == 200
+    assert after[("ferry_requests_total", (("outcome", "success"),))] \
+        - before[("ferry_requests_total", (("outcome", "success"),))] == 1
+    for name in ("ferry_request_prompt_tokens_count", "ferry_request_computed_prompt_tokens_count",
+                 "ferry_request_generation_tokens_count"):
+        assert after[(name, ())] == before[(name, ())], name
 
 
 def test_request_lengths_count_the_prefix_cache_hit_as_not_computed(api):

@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from apps.planning.profiling import SweepError, WorkerSweep
+from inference_worker import http_headers
 
 
 class MockWorker:
@@ -19,9 +20,12 @@ class MockWorker:
     def __init__(self) -> None:
         self.seen: set[tuple[int, ...]] = set()
         self.prompts: list[list[int]] = []
+        self.unmarked: list[str] = []
         self.lock = threading.Lock()
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
+        if request.headers.get(http_headers.PROFILING) is None:  # would count as the pool's traffic
+            self.unmarked.append(request.url.path)
         if request.url.path == "/v1/models":
             return httpx.Response(200, json={"data": [{"id": "m", "max_model_len": 4096}]})
         body = json.loads(request.content)
@@ -46,6 +50,7 @@ def test_two_sweeps_of_one_worker_send_different_prompts_and_a_cache_hit_fails_t
         found = sweep.run(lengths=[16, 32, 64], batch_sizes=[1, 2], max_new_tokens=6)
         assert [n for n, _ in found.prefill_points] == [16, 32, 64]
     assert len(worker.prompts) == 2 * 3 * 2 and len(worker.seen) == 12
+    assert worker.unmarked == []  # every request says it is profiling (the worker keeps it out of traffic lengths)
     # A fixed seed repeats the first sweep's prompts: the worker reports the hit and the sweep refuses the point.
     with pytest.raises(SweepError, match="prefix cache held 16 of the 16 random prompt tokens"):
         for _ in range(2):
@@ -61,3 +66,4 @@ def test_colocated_points_are_measured_per_length_while_a_stream_runs():
     assert all(s > 0 for _, s in found.colocated_prefill_points)
     # 2 idle repeats and 4 co-located ones per length, every prompt new.
     assert len(worker.prompts) == 3 * (2 + 4) == len(worker.seen)
+    assert worker.unmarked == []  # the streams and the model card too

@@ -55,3 +55,23 @@ def test_celery_lines_of_periodic_ticks_are_dropped_and_the_rest_kept(celery_log
         "Worker ready: ops@host",
     ]
 
+
+
+def _handlers_emitting(record: logging.LogRecord) -> list[logging.Handler]:
+    """The console handlers ``record`` reaches from its logger up the propagation chain, as
+    ``Logger.callHandlers`` walks it (pytest's capture handlers, subclasses, are not the console)."""
+    found, logger = [], logging.getLogger(record.name)
+    while logger is not None:
+        found += [h for h in logger.handlers
+                  if type(h) is logging.StreamHandler and record.levelno >= h.level and h.filter(record)]
+        logger = logger.parent if logger.propagate else None
+    return found
+
+
+def test_a_django_request_warning_is_printed_once(settings):
+    """Regression: with DEBUG (make run) each 4xx ("Bad Request: /api/v1/...") was printed twice, by Django's own
+    console handler and by the root's."""
+    settings.DEBUG = True
+    record = logging.getLogger("django.request").makeRecord("django.request", logging.WARNING, __file__, 1,
+                                                            "Bad Request: %s", ("/api/v1/pools/",), None)
+    assert len(_handlers_emitting(record)) == 1
