@@ -168,9 +168,10 @@ def compare(name: str, requests: int) -> dict:
     decode_cost = h20["fleet"]["decode"] * sc.profiles["bandwidth"].cost if h20["fleet"] else 0.0
     out["link_bound"] = [link_bound(sc, decode_cost, s) for s in (sc.max_link_share, 1.0)]
     for b in out["link_bound"]:
+        simulated = (f"{b['rate_per_s'] / base['homogeneous_pd_h20'] - 1:+.1%} over its simulated goodput"
+                     if base["homogeneous_pd_h20"] else "its simulated goodput is 0")
         print(f"fluid bound, link share <= {b['share']:.0%}: {b['rate_per_s']:.1f} req/s, {b['gain']:+.1%} over the "
-              f"H20 fleet's {b['homogeneous_rate_per_s']:.1f} (same bound, share 0) and "
-              f"{b['rate_per_s'] / base['homogeneous_pd_h20'] - 1:+.1%} over its simulated goodput; remote "
+              f"H20 fleet's {b['homogeneous_rate_per_s']:.1f} (same bound, share 0) and {simulated}; remote "
               f"{b['remote_share']:.1%} of requests (from {b['shortest_remote_tokens']} tokens)")
     print(PAPER)
     out["planner_curve"] = curve

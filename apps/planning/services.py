@@ -424,6 +424,10 @@ def plan_apply(*, result: PlanResult, requested_by: AbstractBaseUser | None = No
             step["warning"] = (f"the routing table carries the fixed threshold FERRY_REMOTE_PREFILL_THRESHOLD_TOKENS="
                                f"{fixed} (make run's demo sets it), which overrides the bounds: unset it for the "
                                "router to follow this plan's threshold")
+            if result.prefill_replicas == 0:
+                step["warning"] += (f"; meanwhile prompts over {fixed} tokens still go to the prefill pool, which "
+                                    "this plan scales to 0: they are prefilled on the decode pool instead "
+                                    "(router decision local_prefill_fallback)")
         steps.append(step)
         result.applied, result.applied_at = steps, timezone.now()
         result.save(update_fields=["applied", "applied_at"])

@@ -10,7 +10,7 @@ from rest_framework import serializers
 
 from apps.core.serializers import StrictFieldsMixin, StrictFloatField
 from apps.fleet.models import ClusterLink, Pool
-from apps.planning import profiling
+from apps.planning import profiling, selectors
 from apps.planning.models import PlanResult, PlanScenario, Profile
 
 
@@ -169,11 +169,17 @@ class PlanResultSerializer(serializers.ModelSerializer):
     decode_pool = serializers.IntegerField(source="scenario.decode_pool_id", read_only=True)
     link = serializers.IntegerField(source="scenario.link_id", read_only=True)
     workload_source = serializers.CharField(source="scenario.workload_source", read_only=True)
+    notes = serializers.SerializerMethodField(help_text="What the planner's model leaves out for these pools "
+                                                        "(apps.planning.selectors.plan_notes).")
 
     class Meta:
         model = PlanResult
         fields = ["id", "name", "prefill_pool", "decode_pool", "link", "workload_source", "workload",
                   "prefill_profile", "decode_profile", "prefill_replicas", "decode_replicas", "fleet",
                   "threshold_tokens", "link_gbps", "link_share", "remote_share", "ttft_p50_s", "ttft_p90_s", "tpot_s",
-                  "attainment", "curve", "applied_at", "applied", "created_at"]
+                  "attainment", "curve", "notes", "applied_at", "applied", "created_at"]
         read_only_fields = fields
+
+    @extend_schema_field(serializers.ListField(child=serializers.CharField()))
+    def get_notes(self, result: PlanResult) -> list[str]:
+        return selectors.plan_notes(result=result)

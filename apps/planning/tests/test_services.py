@@ -312,6 +312,41 @@ def test_apply_says_when_a_fixed_threshold_overrides_the_bounds(two_dcs, profile
         "sets it), which overrides the bounds")
 
 
+def test_apply_says_where_long_prompts_go_when_the_plan_scales_prefill_to_0_under_a_fixed_threshold(two_dcs,
+                                                                                                 settings):
+    """The demo's fixed threshold keeps sending long prompts to the prefill pool a never-remote plan scales to 0:
+    the warning says they fall back to a local prefill (seen by a new user after applying the page's plan)."""
+    settings.FERRY_REMOTE_PREFILL_THRESHOLD_TOKENS = 256
+    text = (FIXTURES / "demo_cpu_profile.json").read_text()
+    for pool in (two_dcs["prefill"], two_dcs["decode"]):
+        services.profile_import(pool=pool, text=text)
+    result = services.plan_create(prefill_pool=two_dcs["prefill"], decode_pool=two_dcs["decode"],
+                                  link=two_dcs["link"], workload=dict(selectors.PAGE_WORKLOAD))
+    assert (result.prefill_replicas, result.threshold_tokens) == (0, None)
+    step = services.plan_apply(result=result)[2]
+    assert step["warning"].endswith(
+        "; meanwhile prompts over 256 tokens still go to the prefill pool, which this plan scales to 0: they are "
+        "prefilled on the decode pool instead (router decision local_prefill_fallback)")
+
+
+def test_a_plan_notes_replicas_that_would_share_a_local_clusters_machine(two_dcs):
+    """Seen on make run: a plan of 2 decode replicas on the demo's 2-core machine predicted TTFT p50 0.34 s where
+    0.62 s was measured; the plan now says its replicas would share the machine. A Kubernetes pool gets no note."""
+    from apps.fleet.models import Cluster
+
+    text = (FIXTURES / "demo_cpu_profile.json").read_text()
+    for pool in (two_dcs["prefill"], two_dcs["decode"]):
+        services.profile_import(pool=pool, text=text)
+    result = services.plan_create(prefill_pool=two_dcs["prefill"], decode_pool=two_dcs["decode"],
+                                  link=two_dcs["link"], workload=dict(selectors.PAGE_WORKLOAD))
+    assert (result.prefill_replicas, result.decode_replicas) == (0, 2)
+    assert selectors.plan_notes(result=result) == [
+        "dc-d/decode: its 2 replicas would be processes on the one machine of the local cluster dc-d, sharing its "
+        "cores; the planner counts each at the profile's full speed, so there the prediction is optimistic"]
+    Cluster.objects.filter(pk=two_dcs["decode"].cluster_id).update(kind="kubernetes")
+    assert selectors.plan_notes(result=selectors.plan_list().get(pk=result.pk)) == []
+
+
 def test_a_link_against_the_kv_flow_is_refused(two_dcs, profiles):
     from apps.fleet.services import cluster_link_create
 

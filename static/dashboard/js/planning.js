@@ -86,8 +86,10 @@
   if (measureForm) measureForm.addEventListener("submit", async (event) => {
     event.preventDefault();
     $("measure-result").textContent = "Requesting…";
-    const result = await Ferry.api("POST", "/api/v1/profiles/measure/",
-      {pool: Number($("measure-pool").value), hardware_label: $("measure-hardware").value.trim()});
+    const body = {pool: Number($("measure-pool").value), hardware_label: $("measure-hardware").value.trim()};
+    const lengths = $("measure-lengths").value.split(/[\s,]+/).filter(Boolean);
+    if (lengths.length) body.lengths = lengths.map(x => (/^\d+$/.test(x) ? Number(x) : x));  // the API names a bad one
+    const result = await Ferry.api("POST", "/api/v1/profiles/measure/", body);
     if (!result.ok) { $("measure-result").textContent = Ferry.errorText(result); return; }
     followMeasure(result.data.id);
   });
@@ -158,6 +160,7 @@
     $("rec-ttft").textContent = `${fmtS(data.ttft_p50_s)} / ${fmtS(data.ttft_p90_s)}`;
     $("rec-tpot").textContent = fmtS(data.tpot_s);
     $("rec-attainment").textContent = fmtShare(data.attainment);
+    $("plan-notes").replaceChildren(...(data.notes || []).map(note => Ferry.el("li", {}, `Note: ${note}`)));
     const rates = data.curve.map(p => p.rate_per_s);
     Plotly.react("chart-ttft", [
       {x: rates, y: data.curve.map(p => p.ttft_p50_s), name: "TTFT p50", mode: "lines+markers"},
