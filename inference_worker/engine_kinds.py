@@ -38,7 +38,7 @@ What does not translate, and so reads as "no data" (``None``) rather than a made
 * SGLang's TPOT signal is its inter-token latency (per token gap), not a per-request mean: the quantiles of
   ``tpot_*`` on an SGLang pool are per-token quantiles.
 * Request lengths: vLLM's ``vllm:request_prompt_tokens`` and ``vllm:request_generation_tokens`` histograms give
-  ``request_prompt_tokens_mean`` and ``request_generation_tokens_mean``; neither engine exports a request's computed
+  ``request_sequences_per_s``, ``request_prompt_tokens_mean`` and ``request_generation_tokens_mean``; neither engine exports a request's computed
   (not cached) prompt tokens, so the ``request_computed_prompt_tokens_*`` signals are no data there, and on SGLang
   all request-length signals are.
 * The KV transfer, router and prefix-block series are Ferry's own (PD disaggregation across Ferry workers).
@@ -130,7 +130,8 @@ _COMPUTED_PROMPT_SIGNALS = ("request_computed_prompt_tokens_mean", "request_comp
 UNSUPPORTED_SIGNALS: dict[str, tuple[str, ...]] = {
     FERRY: (),
     VLLM: ("error_rate", *_COMPUTED_PROMPT_SIGNALS),
-    SGLANG: ("error_rate", "prefix_cache_hit_rate", "request_prompt_tokens_mean", "request_generation_tokens_mean",
+    SGLANG: ("error_rate", "prefix_cache_hit_rate", "request_sequences_per_s", "request_prompt_tokens_mean",
+             "request_generation_tokens_mean",
              *_COMPUTED_PROMPT_SIGNALS),
 }
 """Telemetry signals an engine's metrics cannot give: always "no data" on its pools (a gate on them fails closed).

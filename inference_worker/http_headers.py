@@ -38,7 +38,8 @@ CACHED_TOKENS = "x-ferry-cached-tokens"
 """Worker -> router -> client (response): prompt tokens served from the prefix cache (known at the first byte)."""
 PROFILING = "x-ferry-profiling"
 """Profiler -> worker (request, any value): a profiling sweep's request (:mod:`apps.planning.profiling`), served like
-any other but left out of the request-length histograms, which describe the pool's traffic to the planner."""
+any other but left out of the latency and request-length histograms, which describe the clients' traffic (to the
+planner, the autoscaler and the rollout gates)."""
 FAULT_KV = "x-ferry-fault-kv"
 """TEST ONLY, decode -> prefill worker: a KV hand-off fault for this request (honoured only when the
 workers run with the test hook enabled, see :mod:`inference_worker.server.pd_faults`)."""

@@ -5,6 +5,8 @@ that sends ``PATCH /api/v1/pools/{id}/ {"tracks": [...]}`` got 200 and nothing c
 :class:`StrictFieldsMixin` answers 400 instead, naming each such field and, where one exists, how to change it.
 :class:`EmptyBodySerializer` (:func:`empty_body_check`) does the same for a verb that takes no body.
 :class:`StrictFloatField` refuses a boolean where a number belongs (DRF's FloatField reads ``true`` as 1.0).
+:class:`StrictPrimaryKeyRelatedField` takes whole-number ids only (``1.5`` found object 1, ``1e400`` was a 500); the
+mixin makes it a ModelSerializer's generated relation field too.
 :class:`ValuesRepresentation` gives a serializer's output from ``QuerySet.values()`` rows (hot list endpoints).
 """
 
@@ -22,6 +24,23 @@ FORM_ONLY_FIELDS = frozenset({"csrfmiddlewaretoken"})
 """Keys a browser's form post carries beside the resource's fields (Django's CSRF token): never "unknown"."""
 
 
+class StrictPrimaryKeyRelatedField(serializers.PrimaryKeyRelatedField):
+    """A PrimaryKeyRelatedField that takes a whole number (or its digits as a string) only.
+
+    DRF's passes the value to the database lookup: ``1.5`` found object 1 (a fractional id started a real profiling
+    sweep of pool 1), ``true`` object 1, and ``1e400`` (infinity) raised ``OverflowError``, a 500.
+
+    Raises (from ``to_internal_value``):
+        ValidationError: "Incorrect type. Expected pk value, received <type>." for a boolean, a float or anything
+            but an int or a string of digits; DRF's "does not exist" for an id no object has.
+    """
+
+    def to_internal_value(self, data: Any) -> Any:  # noqa: ANN401 - DRF's signature
+        if isinstance(data, bool) or not (isinstance(data, int) or (isinstance(data, str) and data.isdigit())):
+            self.fail("incorrect_type", data_type=type(data).__name__)
+        return super().to_internal_value(data)
+
+
 class StrictFieldsMixin:
     """Refuse a write that carries fields the serializer will not write (HTTP 400, one message per field).
 
@@ -34,6 +53,7 @@ class StrictFieldsMixin:
     """
 
     how_to_change: ClassVar[Mapping[str, str]] = {}
+    serializer_related_field = StrictPrimaryKeyRelatedField  # a ModelSerializer's generated relations
     unknown_field_message: ClassVar[str] = "Unknown field: it is not part of this resource."
 
     def to_internal_value(self, data: Any) -> Any:  # noqa: ANN401 - DRF's signature

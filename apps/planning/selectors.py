@@ -5,12 +5,14 @@ from __future__ import annotations
 import math
 import time
 
+import numpy as np
 from django.core.exceptions import ValidationError
 from django.db.models import Case, IntegerField, QuerySet, Value, When
 
 from apps.fleet.models import Pool
 from apps.planning.models import PlanResult, Profile
 from apps.telemetry.selectors import telemetry_histories
+from inference_worker.engine_kinds import FERRY
 from inference_worker.planning.profiles import FittedProfile, colocated_overhead_s
 
 MEASURED_SIGNALS = ("ttft_p50_s", "ttft_p95_s", "tpot_p50_s", "request_rate_per_s")
@@ -76,29 +78,77 @@ def _mean(records: list[dict], name: str) -> float | None:
     return sum(values) / len(values) if values else None
 
 
+def _traffic_rate(record: dict) -> float | None:
+    """A record's traffic: sequences answered per second (profiling sweeps left out; each of a request's ``n``
+    choices is a sequence), or, without request-length histograms (another engine), requests per second."""
+    signals = record.get("signals", {})
+    sequences = signals.get("request_sequences_per_s")
+    return sequences if sequences is not None else signals.get("request_rate_per_s")
+
+
 def _rate_weighted(records: list[dict], name: str) -> float | None:
-    """The mean of signal ``name`` over ``records`` weighted by each record's ``request_rate_per_s`` (a window of
-    more requests weighs more); None when no record with traffic has it."""
-    pairs = [(r["signals"]["request_rate_per_s"], r["signals"][name]) for r in records
-             if (r.get("signals", {}).get("request_rate_per_s") or 0) > 0 and r["signals"].get(name) is not None]
+    """The mean of signal ``name`` over ``records`` weighted by each record's traffic (:func:`_traffic_rate`: a
+    window of more requests weighs more); None when no record with traffic has it."""
+    pairs = [(_traffic_rate(r), r["signals"][name]) for r in records
+             if (_traffic_rate(r) or 0) > 0 and r["signals"].get(name) is not None]
     weight = sum(w for w, _ in pairs)
     return sum(w * v for w, v in pairs) / weight if weight > 0 else None
 
 
+def _mixture_quantiles(records: list[dict], base: str, qs: tuple[float, ...]) -> tuple[list[float], float] | None:
+    """Quantiles ``qs`` of the lengths over all of ``records``' windows, and the largest window p99, from each
+    window's ``{base}_p50``, ``_p90`` and ``_p99``; None when no window with traffic has them.
+
+    A window's distribution is taken as the CDF through ``(p50^2 / p90, 0.1)`` (the p10 of a log-normal with that
+    median and p90), ``(p50, 0.5)``, ``(p90, 0.9)`` and ``(p99, 1)``, linear in log tokens, 0 below the first point
+    (a window of one length is a step there); the windows' CDFs are averaged, weighted by their traffic
+    (:func:`_traffic_rate`), and that mixture inverted. A mean of the windows' quantiles is not a quantile of the
+    traffic: windows of 10-token prompts and a few holding one 4000-token prompt averaged to a "median" of 575
+    tokens where 16 was sent.
+    """
+    windows = []
+    for record in records:
+        weight, signals = _traffic_rate(record) or 0.0, record.get("signals", {})
+        points = [signals.get(f"{base}_{q}") for q in ("p50", "p90", "p99")]
+        if weight > 0 and all(p is not None for p in points):
+            p50, p90, p99 = (max(p, 1.0) for p in points)  # a quantile inside the first bucket (0, 1] reads below 1
+            by_x: dict[float, float] = {}
+            for x, f in zip((max(p50 * p50 / max(p90, p50), 1.0), p50, p90, p99), (0.1, 0.5, 0.9, 1.0), strict=True):
+                by_x[x] = max(by_x.get(x, 0.0), f)
+            xs = sorted(by_x)
+            windows.append((weight, np.log(xs), np.maximum.accumulate([by_x[x] for x in xs])))
+    if not windows:
+        return None
+    grid = np.unique(np.concatenate([lx for _, lx, _ in windows]))
+    total = sum(w for w, _, _ in windows)
+    cdf = sum(w * np.interp(grid, lx, f, left=0.0, right=1.0) for w, lx, f in windows) / total
+    found = []
+    for q in qs:
+        k = min(int(np.searchsorted(cdf, q - 1e-12)), len(grid) - 1)  # the first grid point where it reaches q
+        span = cdf[k] - cdf[k - 1] if k else 0.0
+        t = 1.0 if span <= 0 else (q - cdf[k - 1]) / span
+        log_x = grid[k] if t >= 1.0 else grid[k - 1] + t * (grid[k] - grid[k - 1])
+        found.append(round(float(np.exp(log_x)), 6))  # exp(log(10)) is 10.000000000000002: no ceil to 11
+    return found, round(float(np.exp(max(lx[-1] for _, lx, _ in windows))), 6)
+
+
 def telemetry_workload(*, pool: Pool, prefill_pool: Pool | None = None, since_s: float | None = None) -> dict:
     """The workload of the requests ``pool`` (a decode or co-located pool) answered recently, over the telemetry
-    history (its horizon is 15 minutes: "last hour's traffic" reads what telemetry keeps): the mean request rate,
-    and lengths from the best signals the pool's engine gives, in this order:
+    history (its horizon is 15 minutes: "last hour's traffic" reads what telemetry keeps), from the best signals
+    the pool's engine gives:
 
-    1. Request-length histograms (Ferry workers observe every answered request, prefilled here or remotely):
-       the computed prompt (tokens no prefix cache held) p50 and p90 as the log-normal's median and p90, its p99
-       as the cap, the mean output as the output length (the planner's outputs have one length: the mean keeps the
-       decode work, where a quantile interpolated in a bucket would not for outputs of one length), and
-       ``cached_prefix_mean`` = mean prompt - mean computed prompt. Each is the request-rate-weighted mean of the records' windowed values (a window's quantile is
-       Prometheus' ``histogram_quantile`` interpolation within a bucket; the buckets step by 1.5x and 2x,
-       :data:`inference_worker.metrics.TOKEN_BUCKETS`).
-    2. Prompt and output length means without computed tokens (vLLM): constant lengths, the prompt split
-       by the pool's ``prefix_cache_hit_rate``.
+    1. Ferry's workers keep request-length histograms of every sequence they answer (a request's ``n`` choices are
+       ``n`` sequences), prefilled there or remotely, profiling sweeps left out. The rate is the mean of
+       ``request_sequences_per_s``; the computed prompt (tokens no prefix cache held) median and p90 are the
+       quantiles of the traffic over the history (:func:`_mixture_quantiles`), the cap the largest window p99; the
+       output is the mean output (the planner's outputs have one length: the mean keeps the decode work, where a
+       quantile interpolated in a bucket would not for outputs of one length), and ``cached_prefix_mean`` = mean
+       prompt - mean computed prompt, each weighted by its window's traffic. Buckets step by 1.5x and 2x
+       (:data:`inference_worker.metrics.TOKEN_BUCKETS`): a quantile is interpolated within one. With the histograms
+       and no observation in them (no traffic, or only profiling sweeps) the pool has no traffic; records without
+       them (workers older than the histograms) fall to 3.
+    2. Another engine with prompt and output length means (vLLM): constant lengths, the prompt split by the pool's
+       ``prefix_cache_hit_rate``.
     3. Token counters only: constant lengths from ``prompt_tokens_per_s / request_rate_per_s`` and
        ``generation_tokens_per_s / request_rate_per_s``. Prompt tokens count where they were prefilled, so the
        remote prefills of ``prefill_pool`` (when it is another pool) are added to ``pool``'s own, and the prefix
@@ -120,30 +170,37 @@ def telemetry_workload(*, pool: Pool, prefill_pool: Pool | None = None, since_s:
     ids = [pool.pk] + ([prefill_pool.pk] if prefill_pool is not None and prefill_pool.pk != pool.pk else [])
     histories = telemetry_histories(pool_ids=ids, since_s=since_s)
     records = histories[pool.pk]
-    rate = _mean(records, "request_rate_per_s")
+    no_traffic = ValidationError({"workload_source": [
+        f"telemetry has no request traffic for pool {pool} in its window (profiling sweeps are not traffic); give "
+        "the workload instead"]})
+    # Histograms exist (a zero rate is no traffic, never a reason to read the counters, which count the sweeps).
+    histograms = any(r.get("signals", {}).get("request_sequences_per_s") is not None for r in records)
+    rate = _mean(records, "request_sequences_per_s" if histograms else "request_rate_per_s")
     if not rate:
-        raise ValidationError({"workload_source": [
-            f"telemetry has no request traffic for pool {pool} in its window; give the workload instead"]})
-    p50, p90, p99 = (_rate_weighted(records, f"request_computed_prompt_tokens_{q}") for q in ("p50", "p90", "p99"))
+        raise no_traffic
+    found = _mixture_quantiles(records, "request_computed_prompt_tokens", (0.5, 0.9))
     prompt_mean = _rate_weighted(records, "request_prompt_tokens_mean")
     computed_mean = _rate_weighted(records, "request_computed_prompt_tokens_mean")
     output = _rate_weighted(records, "request_generation_tokens_mean")
-    if p50 is not None and output is not None and prompt_mean is not None and computed_mean is not None:
+    if histograms and pool.engine in ("", FERRY):
+        if found is None or None in (prompt_mean, computed_mean, output):
+            raise no_traffic
+        (p50, p90), p99 = found
         median = max(1, round(p50))
-        high = max(median, math.ceil(p90 or median))
+        high = max(median, math.ceil(p90))
         return {"rate_per_s": rate, "prompt_median": median, "prompt_p90": high if high > median else None,
-                "prompt_cap": max(high, math.ceil(p99 or high)), "output_median": max(1, round(output)),
+                "prompt_cap": max(high, math.ceil(p99)), "output_median": max(1, round(output)),
                 "cached_prefix_mean": max(0.0, prompt_mean - computed_mean)}
     hit = _mean(records, "prefix_cache_hit_rate")
     if prompt_mean is not None and output is not None:
         total, output_median = prompt_mean, max(1, round(output))
     else:
+        rate = _mean(records, "request_rate_per_s")
         prompt, generation = _mean(records, "prompt_tokens_per_s"), _mean(records, "generation_tokens_per_s")
         remote = histories[ids[1]] if len(ids) > 1 else []
         remote_prompt = _mean(remote, "prompt_tokens_per_s") or 0.0
-        if not (prompt or remote_prompt) or not generation:
-            raise ValidationError({"workload_source": [
-                f"telemetry has no request traffic for pool {pool} in its window; give the workload instead"]})
+        if not rate or not (prompt or remote_prompt) or not generation:
+            raise no_traffic
         remote_hit = _mean(remote, "prefix_cache_hit_rate")
         if remote_prompt and remote_hit is not None:
             hit = ((hit or 0.0) * (prompt or 0.0) + remote_hit * remote_prompt) / ((prompt or 0.0) + remote_prompt)
@@ -164,8 +221,9 @@ def plan_measured(*, result: PlanResult) -> dict:
 
     Measured, per pool: each of :data:`MEASURED_SIGNALS` over the telemetry records since the plan was applied (the
     last :data:`MEASURED_WINDOW_S` seconds if it was not, or telemetry no longer holds its apply time), the
-    latencies weighted by each record's request rate (a window with more requests weighs more), the request rate
-    their plain mean; ``since`` (epoch s) where that span starts, ``records`` how many records it holds, ``at`` the
+    latencies weighted by each record's traffic (:func:`_traffic_rate`: sequences answered per second, profiling
+    sweeps left out, which the workers keep out of the latency histograms too), ``request_rate_per_s`` that
+    traffic's plain mean; ``since`` (epoch s) where that span starts, ``records`` how many records it holds, ``at`` the
     newest one's time. ``None`` where there is no data.
     """
     scenario = result.scenario
@@ -175,7 +233,9 @@ def plan_measured(*, result: PlanResult) -> dict:
     measured = {}
     for pool_id in ids:
         records = histories[pool_id]
-        values = {s: (_mean if s == "request_rate_per_s" else _rate_weighted)(records, s) for s in MEASURED_SIGNALS}
+        values = {s: _rate_weighted(records, s) for s in MEASURED_SIGNALS if s != "request_rate_per_s"}
+        rates = [r for r in map(_traffic_rate, records) if r is not None]
+        values["request_rate_per_s"] = sum(rates) / len(rates) if rates else None
         measured[str(pool_id)] = {"at": records[-1].get("at") if records else None,
                                   "since": records[0].get("at") if records else None, "records": len(records),
                                   **values}

@@ -262,6 +262,9 @@ SIGNAL_SPECS: dict[str, object] = {
     "prompt_tokens_per_s": CounterRate(m.PROMPT_TOKENS),
     # Request lengths (tokens) of the requests this pool answered, wherever their prompt was prefilled: the
     # capacity planner's "last hour's traffic" (apps.planning.selectors.telemetry_workload).
+    # Sequences (a request's choices: n > 1 prefills and decodes each) answered per second, profiling sweeps left
+    # out: the planner's arrival rate, with the lengths below (per sequence).
+    "request_sequences_per_s": CounterRate(f"{m.REQUEST_PROMPT_TOKENS}_count"),
     "request_prompt_tokens_mean": HistogramMean(m.REQUEST_PROMPT_TOKENS),
     "request_computed_prompt_tokens_mean": HistogramMean(m.REQUEST_COMPUTED_PROMPT_TOKENS),
     "request_computed_prompt_tokens_p50": HistogramQuantile(0.5, m.REQUEST_COMPUTED_PROMPT_TOKENS),

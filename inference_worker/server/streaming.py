@@ -93,8 +93,10 @@ class Generation:
             params, sampling, updates)`` that obtains the prefill from the prefill worker and submits
             the sequence (see :mod:`.pd`); None submits to the engine directly.
         sampling: the request's sampling options forwarded to the prefill worker.
-        traffic: the request is the pool's traffic: its lengths go to the request-length histograms (False for a
-            profiling sweep's request, header ``x-ferry-profiling``).
+        traffic: the request is the pool's traffic: its latencies and lengths go to the TTFT, TPOT, e2e and
+            request-length histograms (False for a profiling sweep's request, header ``x-ferry-profiling``: the
+            control plane's measurement is neither the clients' latency nor their workload; it still counts as a
+            request and in the token counters, work the worker did).
         timeline: where the first choice's phases go (:mod:`inference_worker.tracing`): ``decode.queue``
             (submitted, or the KV arrived, to admitted), ``prefill`` (admitted to the first token; absent after a
             remote prefill) and ``decode`` (first token to the last, with token counts).
@@ -241,14 +243,13 @@ class Generation:
         choice.finish_reason = update.finish_reason or "stop"
         if now_ns:
             self._record_phases(choice, now_ns)
-        if self.metrics is not None and choice.finish_reason != "abort":
+        if self.metrics is not None and choice.finish_reason != "abort" and self.traffic:
             ttft = None if choice.first_token_at is None else choice.first_token_at - self.arrival
             self.metrics.observe_latency(ttft_s=ttft, e2e_s=now - self.arrival,
                                          num_output_tokens=choice.num_output_tokens)
-            if self.traffic:
-                self.metrics.observe_lengths(
-                    num_prompt_tokens=choice.num_prompt_tokens, num_output_tokens=choice.num_output_tokens,
-                    num_cached_tokens=min(choice.num_cached_tokens or 0, choice.num_prompt_tokens))
+            self.metrics.observe_lengths(
+                num_prompt_tokens=choice.num_prompt_tokens, num_output_tokens=choice.num_output_tokens,
+                num_cached_tokens=min(choice.num_cached_tokens or 0, choice.num_prompt_tokens))
         return self._event(choice, update.new_text, choice.finish_reason)
 
     def _record_phases(self, choice: _Choice, end_ns: int) -> None:

@@ -103,8 +103,9 @@ def test_counters_move_with_requests(api):
 
 
 def test_a_profiling_request_is_served_but_left_out_of_the_request_lengths(api):
-    """The planner reads the request-length histograms as the pool's traffic: a profiling sweep's requests (header
-    ``x-ferry-profiling``) are counted as requests but not as traffic lengths."""
+    """The planner reads the request-length histograms as the pool's traffic, and the latency histograms are the
+    clients' latency: a profiling sweep's requests (header ``x-ferry-profiling``) are counted as requests and
+    tokens, not in those histograms."""
     body = {"model": MODEL, "prompt": "A sweep measures the prefill", "max_tokens": 1, "temperature": 0.0}
     before = scrape(api)
     answer = api.post("/v1/completions", json=body, headers={http_headers.PROFILING: "1"})
@@ -112,8 +113,10 @@ def test_a_profiling_request_is_served_but_left_out_of_the_request_lengths(api):
     assert answer.status_code == 200
     assert after[("ferry_requests_total", (("outcome", "success"),))] \
         - before[("ferry_requests_total", (("outcome", "success"),))] == 1
+    assert after[("ferry_prompt_tokens_total", ())] > before[("ferry_prompt_tokens_total", ())]
     for name in ("ferry_request_prompt_tokens_count", "ferry_request_computed_prompt_tokens_count",
-                 "ferry_request_generation_tokens_count"):
+                 "ferry_request_generation_tokens_count", "ferry_time_to_first_token_seconds_count",
+                 "ferry_e2e_request_latency_seconds_count"):
         assert after[(name, ())] == before[(name, ())], name
 
 

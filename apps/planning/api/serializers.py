@@ -8,7 +8,7 @@ from typing import Any
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from apps.core.serializers import StrictFieldsMixin, StrictFloatField
+from apps.core.serializers import StrictFieldsMixin, StrictFloatField, StrictPrimaryKeyRelatedField
 from apps.fleet.models import ClusterLink, Pool
 from apps.planning import profiling, selectors
 from apps.planning.models import PlanResult, PlanScenario, Profile
@@ -28,7 +28,7 @@ class ProfileSerializer(serializers.ModelSerializer):
 class ProfileImportSerializer(StrictFieldsMixin, serializers.Serializer):
     """``POST /api/v1/profiles/``: a profile file's content for a pool (its model version and role)."""
 
-    pool = serializers.PrimaryKeyRelatedField(queryset=Pool.objects.select_related("model_version"))
+    pool = StrictPrimaryKeyRelatedField(queryset=Pool.objects.select_related("model_version"))
     profile = serializers.JSONField(help_text='The file: {"hardware_label", "source" (imported|roofline), '
                                               '"prefill_points": [[tokens, s]], "decode_points": [[batch, s]], '
                                               '"colocated_prefill_points" (optional) [[tokens, s]], '
@@ -38,7 +38,7 @@ class ProfileImportSerializer(StrictFieldsMixin, serializers.Serializer):
 class ProfileMeasureSerializer(StrictFieldsMixin, serializers.Serializer):
     """``POST /api/v1/profiles/measure/``: a bounded sweep of a pool's ready replica (a ``pool.profile`` Action)."""
 
-    pool = serializers.PrimaryKeyRelatedField(queryset=Pool.objects.all())
+    pool = StrictPrimaryKeyRelatedField(queryset=Pool.objects.all())
     hardware_label = serializers.CharField(max_length=100)
     lengths = serializers.ListField(child=serializers.IntegerField(min_value=1, max_value=1_000_000),
                                     min_length=3, max_length=profiling.MAX_LENGTHS, required=False)
@@ -138,9 +138,9 @@ class PlanCreateSerializer(StrictFieldsMixin, serializers.Serializer):
     """``POST /api/v1/plans/``: compute a plan for a prefill and a decode pool joined by a link."""
 
     name = serializers.CharField(max_length=100, required=False, default="", allow_blank=True)
-    prefill_pool = serializers.PrimaryKeyRelatedField(queryset=Pool.objects.select_related("model_version"))
-    decode_pool = serializers.PrimaryKeyRelatedField(queryset=Pool.objects.select_related("model_version"))
-    link = serializers.PrimaryKeyRelatedField(queryset=ClusterLink.objects.all())
+    prefill_pool = StrictPrimaryKeyRelatedField(queryset=Pool.objects.select_related("model_version"))
+    decode_pool = StrictPrimaryKeyRelatedField(queryset=Pool.objects.select_related("model_version"))
+    link = StrictPrimaryKeyRelatedField(queryset=ClusterLink.objects.all())
     workload_source = serializers.ChoiceField(choices=PlanScenario.WorkloadSource.choices,
                                               default=PlanScenario.WorkloadSource.GIVEN)
     workload = WorkloadField(help_text="Lengths (tokens), rate_per_s and the objectives (s); with workload_source "

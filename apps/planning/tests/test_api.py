@@ -290,3 +290,26 @@ def test_an_out_of_range_profile_is_a_400_naming_the_points(two_dcs, operator_ap
     field, = points
     assert message in refused.json()[field][0]
     assert not Profile.objects.exists()
+
+
+@pytest.mark.parametrize(("value", "kind"), [("1.5", "float"), ("1e400", "float"), ("true", "bool"), ('"1.5"', "str"),
+                                           ('"1e400"', "str"), ("[1]", "list"), ("null", None)])
+def test_an_id_that_is_not_a_whole_number_is_a_400(two_dcs, profiles, operator_api, admin_api, value, kind):
+    """Regression: ``{"pool": 1.5}`` profiled pool 1 (DRF's relation field passed 1.5 to the lookup), ``1e400`` was a
+    500 (OverflowError). A string of digits is still an id. A ModelSerializer's generated relation (a pool's
+    cluster) refuses the same."""
+    def post(client, url, body: dict, field: str):
+        text = json.dumps({**body, field: "VALUE"}).replace('"VALUE"', value)
+        return client.generic("POST", url, text, content_type="application/json")
+
+    measured = post(operator_api, "/api/v1/profiles/measure/", {"hardware_label": "cpu"}, "pool")
+    planned = post(operator_api, "/api/v1/plans/", _plan_body(two_dcs), "prefill_pool")
+    created = post(admin_api, "/api/v1/pools/", {"name": "p9", "role": "decode",
+                                                 "model_version": two_dcs["decode"].model_version_id}, "cluster")
+    expected = (f"Incorrect type. Expected pk value, received {kind}." if kind else "This field may not be null.")
+    for answer, field in ((measured, "pool"), (planned, "prefill_pool"), (created, "cluster")):
+        assert answer.status_code == 400, (field, answer.status_code, answer.content[:200])
+        assert answer.json()[field] == [expected], answer.json()
+    assert Action.objects.filter(kind="pool.profile").count() == 0
+    assert operator_api.post("/api/v1/profiles/measure/", {"pool": str(two_dcs["prefill"].pk), "hardware_label": "cpu"},
+                             format="json").status_code == 201

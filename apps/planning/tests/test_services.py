@@ -456,27 +456,64 @@ def test_telemetry_workload_adds_the_prompt_tokens_the_prefill_pool_prefilled(tw
     assert result.workload["cached_prefix_mean"] == pytest.approx(200.0)
 
 
+def _length_record(rate: float, p50: float, p90: float, p99: float, prompt_mean: float, computed_mean: float,
+                   output: float) -> dict:
+    """Signals of one telemetry window with Ferry's request-length histograms (a decode pool)."""
+    return {"request_rate_per_s": rate + 5.0,  # the requests counter counts profiling sweeps too: never read here
+            "request_sequences_per_s": rate, "prompt_tokens_per_s": 1.0, "generation_tokens_per_s": 1.0,
+            "request_computed_prompt_tokens_p50": p50, "request_computed_prompt_tokens_p90": p90,
+            "request_computed_prompt_tokens_p99": p99, "request_prompt_tokens_mean": prompt_mean,
+            "request_computed_prompt_tokens_mean": computed_mean, "request_generation_tokens_mean": output}
+
+
 def test_telemetry_workload_reads_the_request_length_histograms(two_dcs, profiles, default_history):
-    """Ferry workers' request-length histograms give the distribution: computed p50/p90 as median/p90, p99 as the
-    cap, the mean output, and mean prompt - mean computed as the cached prefix; windows weigh by their request rate."""
+    """Ferry workers' request-length histograms give the distribution: computed p50/p90 as median/p90 and the largest
+    window p99 as the cap, the mean output, and mean prompt - mean computed as the cached prefix, windows weighing by
+    their sequences answered per second (profiling sweeps are not among them)."""
     from apps.telemetry.selectors import history_scope
 
     now = time.time()
-    for i, (rate, p50, p90, p99, prompt_mean, computed_mean, output) in enumerate((
-            (1.0, 100.0, 300.0, 700.0, 500.0, 150.0, 16.0), (3.0, 140.0, 420.0, 900.0, 700.0, 190.0, 20.0))):
-        default_history.append(history_scope(two_dcs["decode"].pk), now - 10 + i, {"at": now - 10 + i, "signals": {
-            "request_rate_per_s": rate, "prompt_tokens_per_s": 1.0, "generation_tokens_per_s": 1.0,
-            "request_computed_prompt_tokens_p50": p50, "request_computed_prompt_tokens_p90": p90,
-            "request_computed_prompt_tokens_p99": p99, "request_prompt_tokens_mean": prompt_mean,
-            "request_computed_prompt_tokens_mean": computed_mean, "request_generation_tokens_mean": output}})
+    for i, (rate, prompt_mean, computed_mean, output) in enumerate(((1.0, 500.0, 150.0, 16.0),
+                                                                     (3.0, 700.0, 190.0, 20.0))):
+        default_history.append(history_scope(two_dcs["decode"].pk), now - 10 + i, {
+            "at": now - 10 + i, "signals": _length_record(rate, 100.0, 300.0, 700.0, prompt_mean, computed_mean,
+                                                          output)})
     result = services.plan_create(prefill_pool=two_dcs["prefill"], decode_pool=two_dcs["decode"], link=two_dcs["link"],
                                   workload={"ttft_slo_s": 2.0, "tpot_slo_s": 0.1}, workload_source="telemetry")
-    # weights 1 and 3: p50 (100 + 420) / 4 = 130, p90 (300 + 1260) / 4 = 390, p99 (700 + 2700) / 4 = 850,
-    # output (16 + 60) / 4 = 19, cached (500 + 2100) / 4 - (150 + 570) / 4 = 650 - 180 = 470
+    # weights 1 and 3: output (16 + 60) / 4 = 19, cached (500 + 2100) / 4 - (150 + 570) / 4 = 650 - 180 = 470;
+    # both windows have one shape, so their mixture has its quantiles
     assert {k: result.workload[k] for k in ("rate_per_s", "prompt_median", "prompt_p90", "prompt_cap",
                                             "output_median", "cached_prefix_mean")} == {
-        "rate_per_s": 2.0, "prompt_median": 130, "prompt_p90": 390, "prompt_cap": 850, "output_median": 19,
+        "rate_per_s": 2.0, "prompt_median": 100, "prompt_p90": 300, "prompt_cap": 700, "output_median": 19,
         "cached_prefix_mean": 470.0}
+
+
+def test_telemetry_workload_takes_quantiles_of_the_traffic_not_means_of_window_quantiles(two_dcs, profiles,
+                                                                                          default_history):
+    """Regression: nine windows of 10-token prompts and one holding a 4000-token prompt read as a median of 409 (the
+    mean of the windows' medians); the traffic's median is 10, and the cap keeps the long prompt."""
+    from apps.telemetry.selectors import history_scope
+
+    now = time.time()
+    for i, length in enumerate([10.0] * 9 + [4000.0]):
+        default_history.append(history_scope(two_dcs["decode"].pk), now - 20 + i, {
+            "at": now - 20 + i, "signals": _length_record(1.0, length, length, length, length, length, 16.0)})
+    workload = selectors.telemetry_workload(pool=two_dcs["decode"], prefill_pool=two_dcs["prefill"])
+    assert (workload["prompt_median"], workload["prompt_p90"], workload["prompt_cap"]) == (10, None, 4000)
+
+
+def test_telemetry_workload_with_only_profiling_traffic_is_refused(two_dcs, profiles, default_history):
+    """Regression: a profiling sweep alone (its requests counted, the length histograms empty) became a plan of the
+    sweep's rate and lengths through the token counters."""
+    from apps.telemetry.selectors import history_scope
+
+    now = time.time()
+    default_history.append(history_scope(two_dcs["decode"].pk), now - 5, {"at": now - 5, "signals": {
+        "request_rate_per_s": 0.42, "request_sequences_per_s": 0.0, "prompt_tokens_per_s": 80.0,
+        "generation_tokens_per_s": 2.0, "request_computed_prompt_tokens_p50": None,
+        "request_prompt_tokens_mean": None}})
+    with pytest.raises(ValidationError, match=r"no request traffic for pool dc-d/decode in its window \(profiling "):
+        selectors.telemetry_workload(pool=two_dcs["decode"], prefill_pool=two_dcs["prefill"])
 
 
 def test_telemetry_workload_without_traffic_is_refused(two_dcs, profiles, default_history):

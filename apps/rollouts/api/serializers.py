@@ -3,7 +3,7 @@
 
 from rest_framework import serializers
 
-from apps.core.serializers import StrictFieldsMixin
+from apps.core.serializers import StrictFieldsMixin, StrictPrimaryKeyRelatedField
 from apps.fleet.models import Pool
 from apps.rollouts.models import GateMeasurement, RolloutPlan
 from apps.rollouts.transitions import allowed_verbs, state_label
@@ -26,7 +26,7 @@ class RolloutPlanSerializer(StrictFieldsMixin, serializers.ModelSerializer):
                  "start|pause|resume|promote|abort|rollback/."
            for name in ("state", "phase", "current_step_index", "next_step_at", "progress", "message")},
     }
-    pools = serializers.PrimaryKeyRelatedField(many=True, queryset=Pool.objects.all())
+    pools = StrictPrimaryKeyRelatedField(many=True, queryset=Pool.objects.all())
     created_by = serializers.CharField(source="created_by.username", read_only=True, default=None)
     allowed_verbs = serializers.SerializerMethodField(help_text="Verbs the current state allows.")
     state_label = serializers.SerializerMethodField(

@@ -140,6 +140,15 @@ def test_a_write_with_an_unknown_field_is_a_400_naming_it_and_writes_nothing(rou
     assert _rows() == before, f"{route}: a refused request wrote rows"
 
 
+@pytest.mark.parametrize("route", WRITE_ROUTES, ids=str)
+def test_a_write_with_a_lone_surrogate_field_name_is_a_400_not_a_500(route, admin_api, seeded):
+    """Regression: the 400 naming the field could not be encoded (a lone surrogate is not Unicode): 500 text/plain."""
+    url = reverse(route.name, kwargs={name: seeded[route.basename] for name in route.kwargs})
+    r = admin_api.generic(route.method.upper(), url, '{"\\ud800": 1}', content_type="application/json")
+    assert r.status_code == 400 and r["Content-Type"] == "application/json", (url, r.status_code, r.content[:200])
+    assert "lone UTF-16 surrogate" in r.json()["detail"]
+
+
 ALL_METHODS = ("get", "post", "put", "patch", "delete")
 
 

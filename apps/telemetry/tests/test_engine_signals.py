@@ -72,6 +72,7 @@ VLLM_EXPECTED = {
     # Request lengths: 4 requests of 1000 prompt tokens and 300 generated. vLLM has no computed-prompt (not cached)
     # histogram: no data.
     "request_prompt_tokens_mean": 250.0,
+    "request_sequences_per_s": 0.8,  # 4 requests per 5 s
     "request_generation_tokens_mean": 75.0,
     "request_computed_prompt_tokens_mean": None,
     "request_computed_prompt_tokens_p90": None,
@@ -112,6 +113,7 @@ SGLANG_EXPECTED = {
     "prefix_cache_hit_rate": None,  # cached tokens are exported, lookups are not (module docstring)
     "ready_replicas": 1.0,
     "request_prompt_tokens_mean": None,  # no request-length histograms
+    "request_sequences_per_s": None,
     "request_generation_tokens_mean": None,
 }
 
