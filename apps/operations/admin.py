@@ -153,7 +153,7 @@ class PoolAdmin(admin.ModelAdmin):
             obj.pk = fleet_services.pool_create(replicas=form.cleaned_data["replicas"], **fields).pk
 
     def delete_model(self, request: HttpRequest, obj: Pool) -> None:
-        pools.pool_delete(pool=obj)
+        pools.pool_delete(pool=obj, requested_by=request.user)
 
     def _scale(self, request: HttpRequest, queryset: QuerySet[Pool], delta: int) -> None:
         for pool in queryset:

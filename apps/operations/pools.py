@@ -28,8 +28,9 @@ AUTOSCALER = "autoscaler"
 """The requester of the autoscaler's (and schedule windows') ``pool.scale`` Actions and their track Actions."""
 
 
-def pool_delete(*, pool: Pool) -> Action | None:
-    """Delete a pool and its tracks, and request a ``pool.delete`` Action that stops its workers.
+def pool_delete(*, pool: Pool, requested_by: AbstractBaseUser | None = None) -> Action | None:
+    """Delete a pool and its tracks, and request a ``pool.delete`` Action, recorded as ``requested_by``'s, that stops
+    its workers. Plans made for the pool go with it (a plan is for two pools).
 
     The Action carries what the backend needs (cluster, pool id and name, namespace, tracks) because
     the row is gone when it runs. Returns that Action (None when the pool never had replicas).
@@ -54,7 +55,7 @@ def pool_delete(*, pool: Pool) -> Action | None:
         if not ever_ran:
             return None
         action, _ = action_create(kind=POOL_DELETE, target_type="pool", target_id=target[0], target_repr=target[1],
-                                  params=params)
+                                  params=params, requested_by=requested_by)
     return action
 
 

@@ -302,7 +302,7 @@ def plan_delete(*, result: PlanResult) -> None:
 
 
 def _after_cached(cached: float) -> str:
-    return f" after {cached:g} cached" if cached else ""
+    return f" after {cached:.0f} cached" if cached else ""
 
 
 def _check_fits_context(pool: Pool, used: dict[str, Any]) -> None:

@@ -138,7 +138,7 @@ class PoolViewSet(viewsets.ModelViewSet):
         serializer.instance = fleet_selectors.pool_list().get(pk=pool.pk)
 
     def perform_destroy(self, instance) -> None:  # noqa: ANN001 - DRF signature
-        pools.pool_delete(pool=instance)
+        pools.pool_delete(pool=instance, requested_by=self.request.user)
 
     @extend_schema(request=PoolScaleSerializer, responses={200: ActionSerializer, 201: ActionSerializer},
                    parameters=[IDEMPOTENCY_PARAMETER])

@@ -89,6 +89,17 @@ def test_pool_with_pending_action_cannot_be_deleted(admin_api, operator_api, poo
     assert "wait or cancel it first" in r.json()["detail"]
 
 
+def test_a_pool_delete_action_names_who_deleted_the_pool(admin_api, operator_api, pool):
+    """Regression: the pool.delete Action of an API delete said "requested by system"."""
+    from apps.operations.models import Action
+
+    scaled = operator_api.post(f"/api/v1/pools/{pool.pk}/scale/", {"replicas": 1}, format="json").json()
+    Action.objects.filter(pk=scaled["id"]).update(status="succeeded")
+    assert admin_api.delete(f"/api/v1/pools/{pool.pk}/").status_code == 204
+    action = Action.objects.get(kind="pool.delete")
+    assert action.requested_by == admin_api.user and action.log[0]["message"] == f"requested by {admin_api.user}"
+
+
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_scale_requests_create_exactly_one_action(pool):
     """Two writers racing on one pool: the row lock / partial unique index lets exactly one through."""

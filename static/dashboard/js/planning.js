@@ -171,6 +171,13 @@
         xaxis: {title: {text: "requests/s"}}, yaxis: {title: {text: "seconds"}, rangemode: "tozero"}},
       {displaylogo: false});
     showSteps(data.applied || []);
+    // An applied plan's Apply only returns its first steps (idempotent): say so instead of offering it again.
+    const apply = $("plan-apply");
+    if (apply) {
+      apply.disabled = Boolean(data.applied_at);
+      apply.textContent = data.applied_at ? `Applied ${new Date(data.applied_at).toLocaleString()} (the steps below)`
+        : "Apply (scale pools, set bounds)";
+    }
     stopMeasured();
     document.querySelector("#measured tbody").replaceChildren();
     startMeasured();  // before an apply: the last 5 minutes, the fleet as it runs now
