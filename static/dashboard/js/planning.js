@@ -202,18 +202,20 @@
   });
 
   async function refreshMeasured() {
-    const result = await Ferry.api("GET", `/api/v1/plans/${plan.id}/measured/`);
-    if (!result.ok) return;
+    const shown = plan;  // the plan may be hidden or replaced (deleted, another opened) while this is in flight
+    if (!shown) return;
+    const result = await Ferry.api("GET", `/api/v1/plans/${shown.id}/measured/`);
+    if (!result.ok || plan !== shown) return;
     const {predicted, measured} = result.data;
     // The prediction is the clients' TTFT and TPOT: the decode pool answers them, so it is shown on its row; the
     // prefill pool's measured TTFT is its own prefill time for the decode workers' hand-offs.
-    const shown = (id, value) => Number(id) === plan.decode_pool ? fmtS(value) : "—";
+    const predictedOn = (id, value) => Number(id) === shown.decode_pool ? fmtS(value) : "—";
     document.querySelector("#measured tbody").replaceChildren(...Object.entries(measured).map(([id, m]) =>
       Ferry.el("tr", {"data-pool": id, title: `${m.records} telemetry records`},
         Ferry.el("td", {}, poolName[id] || id), Ferry.el("td", {}, fmtS(m.ttft_p50_s)),
-        Ferry.el("td", {}, shown(id, predicted.ttft_p50_s)), Ferry.el("td", {}, fmtS(m.ttft_p95_s)),
-        Ferry.el("td", {}, shown(id, predicted.ttft_p90_s)), Ferry.el("td", {}, fmtS(m.tpot_p50_s)),
-        Ferry.el("td", {}, shown(id, predicted.tpot_s)), Ferry.el("td", {}, Ferry.fmt(m.request_rate_per_s)))));
+        Ferry.el("td", {}, predictedOn(id, predicted.ttft_p50_s)), Ferry.el("td", {}, fmtS(m.ttft_p95_s)),
+        Ferry.el("td", {}, predictedOn(id, predicted.ttft_p90_s)), Ferry.el("td", {}, fmtS(m.tpot_p50_s)),
+        Ferry.el("td", {}, predictedOn(id, predicted.tpot_s)), Ferry.el("td", {}, Ferry.fmt(m.request_rate_per_s)))));
   }
 
   function startMeasured() {
