@@ -28,7 +28,8 @@ Request lengths, histograms in tokens, observed once per finished choice where t
 decode or co-located worker, whether its prompt was prefilled here or on a prefill worker), so one pool's series
 describe all of its traffic: ``ferry_request_prompt_tokens`` (the whole prompt),
 ``ferry_request_computed_prompt_tokens`` (the prompt tokens no prefix cache held: computed here or by the prefill
-worker) and ``ferry_request_generation_tokens``. The capacity planner reads their quantiles as "last hour's
+worker) and ``ferry_request_generation_tokens``. A profiling sweep's requests (header ``x-ferry-profiling``) are
+left out of these and of the latency histograms: they are the control plane's measurement, not the clients' traffic. The capacity planner reads their quantiles as "last hour's
 traffic" (``apps.planning.selectors.telemetry_workload``); vLLM exports the first and last under
 ``vllm:request_prompt_tokens`` / ``vllm:request_generation_tokens``.
 """

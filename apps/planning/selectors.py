@@ -89,8 +89,8 @@ def _traffic_rate(record: dict) -> float | None:
 def _rate_weighted(records: list[dict], name: str) -> float | None:
     """The mean of signal ``name`` over ``records`` weighted by each record's traffic (:func:`_traffic_rate`: a
     window of more requests weighs more); None when no record with traffic has it."""
-    pairs = [(_traffic_rate(r), r["signals"][name]) for r in records
-             if (_traffic_rate(r) or 0) > 0 and r["signals"].get(name) is not None]
+    pairs = [(w, r["signals"][name]) for r in records
+             if (w := _traffic_rate(r) or 0.0) > 0 and r["signals"].get(name) is not None]
     weight = sum(w for w, _ in pairs)
     return sum(w * v for w, v in pairs) / weight if weight > 0 else None
 
